@@ -1,0 +1,127 @@
+"""Sampling basics: logits -> probabilities with temperature, top-k and top-p.
+
+Every distribution minispec verifies against is formed here, the target's ``p`` and the
+draft's ``q`` alike, so that truncation (top-k / top-p) is applied identically to both.
+Speculative sampling is exact for the *processed* target distribution: the output of a
+speculative step has the same law as sampling one token from ``probs(target_logits, params)``.
+
+References:
+    Holtzman et al., "The Curious Case of Neural Text Degeneration" (2019), top-p / nucleus.
+    Leviathan et al., "Fast Inference from Transformers via Speculative Decoding" (2023).
+    Chen et al., "Accelerating LLM Decoding with Speculative Sampling" (2023).
+
+Notation: ``p`` target distribution, ``q`` draft distribution, both [..., V].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to turn logits into a distribution.
+
+    Args:
+        temperature: 0 means greedy (the distribution is one-hot on the argmax); > 0 divides
+            the logits before the softmax.
+        top_k: keep the k most likely tokens; 0 keeps all.
+        top_p: keep the smallest set of most likely tokens whose mass reaches top_p
+            (nucleus); 1.0 keeps all.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        t, k, p = self.temperature, self.top_k, self.top_p
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t) or t < 0 or math.isinf(t):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = no top-k), got {k!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 = no nucleus truncation), got {p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = SamplingParams()
+
+
+def _as_params(params: SamplingParams | None, **kwargs) -> SamplingParams:
+    if params is not None and kwargs:
+        raise TypeError("pass either a SamplingParams or temperature/top_k/top_p, not both")
+    return params if params is not None else SamplingParams(**kwargs)
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Apply temperature, top-k and top-p to logits; removed tokens get -inf.
+
+    Args:
+        logits: [..., V] raw logits.
+        params: sampling parameters; must not be greedy.
+    Returns:
+        [..., V] processed logits (float32 or the input's float64).
+    """
+    if params.greedy:
+        raise ValueError("process_logits needs temperature > 0; greedy has no logits to process")
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    x = logits.to(dtype) / params.temperature  # [..., V]
+    V = x.shape[-1]
+    if 0 < params.top_k < V:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)  # [..., V]
+        sorted_p = torch.softmax(sorted_x, dim=-1)
+        # mass strictly before each token; a token is kept while that mass is < top_p,
+        # so the most likely token is always kept.
+        before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+        drop_sorted = before >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return x
+
+
+def probs(logits: torch.Tensor, params: SamplingParams | None = None, **kwargs) -> torch.Tensor:
+    """Logits -> the distribution that sampling draws from (p for the target, q for a draft).
+
+    Args:
+        logits: [..., V] raw logits.
+        params: a SamplingParams, or keyword arguments temperature/top_k/top_p.
+    Returns:
+        [..., V] probabilities summing to 1; one-hot on the argmax when greedy.
+    """
+    params = _as_params(params, **kwargs)
+    if params.greedy:
+        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        out = torch.zeros(logits.shape, dtype=dtype, device=logits.device)
+        return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.softmax(process_logits(logits, params), dim=-1)
+
+
+def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token per row from a distribution.
+
+    Args:
+        p: [..., V] probabilities (need not be exactly normalised).
+        generator: optional torch.Generator for reproducibility.
+    Returns:
+        [...] int64 token ids.
+    """
+    flat = p.reshape(-1, p.shape[-1]).float()  # [N, V]
+    ids = torch.multinomial(flat, 1, generator=generator)  # [N, 1]
+    return ids.reshape(p.shape[:-1])
+
+
+def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Pick the next token from logits [..., V]: argmax when greedy, else a sample from probs."""
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    return sample(probs(logits, params), generator)
