@@ -1,0 +1,104 @@
+"""A preallocated, contiguous key/value cache with commit (compaction) and rollback.
+
+One forward of T new tokens writes their keys and values *pending* after the committed
+prefix. The decode loop then keeps the accepted ones:
+
+    commit()          keep all T (vanilla decoding, a fully accepted chain)
+    commit([0, 2, 5]) keep a subset: the accepted root-to-leaf path of a draft tree. Its
+                      entries move down to the next contiguous slots (compaction), since an
+                      accepted sibling's KV does not sit where the next token belongs.
+    discard()         keep none
+    rollback(n)       drop the last n committed tokens
+
+Reference for the layout and the idea of caching keys/values: Pope et al., "Efficiently
+Scaling Transformer Inference" (2022). Tree compaction as in SpecInfer (Miao et al. 2023)
+and EAGLE (Li et al. 2024).
+
+Shapes: L layers, B batch, Hkv key/value heads, C capacity (tokens), hd head dim.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+class KVCacheOverflow(RuntimeError):
+    """Raised when a write would exceed the cache's capacity; the cache is left unchanged."""
+
+
+class KVCache:
+    def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, capacity: int, batch_size: int = 1,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        if capacity <= 0 or batch_size <= 0:
+            raise ValueError(f"capacity and batch_size must be positive, got {capacity}, {batch_size}")
+        shape = (n_layer, batch_size, n_kv_head, capacity, head_dim)  # [L, B, Hkv, C, hd]
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity, self.batch_size = capacity, batch_size
+        self.length = 0  # committed tokens
+        self.pending = 0  # tokens written by the last forward, not yet committed
+
+    @classmethod
+    def for_model(cls, model, capacity: int, batch_size: int = 1) -> "KVCache":
+        """A cache shaped for ``model`` (a minispec Transformer), on its device and dtype."""
+        c = model.cfg
+        return cls(c.n_layer, c.n_kv_head, c.head_dim, capacity, batch_size, model.dtype, model.device)
+
+    def __repr__(self):
+        return f"KVCache(length={self.length}, pending={self.pending}, capacity={self.capacity}, batch={self.batch_size})"
+
+    def begin(self, batch_size: int, n_new: int) -> None:
+        """Reserve room for n_new pending tokens; raises without changing anything if it cannot."""
+        if self.pending:
+            raise RuntimeError(f"{self.pending} pending KV entries from the last forward: call commit() or discard() first")
+        if batch_size != self.batch_size:
+            raise ValueError(f"batch of {batch_size} does not match the KV cache's batch of {self.batch_size}")
+        if self.length + n_new > self.capacity:
+            raise KVCacheOverflow(
+                f"KV cache overflow: {self.length} cached + {n_new} new tokens > capacity {self.capacity}; "
+                "allocate a larger cache (e.g. prompt length + max_new_tokens + draft tokens)")
+        self.pending = n_new
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store layer's new k, v [B, Hkv, T, hd] after the prefix; return prefix + new [B, Hkv, S, hd]."""
+        s, T = self.length, k.shape[2]
+        if T != self.pending:
+            raise RuntimeError(f"write of {T} tokens but {self.pending} were reserved with begin()")
+        self.k[layer, :, :, s:s + T] = k
+        self.v[layer, :, :, s:s + T] = v
+        return self.k[layer, :, :, :s + T], self.v[layer, :, :, :s + T]
+
+    def commit(self, keep: Sequence[int] | torch.Tensor | None = None) -> None:
+        """Keep pending entries: all of them (None), or those at the given indices (0 = first new
+        token), which must be strictly increasing; kept entries move to contiguous slots."""
+        if keep is None:
+            self.length += self.pending
+            self.pending = 0
+            return
+        keep = [int(i) for i in keep]
+        if any(not 0 <= i < self.pending for i in keep) or any(a >= b for a, b in zip(keep, keep[1:])):
+            raise ValueError(f"keep={keep} must be strictly increasing indices into the {self.pending} pending entries")
+        if keep != list(range(len(keep))):  # compaction: gather, then store contiguously
+            src = torch.tensor(keep, device=self.k.device) + self.length
+            dst = slice(self.length, self.length + len(keep))
+            self.k[:, :, :, dst] = self.k.index_select(3, src)  # [L, B, Hkv, n, hd]
+            self.v[:, :, :, dst] = self.v.index_select(3, src)
+        self.length += len(keep)
+        self.pending = 0
+
+    def discard(self) -> None:
+        """Drop all pending entries."""
+        self.pending = 0
+
+    def rollback(self, n: int) -> None:
+        """Forget the last n committed tokens."""
+        if self.pending:
+            raise RuntimeError("commit() or discard() the pending entries before rolling back")
+        if not 0 <= n <= self.length:
+            raise ValueError(f"cannot roll back {n} tokens: the cache holds {self.length}")
+        self.length -= n
+
+    def reset(self) -> None:
+        self.length = self.pending = 0

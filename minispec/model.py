@@ -1,0 +1,230 @@
+"""A readable decoder-only Transformer for the GPT-2 and Llama families.
+
+One config class covers both:
+    GPT-2  (Radford et al. 2019): learned positions, LayerNorm, GELU (tanh), fused qkv, biases.
+    Llama  (Touvron et al. 2023): RoPE (Su et al. 2021), RMSNorm, SwiGLU, grouped-query
+           attention (Ainslie et al. 2023), tied or untied LM head.
+
+``forward(tokens, positions, mask, kv)`` takes a general boolean attention mask, so draft
+trees (chapter 4) run through the same model: each new token attends to the whole committed
+prefix in the KV cache plus whichever new tokens its mask row allows.
+
+Shapes: B batch, T new tokens, S = prefix + T keys, D model width, H query heads,
+Hkv key/value heads, hd head dim, V vocab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class ModelConfig:
+    arch: str  # "gpt2" | "llama"
+    vocab_size: int
+    n_layer: int
+    n_head: int
+    d_model: int
+    d_ff: int
+    max_seq_len: int
+    n_kv_head: int | None = None  # None -> n_head (no GQA)
+    head_dim: int | None = None  # None -> d_model // n_head
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
+    name: str = ""
+    eos_token_id: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.arch not in ("gpt2", "llama"):
+            raise ValueError(f"arch must be 'gpt2' or 'llama', got {self.arch!r}")
+        self.n_kv_head = self.n_kv_head or self.n_head
+        self.head_dim = self.head_dim or self.d_model // self.n_head
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # [B, T, V] (or [B, 1, V] with last_logits_only)
+    hidden: torch.Tensor  # [B, T, D] last hidden state after the final norm
+    layer_inputs: dict[int, torch.Tensor]  # layer index -> [B, T, D] hidden entering that layer
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return self.weight * (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables for positions [B, T] -> cos, sin [B, 1, T, hd] (half-split layout)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    ang = positions[..., None].float() * inv_freq  # [B, T, hd/2]
+    ang = torch.cat([ang, ang], dim=-1)[:, None]  # [B, 1, T, hd]
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)  # rotate_half: [-x2, x1]
+    return (x * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        bias = cfg.arch == "gpt2"
+        H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.wqkv = nn.Linear(cfg.d_model, (H + 2 * Hkv) * hd, bias=bias)  # fused q, k, v
+        self.wo = nn.Linear(H * hd, cfg.d_model, bias=bias)
+
+    def forward(self, x, rope, mask, kv):
+        cfg = self.cfg
+        B, T, _ = x.shape
+        H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        q, k, v = self.wqkv(x).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+        q = q.view(B, T, H, hd).transpose(1, 2)  # [B, H, T, hd]
+        k = k.view(B, T, Hkv, hd).transpose(1, 2)  # [B, Hkv, T, hd]
+        v = v.view(B, T, Hkv, hd).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if kv is not None:
+            k, v = kv.write(self.layer, k, v)  # [B, Hkv, S, hd] committed prefix + new
+        S = k.shape[2]
+        if mask is None and (T == 1 or S == T):  # plain causal: no mask tensor needed
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=H != Hkv)
+        else:
+            mask = _causal(T, S, x.device) if mask is None else mask  # [T, S] or [B, 1, T, S]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=H != Hkv)  # [B, H, T, hd]
+        return self.wo(out.transpose(1, 2).reshape(B, T, H * hd))
+
+
+def _causal(T: int, S: int, device) -> torch.Tensor:
+    """[T, S] mask: new token i (at key index S-T+i) sees keys 0..S-T+i."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gpt2 = cfg.arch == "gpt2"
+        if self.gpt2:
+            self.fc = nn.Linear(cfg.d_model, cfg.d_ff)
+            self.proj = nn.Linear(cfg.d_ff, cfg.d_model)
+        else:
+            self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.d_ff, bias=False)  # fused SwiGLU gate, up
+            self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        if self.gpt2:
+            return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        Norm = (lambda d: nn.LayerNorm(d, eps=cfg.norm_eps)) if cfg.arch == "gpt2" else (lambda d: RMSNorm(d, cfg.norm_eps))
+        self.attn_norm, self.attn = Norm(cfg.d_model), Attention(cfg, layer)
+        self.mlp_norm, self.mlp = Norm(cfg.d_model), MLP(cfg)
+
+    def forward(self, x, rope, mask, kv):
+        x = x + self.attn(self.attn_norm(x), rope, mask, kv)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.arch == "gpt2" else None
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.arch == "gpt2" else RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.tok_emb.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tok_emb.weight.dtype
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                kv=None, hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False) -> ModelOutput:
+        """Run the model on T new tokens.
+
+        Args:
+            tokens: [B, T] or [T] token ids.
+            positions: [B, T] or [T] position ids; default prefix_len + arange(T).
+            mask: None for causal, or a boolean mask (True = may attend) of shape [T, T] / [B, T, T]
+                among the new tokens (the committed prefix is always visible), or [T, S] /
+                [B, T, S] over prefix + new keys.
+            kv: optional KVCache; the new keys/values are written as *pending* entries that the
+                caller keeps with ``kv.commit(...)`` or drops with ``kv.discard()``.
+            hidden_layers: layer indices whose input hidden states to return (EAGLE-3 fusion).
+            last_logits_only: compute the LM head for the last token only (prefill).
+        Returns:
+            ModelOutput(logits [B, T, V], hidden [B, T, D], layer_inputs {i: [B, T, D]}).
+        """
+        cfg = self.cfg
+        if tokens.dim() == 1:
+            tokens = tokens[None]
+        B, T = tokens.shape
+        prefix = kv.length if kv is not None else 0
+        if positions is None:
+            positions = torch.arange(prefix, prefix + T, device=tokens.device)
+        positions = positions.expand(B, T) if positions.dim() == 1 else positions
+        if int(positions.max()) >= cfg.max_seq_len:
+            raise ValueError(f"position {int(positions.max())} is beyond the model's context of {cfg.max_seq_len} tokens")
+        if mask is not None:
+            mask = self._full_mask(mask, B, T, prefix)
+        if kv is not None:
+            kv.begin(B, T)  # raises on overflow before anything is written
+        try:
+            x = self.tok_emb(tokens)  # [B, T, D]
+            if cfg.arch == "gpt2":
+                x = x + self.pos_emb(positions)
+                rope = None
+            else:
+                rope = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+            layer_inputs = {}
+            for i, block in enumerate(self.blocks):
+                if i in hidden_layers:
+                    layer_inputs[i] = x
+                x = block(x, rope, mask, kv)
+            h = self.norm(x)  # [B, T, D]
+        except BaseException:
+            if kv is not None:
+                kv.discard()
+            raise
+        logits = self.lm_head(h[:, -1:] if last_logits_only else h)  # [B, T or 1, V]
+        return ModelOutput(logits=logits, hidden=h, layer_inputs=layer_inputs)
+
+    @staticmethod
+    def _full_mask(mask: torch.Tensor, B: int, T: int, prefix: int) -> torch.Tensor:
+        """Bring a boolean mask to [B, 1, T, prefix + T] for SDPA."""
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
+        mask = mask if mask.dim() == 3 else mask[None]  # [B or 1, T, T or S]
+        if mask.shape[-2] != T or mask.shape[-1] not in (T, prefix + T):
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not fit {T} new tokens after a prefix of {prefix}")
+        if mask.shape[-1] == T and prefix:
+            seen = torch.ones(*mask.shape[:-1], prefix, dtype=torch.bool, device=mask.device)
+            mask = torch.cat([seen, mask], dim=-1)  # [B, T, S]
+        return mask.expand(B, T, prefix + T)[:, None]  # [B, 1, T, S]
