@@ -1,0 +1,22 @@
+"""Project-wide switches, read in one place.
+
+    MINISPEC_FAST=1     fast mode: notebooks and benchmarks scale sample counts and sizes down (CI sets it)
+    MINISPEC_CACHE=dir  where downloaded and converted models live (default ~/.cache/minispec)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def fast() -> bool:
+    """True when MINISPEC_FAST is set to a true value (1, true, yes)."""
+    return os.environ.get("MINISPEC_FAST", "").strip().lower() in ("1", "true", "yes")
+
+
+def cache_dir() -> Path:
+    """The model cache directory (created on demand)."""
+    d = Path(os.environ.get("MINISPEC_CACHE") or Path.home() / ".cache" / "minispec").expanduser()
+    d.mkdir(parents=True, exist_ok=True)
+    return d

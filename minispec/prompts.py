@@ -1,0 +1,64 @@
+"""Prompts: minispec's own short list for tests and notebooks, and Spec-Bench questions for benchmarks.
+
+Spec-Bench (Xia et al., "Unlocking Efficiency in Large Language Model Inference", 2024) is
+read from a path in its JSONL layout (``question_id``, ``category``, ``turns``); it is never
+copied into the repository. The default path is ``../shared/data/spec_bench.jsonl`` beside
+the checkout, or $MINISPEC_SPEC_BENCH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+from pathlib import Path
+
+
+def own_prompts() -> list[dict]:
+    """minispec's prompt list: [{"category": ..., "prompt": ...}] (chat, code, math, ...)."""
+    return json.loads(resources.files("minispec").joinpath("data/prompts.json").read_text())
+
+
+def default_spec_bench_path() -> Path | None:
+    """$MINISPEC_SPEC_BENCH, else shared/data/spec_bench.jsonl next to the checkout, if present."""
+    env = os.environ.get("MINISPEC_SPEC_BENCH")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent.parent
+    for cand in (here.parent / "shared" / "data" / "spec_bench.jsonl", Path.cwd().parent / "shared" / "data" / "spec_bench.jsonl"):
+        if cand.exists():
+            return cand
+    return None
+
+
+def spec_bench(path: str | Path | None = None, limit: int | None = None, categories: list[str] | None = None) -> list[dict]:
+    """Load Spec-Bench questions: [{"question_id", "category", "prompt"}] (first turn).
+
+    Args:
+        path: a JSONL file in Spec-Bench's layout; default ``default_spec_bench_path()``.
+        limit: keep at most this many, spread round-robin over categories so every category appears.
+        categories: keep only these categories.
+    """
+    path = Path(path) if path else default_spec_bench_path()
+    if path is None or not path.exists():
+        raise FileNotFoundError(f"Spec-Bench questions not found at {path}; pass a path in Spec-Bench's JSONL layout "
+                                "(question_id, category, turns) or set MINISPEC_SPEC_BENCH")
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            q = json.loads(line)
+            rows.append(dict(question_id=q["question_id"], category=q["category"], prompt=q["turns"][0]))
+    if categories:
+        unknown = set(categories) - {r["category"] for r in rows}
+        if unknown:
+            raise ValueError(f"unknown categories {sorted(unknown)}; the file has {sorted({r['category'] for r in rows})}")
+        rows = [r for r in rows if r["category"] in categories]
+    if limit is not None:
+        by_cat: dict[str, list[dict]] = {}
+        for r in rows:
+            by_cat.setdefault(r["category"], []).append(r)
+        rows, i = [], 0
+        while len(rows) < limit and any(i < len(v) for v in by_cat.values()):
+            rows += [v[i] for v in by_cat.values() if i < len(v)][: limit - len(rows)]
+            i += 1
+    return rows
