@@ -1,0 +1,40 @@
+"""What every benchmark result file records: device, versions, threads, time."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+from pathlib import Path
+
+import torch
+
+
+def device_info() -> dict:
+    info = dict(cpu=platform.processor() or platform.machine(), torch_threads=torch.get_num_threads(),
+                cuda=torch.cuda.is_available())
+    try:
+        info["cpu_model"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def versions() -> dict:
+    import transformers
+
+    from . import __version__
+
+    return dict(python=platform.python_version(), torch=torch.__version__, transformers=transformers.__version__,
+                minispec=__version__)
+
+
+def save_json(path: str | Path, payload: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                   device=device_info(), versions=versions(), **payload)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path

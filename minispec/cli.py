@@ -1,0 +1,64 @@
+"""Command line: ``python -m minispec <command>``.
+
+    demo        load SmolLM2-135M and generate for a prompt, printing tokens/s
+    check-env   one [OK]/[FAIL] line per dependency
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _demo(args) -> int:
+    import torch
+
+    from . import SamplingParams, generate, load
+
+    SamplingParams(args.temperature, args.top_k, args.top_p)  # bad parameters fail before the model loads
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok = load(args.model)
+    print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+          f"{model.cfg.n_layer} layers, {torch.get_num_threads()} CPU threads", flush=True)
+    print(f"prompt: {args.prompt}\n", flush=True)
+    r = generate(model, tok, args.prompt, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                 max_new_tokens=args.max_new_tokens, seed=args.seed)
+    print(r.text)
+    s = r.stats
+    print(f"\n[vanilla {'greedy' if args.temperature == 0 else 'sampling'}] {s.new_tokens} new tokens in {s.total_s:.2f} s: "
+          f"{s.tokens_per_s:.1f} tokens/s (prefill of {s.prompt_tokens} tokens {s.prefill_s * 1e3:.0f} ms), "
+          f"{s.target_forwards} target forwards, tau {s.tau:.2f}")
+    return 0
+
+
+def _check_env(args) -> int:
+    from .env import check_env
+
+    return check_env()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m minispec", description="minispec: speculative decoding, chapter by chapter")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="generate with SmolLM2-135M and print tokens/s")
+    d.add_argument("--model", default="smollm2-135m")
+    d.add_argument("--prompt", default="Explain in three sentences why speculative decoding makes LLM inference faster.")
+    d.add_argument("--max-new-tokens", type=int, default=128)
+    d.add_argument("--temperature", type=float, default=0.0)
+    d.add_argument("--top-k", type=int, default=0)
+    d.add_argument("--top-p", type=float, default=1.0)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    d.set_defaults(func=_demo)
+
+    c = sub.add_parser("check-env", help="check that the dependencies are installed")
+    c.set_defaults(func=_check_env)
+
+    args = ap.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,122 @@
+"""The decode loop: prefill, then one target forward per step.
+
+Vanilla decoding is speculative decoding with a draft tree of one node: each step feeds the
+target the last emitted token, reads the distribution p for the next position, and emits
+one token. The speculative chapters extend exactly this loop: a drafter proposes more nodes,
+the same target forward scores them all, a verifier keeps an accepted path, and
+``kv.commit(path)`` keeps its keys and values.
+
+tau (mean tokens committed per target forward, bonus included) is 1.00 for vanilla.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from .kv import KVCache
+from .sampling import SamplingParams, next_token
+from .tokenizer import encode_prompt
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0  # prefill included
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    tokens_per_step: list[int] = field(default_factory=list)  # tokens committed by each target forward
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens per second of wall time, prefill included (what a user waits for)."""
+        return self.new_tokens / self.total_s if self.total_s else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per target forward (bonus included; vanilla = 1.00)."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    def as_dict(self) -> dict:
+        return dict(prompt_tokens=self.prompt_tokens, new_tokens=self.new_tokens, target_forwards=self.target_forwards,
+                    prefill_s=self.prefill_s, decode_s=self.decode_s, tokens_per_s=self.tokens_per_s, tau=self.tau)
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]  # new tokens only
+    prompt_tokens: list[int]
+    stats: GenerationStats
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids = {getattr(tokenizer, "eos_token_id", None), model.cfg.eos_token_id}
+    return {int(i) for i in ids if i is not None}
+
+
+@torch.inference_mode()
+def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64, chat: bool = True,
+             seed: int | None = None, stop_at_eos: bool = True) -> GenerationResult:
+    """Generate a continuation of ``prompt`` with ``target``.
+
+    Args:
+        target: a minispec Transformer.
+        tokenizer: its tokenizer (Hugging Face or ByteTokenizer).
+        prompt: text (wrapped in the chat template when ``chat`` and the tokenizer has one) or ids.
+        drafter: None for vanilla decoding (the speculative chapters add drafters).
+        temperature, top_k, top_p: sampling parameters (temperature 0 = greedy).
+        max_new_tokens: upper bound on new tokens.
+        seed: seed of the sampling generator (ignored when greedy).
+        stop_at_eos: stop after the tokenizer's / model's end-of-sequence token.
+    Returns:
+        GenerationResult(text, tokens, prompt_tokens, stats).
+    """
+    params = SamplingParams(temperature, top_k, top_p)  # validates
+    if drafter is not None:
+        raise NotImplementedError("speculative drafters arrive with chapter 1-2's verifiers; use drafter=None")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    ids = encode_prompt(tokenizer, prompt, chat)
+    ctx = target.cfg.max_seq_len
+    if not ids:
+        raise ValueError("the prompt is empty")
+    if len(ids) + max_new_tokens > ctx:
+        raise ValueError(f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
+                         f"context of {ctx} tokens; shorten the prompt or ask for fewer tokens")
+    if max(ids) >= target.cfg.vocab_size or min(ids) < 0:
+        raise ValueError(f"prompt token ids must be in [0, {target.cfg.vocab_size}), got {min(ids)}..{max(ids)}")
+    gen = torch.Generator(device=target.device).manual_seed(seed) if seed is not None else None
+    eos = _eos_ids(target, tokenizer) if stop_at_eos else set()
+    stats = GenerationStats(prompt_tokens=len(ids))
+    kv = KVCache.for_model(target, capacity=len(ids) + max_new_tokens)
+
+    t0 = time.perf_counter()
+    out = target(torch.tensor([ids], device=target.device), kv=kv, last_logits_only=True)
+    kv.commit()
+    x = int(next_token(out.logits[0, -1], params, gen))  # the first new token
+    stats.target_forwards, stats.prefill_s = 1, time.perf_counter() - t0
+    new = [x]
+    stats.tokens_per_step.append(1)
+
+    t0 = time.perf_counter()
+    while len(new) < max_new_tokens and x not in eos:
+        out = target(torch.tensor([[x]], device=target.device), kv=kv)  # p for the next position
+        kv.commit()
+        x = int(next_token(out.logits[0, -1], params, gen))
+        new.append(x)
+        stats.target_forwards += 1
+        stats.tokens_per_step.append(1)
+    stats.decode_s = time.perf_counter() - t0
+    stats.new_tokens = len(new)
+    text = tokenizer.decode(new, skip_special_tokens=True)
+    return GenerationResult(text=text, tokens=new, prompt_tokens=ids, stats=stats)
