@@ -1,4 +1,4 @@
-"""The decode loop: prefill, then one target forward per step.
+"""The decode loop: prefill, then one target forward per step, vanilla or speculative.
 
 Vanilla decoding is speculative decoding with a draft tree of one node: each step feeds the
 target the last emitted token, reads the distribution p for the next position, and emits
@@ -18,8 +18,10 @@ from typing import Sequence
 import torch
 
 from .kv import KVCache
-from .sampling import SamplingParams, next_token
+from .sampling import SamplingParams, next_token, probs
 from .tokenizer import encode_prompt
+from .tree import Tree
+from .verify import verify_tree
 
 
 @dataclass
@@ -30,6 +32,26 @@ class GenerationStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     tokens_per_step: list[int] = field(default_factory=list)  # tokens committed by each target forward
+    tested_at_depth: list[int] = field(default_factory=list)  # [d]: steps that verified a node at depth d + 1
+    accepted_at_depth: list[int] = field(default_factory=list)  # [d]: steps that accepted a node at depth d + 1
+    draft_forwards: int = 0
+
+    def record(self, tree, path: list[int]) -> None:
+        """Per-depth acceptance of one verified tree: depth d + 1 is tested when the tree reaches it
+        and the first d were accepted."""
+        if not len(tree):
+            return
+        tested = min(max(tree.depths()), len(path) + 1)
+        for counts, n in ((self.tested_at_depth, tested), (self.accepted_at_depth, len(path))):
+            counts.extend([0] * (n - len(counts)))
+            for d in range(n):
+                counts[d] += 1
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """Acceptance rate at each draft depth, given that the earlier depths were accepted (alpha_d)."""
+        acc = self.accepted_at_depth + [0] * (len(self.tested_at_depth) - len(self.accepted_at_depth))
+        return [a / t for a, t in zip(acc, self.tested_at_depth)]
 
     @property
     def total_s(self) -> float:
@@ -47,7 +69,8 @@ class GenerationStats:
 
     def as_dict(self) -> dict:
         return dict(prompt_tokens=self.prompt_tokens, new_tokens=self.new_tokens, target_forwards=self.target_forwards,
-                    prefill_s=self.prefill_s, decode_s=self.decode_s, tokens_per_s=self.tokens_per_s, tau=self.tau)
+                    prefill_s=self.prefill_s, decode_s=self.decode_s, tokens_per_s=self.tokens_per_s, tau=self.tau,
+                    draft_forwards=self.draft_forwards, acceptance_by_position=self.acceptance_by_position)
 
 
 @dataclass
@@ -67,13 +90,14 @@ def _eos_ids(model, tokenizer) -> set[int]:
 def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64, chat: bool = True,
              seed: int | None = None, stop_at_eos: bool = True) -> GenerationResult:
-    """Generate a continuation of ``prompt`` with ``target``.
+    """Generate a continuation of ``prompt`` with ``target``, optionally speculatively.
 
     Args:
         target: a minispec Transformer.
         tokenizer: its tokenizer (Hugging Face or ByteTokenizer).
         prompt: text (wrapped in the chat template when ``chat`` and the tokenizer has one) or ids.
-        drafter: None for vanilla decoding (the speculative chapters add drafters).
+        drafter: None for vanilla decoding, or a drafter (``minispec.drafters``) whose trees are
+            verified losslessly: greedy output equals vanilla greedy, sampled output has p's law.
         temperature, top_k, top_p: sampling parameters (temperature 0 = greedy).
         max_new_tokens: upper bound on new tokens.
         seed: seed of the sampling generator (ignored when greedy).
@@ -82,8 +106,6 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
         GenerationResult(text, tokens, prompt_tokens, stats).
     """
     params = SamplingParams(temperature, top_k, top_p)  # validates
-    if drafter is not None:
-        raise NotImplementedError("speculative drafters arrive with chapter 1-2's verifiers; use drafter=None")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     ids = encode_prompt(tokenizer, prompt, chat)
@@ -95,28 +117,54 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
                          f"context of {ctx} tokens; shorten the prompt or ask for fewer tokens")
     if max(ids) >= target.cfg.vocab_size or min(ids) < 0:
         raise ValueError(f"prompt token ids must be in [0, {target.cfg.vocab_size}), got {min(ids)}..{max(ids)}")
-    gen = torch.Generator(device=target.device).manual_seed(seed) if seed is not None else None
+    if drafter is not None and hasattr(drafter, "check_target"):
+        drafter.check_target(target)
+    mode = "greedy" if params.greedy else {"real": "chain", "onehot": "onehot"}[drafter.q_kind] if drafter else "greedy"
+    plain = "greedy" if params.greedy else "onehot"  # an empty tree: the next token is a sample from p
+    gen = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
     eos = _eos_ids(target, tokenizer) if stop_at_eos else set()
     stats = GenerationStats(prompt_tokens=len(ids))
-    kv = KVCache.for_model(target, capacity=len(ids) + max_new_tokens)
+    max_nodes = drafter.max_nodes if drafter is not None else 0
+    kv = KVCache.for_model(target, capacity=len(ids) + max_new_tokens + max_nodes)
 
     t0 = time.perf_counter()
     out = target(torch.tensor([ids], device=target.device), kv=kv, last_logits_only=True)
     kv.commit()
-    x = int(next_token(out.logits[0, -1], params, gen))  # the first new token
+    x = int(next_token(out.logits[0, -1], params, gen))  # the first new token: the root of the first tree
     stats.target_forwards, stats.prefill_s = 1, time.perf_counter() - t0
     new = [x]
     stats.tokens_per_step.append(1)
+    if drafter is not None:
+        drafter.prefill(ids)
 
     t0 = time.perf_counter()
     while len(new) < max_new_tokens and x not in eos:
-        out = target(torch.tensor([[x]], device=target.device), kv=kv)  # p for the next position
-        kv.commit()
-        x = int(next_token(out.logits[0, -1], params, gen))
-        new.append(x)
+        budget = max_new_tokens - len(new) - 1  # drafts beyond this could never be emitted
+        tree = drafter.propose(ids + new, params, budget, gen) if drafter is not None else EMPTY
+        tokens = torch.tensor([[x] + tree.tokens], device=target.device)  # [1, N + 1]: root + nodes
+        if tree.is_chain:  # causal mask, default positions
+            out = target(tokens, kv=kv)
+        else:
+            out = target(tokens, positions=tree.positions(kv.length).to(target.device), mask=tree.mask().to(target.device), kv=kv)
+        logits = out.logits[0]  # [N + 1, V]
+        p = logits if params.greedy else probs(logits, params)
+        res = verify_tree(tree.parents, tree.tokens, p, tree.q, mode=mode if len(tree) else plain, generator=gen)
+        kv.commit([0] + [i + 1 for i in res.path])  # the root and the accepted path
+        stats.record(tree, res.path)
+        emitted = res.emitted[: max_new_tokens - len(new)]
+        for j, t in enumerate(emitted):
+            if t in eos:
+                emitted = emitted[: j + 1]
+                break
+        new += emitted
+        x = new[-1]
         stats.target_forwards += 1
-        stats.tokens_per_step.append(1)
+        stats.tokens_per_step.append(len(emitted))
     stats.decode_s = time.perf_counter() - t0
     stats.new_tokens = len(new)
+    stats.draft_forwards = getattr(drafter, "forwards", 0) if drafter is not None else 0
     text = tokenizer.decode(new, skip_special_tokens=True)
     return GenerationResult(text=text, tokens=new, prompt_tokens=ids, stats=stats)
+
+
+EMPTY = Tree([], [])

@@ -1,0 +1,142 @@
+"""Speculative decoding through the one decode loop: greedy equals vanilla, sampling keeps p's law."""
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from minispec import generate, load
+from minispec.drafters import DraftModel, PromptLookup
+from minispec.sampling import probs
+from minispec.tree import Tree
+
+PROMPTS = ["Hello world, hello world, hello", "abcabcabcabc", "def f(x):\n    return x", "1, 2, 3, 4, 5, 6"]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return load("tiny-gpt2-draft")[0]
+
+
+@pytest.mark.ch01
+@pytest.mark.parametrize("make", [lambda t, d: DraftModel(d, k=4), lambda t, d: DraftModel(t, k=3),
+                                  lambda t, d: PromptLookup(k=5)], ids=["draft-model", "self-draft", "prompt-lookup"])
+def test_greedy_speculative_equals_vanilla(target, draft, make):
+    model, tok = target
+    for prompt in PROMPTS:
+        vanilla = generate(model, tok, prompt, max_new_tokens=60)
+        spec = generate(model, tok, prompt, drafter=make(model, draft), max_new_tokens=60)
+        assert spec.tokens == vanilla.tokens
+        assert spec.stats.target_forwards <= vanilla.stats.target_forwards
+
+
+@pytest.mark.ch01
+def test_self_draft_accepts_everything(target):
+    """A draft identical to the target is always right: tau = k + 1 (greedy and sampled)."""
+    model, tok = target
+    for temperature in (0.0, 1.0):
+        r = generate(model, tok, "abc", drafter=DraftModel(model, k=3), max_new_tokens=41, temperature=temperature, seed=0)
+        assert r.stats.acceptance_by_position == [1.0, 1.0, 1.0]
+        assert r.stats.tokens_per_step[1:] == [4] * 10 and r.stats.target_forwards == 11
+
+
+@pytest.mark.ch01
+@pytest.mark.parametrize("make", [lambda t, d: DraftModel(d, k=2), lambda t, d: PromptLookup(k=2, max_ngram=1)],
+                         ids=["draft-model", "prompt-lookup"])
+def test_sampled_speculative_output_has_the_target_law(target, draft, make):
+    """The joint law of the first three new tokens (top-k 3: 27 outcomes) matches the target's exactly
+    computed law: chi-square does not reject, and TV is small."""
+    model, tok = target
+    params = dict(temperature=0.7, top_k=3)
+    ids = list(range(256)) + tok.encode("aaaa")  # every token occurs earlier, so prompt lookup always drafts
+    exact = {}
+    with torch.no_grad():
+        def p_after(seq):
+            return probs(model(torch.tensor([seq])).logits[0, -1].double(), **params)
+        p1 = p_after(ids)
+        for a in p1.nonzero().flatten().tolist():
+            p2 = p_after(ids + [a])
+            for b in p2.nonzero().flatten().tolist():
+                p3 = p_after(ids + [a, b])
+                for c in p3.nonzero().flatten().tolist():
+                    exact[(a, b, c)] = (p1[a] * p2[b] * p3[c]).item()
+    n = 2000
+    counts = dict.fromkeys(exact, 0)
+    drafted = 0
+    for s in range(n):
+        r = generate(model, tok, ids, drafter=make(model, draft), max_new_tokens=3, seed=s, **params)
+        counts[tuple(r.tokens)] += 1  # a KeyError here is an impossible sequence
+        drafted += sum(r.stats.tested_at_depth)
+    assert drafted > n / 2  # the drafter really proposed tokens
+    keys = list(exact)
+    obs = [counts[k] for k in keys]
+    exp = [exact[k] * n for k in keys]
+    tv = 0.5 * sum(abs(o / n - e / n) for o, e in zip(obs, exp))
+    assert chisquare(obs, exp).pvalue > 1e-3 and tv < 0.1, (tv, chisquare(obs, exp).pvalue)
+
+
+def test_vocab_mismatch_is_rejected(target):
+    model, tok = target
+    other, _ = load("tiny-llama")
+    other.cfg.vocab_size = 300  # pretend
+    with pytest.raises(ValueError, match="vocab mismatch"):
+        generate(model, tok, "hi", drafter=DraftModel(other, k=2), max_new_tokens=5)
+
+
+def test_bad_drafter_settings():
+    with pytest.raises(ValueError, match="k must be"):
+        DraftModel(load("tiny-gpt2-draft")[0], k=0)
+    with pytest.raises(ValueError, match="ngram"):
+        PromptLookup(k=2, max_ngram=1, min_ngram=2)
+
+
+def test_prompt_lookup_finds_the_latest_longest_match():
+    pl = PromptLookup(k=3, max_ngram=2)
+    assert pl.lookup([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == [4, 5, 1]  # latest match of [1, 2]
+    assert pl.lookup([7, 8, 9], 3) == []
+    assert pl.lookup([5, 6, 5], 3) == [6, 5]
+
+
+def test_tree_mask_positions_and_validation():
+    t = Tree([10, 11, 12, 13], [-1, -1, 0, 2])
+    assert t.depths() == [1, 1, 2, 3]
+    assert t.positions(7).tolist() == [7, 8, 8, 9, 10]
+    m = t.mask().int().tolist()
+    assert m == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]
+    assert Tree.chain([4, 5, 6]).is_chain and not t.is_chain
+    assert torch.equal(Tree.chain([4, 5, 6]).mask(), torch.ones(4, 4, dtype=torch.bool).tril())
+    with pytest.raises(ValueError, match="topological"):
+        Tree([1, 2], [1, -1])
+    with pytest.raises(ValueError, match="parents"):
+        Tree([1, 2], [-1])
+
+
+@pytest.mark.ch01
+def test_tree_drafts_go_through_the_loop(target):
+    """A hand-made branching drafter: greedy output still equals vanilla, and a sibling can be accepted."""
+    model, tok = target
+
+    class TwoBranches:
+        q_kind, max_nodes = "onehot", 4
+
+        def prefill(self, prompt):
+            pass
+
+        def propose(self, context, params, budget, generator=None):
+            with torch.no_grad():
+                top = model(torch.tensor([context])).logits[0, -1].topk(2).indices.tolist()
+            if budget < 2:
+                return Tree([], [])
+            # first child wrong on purpose (2nd best), second child right; each with a child of its own
+            return Tree([top[1], top[0], top[0], top[1]], [-1, -1, 0, 1])
+
+    vanilla = generate(model, tok, "xyz", max_new_tokens=30)
+    spec = generate(model, tok, "xyz", drafter=TwoBranches(), max_new_tokens=30)
+    assert spec.tokens == vanilla.tokens
+    assert spec.stats.accepted_at_depth[0] > 0  # the second sibling was accepted
