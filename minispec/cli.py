@@ -1,6 +1,7 @@
 """Command line: ``python -m minispec <command>``.
 
     demo        load SmolLM2-135M and generate for a prompt, printing tokens/s
+    bench       Spec-Bench-style comparison of decoding methods
     check-env   one [OK]/[FAIL] line per dependency
 """
 
@@ -32,6 +33,28 @@ def _demo(args) -> int:
     return 0
 
 
+def _bench(args) -> int:
+    import json
+
+    import torch
+
+    from .bench import format_table, run_bench
+    from .benchinfo import save_json
+    from .prompts import spec_bench
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cats = args.categories.split(",") if args.categories else None
+    questions = spec_bench(args.questions, limit=args.limit, categories=cats)
+    result = run_bench(questions, methods=[m.strip() for m in args.methods.split(",") if m.strip()], model=args.model,
+                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, k=args.k,
+                       pld_k=args.pld_k, draft_path=args.draft, seed=args.seed)
+    print(format_table(result))
+    if args.json:
+        print(f"saved {save_json(args.json, dict(benchmark='bench', **result))}")
+    return 0
+
+
 def _check_env(args) -> int:
     from .env import check_env
 
@@ -52,6 +75,23 @@ def main(argv=None) -> int:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     d.set_defaults(func=_demo)
+
+    b = sub.add_parser("bench", help="Spec-Bench-style comparison of decoding methods (tokens/s, speedup, tau)")
+    b.add_argument("--questions", default=None, help="Spec-Bench JSONL (default: ../shared/data/spec_bench.jsonl)")
+    b.add_argument("--limit", type=int, default=None, help="at most this many questions, spread over categories")
+    b.add_argument("--categories", default=None, help="comma list of categories")
+    b.add_argument("--model", default="smollm2-135m")
+    b.add_argument("--methods", default="hf,vanilla,sps,pld", help="comma list of hf,hf_assisted,hf_pld,vanilla,sps,pld")
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--top-p", type=float, default=1.0)
+    b.add_argument("--k", type=int, default=4, help="draft length of sps / hf_assisted")
+    b.add_argument("--pld-k", type=int, default=8, help="draft length of pld / hf_pld")
+    b.add_argument("--draft", default=None, help="draft checkpoint for sps / hf_assisted (default: the shipped one)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--threads", type=int, default=0)
+    b.add_argument("--json", default=None, help="write the results (with device and versions) here")
+    b.set_defaults(func=_bench)
 
     c = sub.add_parser("check-env", help="check that the dependencies are installed")
     c.set_defaults(func=_check_env)

@@ -150,6 +150,35 @@ def from_hf_state_dict(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> Transfo
     return model
 
 
+def to_hf(model: Transformer):
+    """A minispec Llama-family Transformer -> transformers LlamaForCausalLM with the same weights
+    (for transformers baselines such as assisted generation with a minispec draft)."""
+    import transformers
+
+    c = model.cfg
+    if c.arch != "llama":
+        raise ValueError(f"to_hf supports the Llama family, got {c.arch!r}")
+    hc = transformers.LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
+                                  num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, num_key_value_heads=c.n_kv_head,
+                                  head_dim=c.head_dim, max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps,
+                                  rope_theta=c.rope_theta, tie_word_embeddings=c.tie_embeddings,
+                                  eos_token_id=c.eos_token_id, bos_token_id=None, pad_token_id=c.eos_token_id)
+    H, Hkv, hd = c.n_head, c.n_kv_head, c.head_dim
+    sd = {"model.embed_tokens.weight": model.tok_emb.weight, "model.norm.weight": model.norm.weight,
+          "lm_head.weight": model.lm_head.weight}
+    for i, b in enumerate(model.blocks):
+        p = f"model.layers.{i}."
+        q, k, v = b.attn.wqkv.weight.split([H * hd, Hkv * hd, Hkv * hd])
+        gate, up = b.mlp.gate_up.weight.chunk(2)
+        sd.update({p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k, p + "self_attn.v_proj.weight": v,
+                   p + "self_attn.o_proj.weight": b.attn.wo.weight, p + "mlp.gate_proj.weight": gate,
+                   p + "mlp.up_proj.weight": up, p + "mlp.down_proj.weight": b.mlp.down.weight,
+                   p + "input_layernorm.weight": b.attn_norm.weight, p + "post_attention_layernorm.weight": b.mlp_norm.weight})
+    hf = transformers.LlamaForCausalLM(hc).to(model.dtype)
+    hf.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=True)
+    return hf.eval()
+
+
 # --------------------------------------------------------------------------- sources
 
 def _tiny_hf(name: str):

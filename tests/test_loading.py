@@ -42,3 +42,15 @@ def test_unsupported_architecture_is_rejected():
         config_from_hf(cfg, "x")
     with pytest.raises(ValueError, match="not supported"):
         config_from_hf(transformers.BertConfig(), "bert")
+
+
+def test_to_hf_round_trip():
+    from minispec.models import to_hf
+
+    model, _ = load("tiny-llama")
+    hf = to_hf(model)
+    x = torch.randint(0, 256, (2, 7))
+    with torch.no_grad():
+        assert (model(x).logits - hf(x).logits).abs().max() <= 1e-5
+    with pytest.raises(ValueError, match="Llama"):
+        to_hf(load("tiny-gpt2")[0])

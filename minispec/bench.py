@@ -1,0 +1,195 @@
+"""``python -m minispec bench``: Spec-Bench-style comparison of decoding methods in one process.
+
+Methods run on the same questions, interleaved per question (so machine drift affects all of
+them alike), with the same prompt token ids (chat template applied) and thread count:
+
+    hf           transformers ``generate`` (the baseline every speedup is relative to)
+    hf_assisted  transformers assisted generation with minispec's distilled draft
+    hf_pld       transformers prompt lookup decoding (``prompt_lookup_num_tokens``)
+    vanilla      minispec, one target forward per token
+    sps          minispec speculative sampling, chain of k with the distilled draft model
+    pld          minispec prompt lookup, verified losslessly
+
+Reported per method and per category: tokens/s, speedup vs ``hf``, tau (tokens per target
+forward, bonus included), acceptance by draft position, and how many answers are
+token-identical to ``vanilla`` (meaningful at temperature 0).
+
+Reference: Xia et al., "Unlocking Efficiency in Large Language Model Inference: A
+Comprehensive Survey of Speculative Decoding" (2024) — Spec-Bench.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+METHODS = ("hf", "hf_assisted", "hf_pld", "vanilla", "sps", "pld")
+
+
+@dataclass
+class _Totals:
+    tokens: int = 0
+    seconds: float = 0.0
+    forwards: int = 0
+    identical: int = 0
+    n: int = 0
+    tested: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def add(self, tokens, seconds, stats, identical):
+        self.tokens += len(tokens)
+        self.seconds += seconds
+        self.identical += bool(identical)
+        self.n += 1
+        if stats is not None:
+            self.forwards += stats.target_forwards
+            for mine, theirs in ((self.tested, stats.tested_at_depth), (self.accepted, stats.accepted_at_depth)):
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for d, c in enumerate(theirs):
+                    mine[d] += c
+
+    def summary(self, hf_tok_s: float | None) -> dict:
+        tps = self.tokens / self.seconds if self.seconds else 0.0
+        return dict(tokens_per_s=tps, speedup=tps / hf_tok_s if hf_tok_s else None,
+                    tau=self.tokens / self.forwards if self.forwards else None,
+                    acceptance_by_position=[a / t for a, t in zip(self.accepted + [0] * len(self.tested), self.tested)],
+                    identical=self.identical, n=self.n, new_tokens=self.tokens, seconds=self.seconds)
+
+
+def _runners(methods, model_name, k, draft_path, pld_k):
+    """Build one callable per method: ids, params, seed -> (new tokens, seconds, stats or None)."""
+    from . import generate, load, load_hf
+    from .drafters import DraftModel, PromptLookup
+
+    target, tok = load(model_name)
+    runners, draft = {}, None
+    if {"sps", "hf_assisted"} & set(methods):
+        from .drafters.draft_checkpoint import load_draft_model
+
+        draft = load_draft_model(target, draft_path)
+
+    def minispec_runner(make_drafter):
+        def run(ids, params, seed):
+            t = time.perf_counter()
+            r = generate(target, tok, ids, drafter=make_drafter(), max_new_tokens=params["max_new_tokens"],
+                         temperature=params["temperature"], top_p=params["top_p"], seed=seed)
+            return r.tokens, time.perf_counter() - t, r.stats
+        return run
+
+    if "vanilla" in methods:
+        runners["vanilla"] = minispec_runner(lambda: None)
+    if "sps" in methods:
+        runners["sps"] = minispec_runner(lambda: DraftModel(draft, k=k))
+    if "pld" in methods:
+        runners["pld"] = minispec_runner(lambda: PromptLookup(k=pld_k))
+
+    if {"hf", "hf_assisted", "hf_pld"} & set(methods):
+        from .models import to_hf
+
+        hf, _ = load_hf(model_name)
+        assistant = to_hf(draft) if "hf_assisted" in methods else None
+        if assistant is not None:
+            assistant.generation_config.num_assistant_tokens = k
+            assistant.generation_config.num_assistant_tokens_schedule = "constant"
+
+        def hf_runner(**extra):
+            @torch.inference_mode()
+            def run(ids, params, seed):
+                x = torch.tensor([ids])
+                sampling = params["temperature"] > 0
+                kw = dict(do_sample=sampling, temperature=params["temperature"] if sampling else None,
+                          top_p=params["top_p"] if sampling else None, top_k=None)
+                torch.manual_seed(seed)
+                t = time.perf_counter()
+                out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=params["max_new_tokens"], **kw, **extra)
+                return out[0, x.shape[1]:].tolist(), time.perf_counter() - t, None
+            return run
+
+        if "hf" in methods:
+            runners["hf"] = hf_runner()
+        if "hf_assisted" in methods:
+            runners["hf_assisted"] = hf_runner(assistant_model=assistant)
+        if "hf_pld" in methods:
+            runners["hf_pld"] = hf_runner(prompt_lookup_num_tokens=pld_k)
+    return runners, tok
+
+
+def run_bench(questions: list[dict], methods=METHODS, model: str = "smollm2-135m", max_new_tokens: int = 128,
+              temperature: float = 0.0, top_p: float = 1.0, k: int = 4, pld_k: int = 8, draft_path=None,
+              seed: int = 0, progress: bool = True) -> dict:
+    """Run every method on every question, interleaved per question.
+
+    Args:
+        questions: [{"question_id", "category", "prompt"}] (see ``minispec.prompts.spec_bench``).
+        methods: names from ``METHODS``.
+        model: target model name for ``minispec.load``.
+        k: draft length of ``sps`` (and of ``hf_assisted``); pld_k: prompt lookup draft length.
+        draft_path: the draft checkpoint for ``sps`` / ``hf_assisted`` (default: the shipped one).
+    Returns:
+        {"summary": {method: {...}}, "by_category": {category: {method: {...}}}, "rows": [...]}.
+    """
+    from tqdm.auto import tqdm
+
+    from .sampling import SamplingParams
+    from .tokenizer import encode_prompt
+
+    SamplingParams(temperature, 0, top_p)  # validate before loading anything
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+    if not questions:
+        raise ValueError("no questions to run")
+    runners, tok = _runners(methods, model, k, draft_path, pld_k)
+    params = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    warm = encode_prompt(tok, "Hello!")
+    for m in methods:  # warm-up: first calls allocate buffers and pick kernels
+        runners[m](warm, dict(params, max_new_tokens=8), seed)
+
+    totals = {m: _Totals() for m in methods}
+    by_cat: dict[str, dict[str, _Totals]] = {}
+    rows = []
+    for i, q in enumerate(tqdm(questions, desc="bench", disable=not progress)):
+        ids = encode_prompt(tok, q["prompt"])
+        order = list(methods[i % len(methods):]) + list(methods[:i % len(methods)])  # rotate who goes first
+        results = {m: runners[m](ids, params, seed + i) for m in order}
+        ref = results["vanilla"][0] if "vanilla" in results else None
+        cat = by_cat.setdefault(q["category"], {m: _Totals() for m in methods})
+        row = dict(question_id=q["question_id"], category=q["category"], prompt_tokens=len(ids))
+        for m in methods:
+            tokens, seconds, stats = results[m]
+            same = ref is not None and tokens == ref
+            totals[m].add(tokens, seconds, stats, same)
+            cat[m].add(tokens, seconds, stats, same)
+            row[m] = dict(new_tokens=len(tokens), seconds=seconds, identical=same,
+                          tau=stats.tau if stats is not None else None)
+        rows.append(row)
+
+    def summarise(t: dict[str, _Totals]) -> dict:
+        hf_tps = t["hf"].tokens / t["hf"].seconds if "hf" in t and t["hf"].seconds else None
+        return {m: t[m].summary(hf_tps) for m in methods}
+
+    return dict(summary=summarise(totals), by_category={c: summarise(t) for c, t in by_cat.items()}, rows=rows,
+                settings=dict(model=model, methods=list(methods), max_new_tokens=max_new_tokens, temperature=temperature,
+                              top_p=top_p, k=k, pld_k=pld_k, draft=str(draft_path) if draft_path else "shipped",
+                              seed=seed, questions=len(questions), threads=torch.get_num_threads()))
+
+
+def format_table(result: dict) -> str:
+    """The summary and per-category tables as text."""
+    methods = result["settings"]["methods"]
+    lines = [f"{'category':<16} {'method':<12} {'tok/s':>7} {'speedup':>8} {'tau':>5} {'identical':>9}  acceptance by position"]
+
+    def block(name, summ):
+        for m in methods:
+            s = summ[m]
+            acc = " ".join(f"{a:.2f}" for a in s["acceptance_by_position"])
+            sp = f"{s['speedup']:.2f}x" if s["speedup"] is not None else "-"
+            tau = f"{s['tau']:.2f}" if s["tau"] is not None else "-"
+            lines.append(f"{name:<16} {m:<12} {s['tokens_per_s']:>7.1f} {sp:>8} {tau:>5} {s['identical']:>4}/{s['n']:<4}  {acc}")
+
+    block("ALL", result["summary"])
+    for c, summ in result["by_category"].items():
+        block(c, summ)
+    return "\n".join(lines)
