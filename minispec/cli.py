@@ -2,6 +2,7 @@
 
     demo        load SmolLM2-135M and generate for a prompt, printing tokens/s
     bench       Spec-Bench-style comparison of decoding methods
+    exactness   exact and empirical checks that every verifier is lossless
     check-env   one [OK]/[FAIL] line per dependency
 """
 
@@ -93,9 +94,17 @@ def main(argv=None) -> int:
     b.add_argument("--json", default=None, help="write the results (with device and versions) here")
     b.set_defaults(func=_bench)
 
+    e = sub.add_parser("exactness", help="exact and empirical checks that every verifier is lossless", add_help=False)
+    e.set_defaults(func=None)
+
     c = sub.add_parser("check-env", help="check that the dependencies are installed")
     c.set_defaults(func=_check_env)
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["exactness"]:  # its own parser: python -m minispec exactness --help
+        from .exactness_report import main as exactness_main
+
+        return exactness_main(argv[1:])
     args = ap.parse_args(argv)
     try:
         return args.func(args)

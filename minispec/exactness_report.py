@@ -1,0 +1,146 @@
+"""``python -m minispec exactness``: every verifier, exactly and empirically, in one report.
+
+Three parts, each a list of records:
+    enumeration  exact law of one speculative step of every verifier on tiny vocabularies,
+                 summed over all random outcomes (``minispec.exactness``); pass: max abs
+                 error <= 1e-12.
+    empirical    first-token samples of every verifier on real model distributions: a
+                 GPT-2-architecture target and draft (``gpt2`` / ``distilgpt2`` where a hub
+                 or cache has them, else the seeded ``tiny-gpt2`` / ``tiny-gpt2-draft``), at
+                 several temperatures with top-k / top-p truncation (support <= 20 tokens),
+                 plus small synthetic pairs. Pass: TV below the stated bound and a chi-square
+                 p-value above 0.001 / (number of settings) (Bonferroni).
+    controls     deliberately wrong verifiers; they must be flagged as failing and do not
+                 count toward the exit status.
+
+Full mode (default): >= 100k samples per setting, TV bound 0.01. Fast mode (MINISPEC_FAST=1
+or --fast): fewer samples, with the TV bound that sample size supports stated in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from . import exactness as ex
+from .config import fast
+from .sampling import SamplingParams, probs
+
+MODEL_VERIFIERS = ("chain_k1", "chain_k2", "mss_replacement_n3", "mss_no_replacement_n3", "onehot_n3")
+MODEL_SETTINGS = {  # name -> SamplingParams; top-k 20 keeps the support at most 20 tokens
+    "t1.0_topk20": SamplingParams(1.0, 20, 1.0),
+    "t0.7_topk20": SamplingParams(0.7, 20, 1.0),
+    "t1.0_topk20_topp0.9": SamplingParams(1.0, 20, 0.9),
+}
+PROMPT = "The quick brown fox jumps over the lazy dog. Speculative decoding is"
+
+
+def model_pair():
+    """(target name, draft name, p logits [V], q logits [V]) at the end of PROMPT."""
+    from .models import ModelNotFound, load
+
+    try:
+        (t, tok), (d, _) = load("gpt2"), load("distilgpt2")
+        names = ("gpt2", "distilgpt2")
+    except (ModelNotFound, OSError, ValueError):
+        (t, tok), (d, _) = load("tiny-gpt2"), load("tiny-gpt2-draft")
+        names = ("tiny-gpt2", "tiny-gpt2-draft")
+    ids = tok.encode(PROMPT) if hasattr(tok, "encode") else tok(PROMPT)["input_ids"]
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        return (*names, t(x).logits[0, -1].double(), d(x).logits[0, -1].double())
+
+
+def run_model_suite(n_samples: int, tv_limit: float | None, alpha: float, seed: int = 0):
+    """Empirical first-token checks on real model distributions; returns (records, controls, models)."""
+    tname, dname, lp, lq = model_pair()
+    g = torch.Generator().manual_seed(seed)
+    records, controls = [], []
+    for sname, params in MODEL_SETTINGS.items():
+        p, q = probs(lp, params), probs(lq, params)
+        support = (p > 0).nonzero().flatten()  # compare on p's support (<= 20 tokens)
+        for name, table, out in [(v, ex.VERIFIERS, records) for v in MODEL_VERIFIERS] + \
+                                [(c, ex.CONTROLS, controls) for c in ex.CONTROLS]:
+            program, _ = table[name]
+            draw = ex.first_token_sampler(program)
+            r = ex.empirical_check(draw, p, q, n_samples, g)
+            counts = torch.tensor(r.pop("counts"))
+            outside = int(counts.sum() - counts[support].sum())
+            bound = tv_limit if tv_limit is not None else r["tv_bound"]
+            r.update(verifier=name, setting=f"{tname}/{dname}/{sname}", support=len(support), tv_limit=bound,
+                     passed=outside == 0 and r["tv"] < bound and r["p_value"] > alpha)
+            out.append(r)
+    return records, controls, (tname, dname)
+
+
+def run_all(full: bool, samples: int | None = None, seed: int = 0) -> dict:
+    """Run the three parts; returns the report dict (``passed`` is the overall verdict)."""
+    n = samples or (100_000 if full else 4_000)
+    n_settings = len(MODEL_SETTINGS) * len(MODEL_VERIFIERS) + 7  # + the synthetic suite's 7 verifiers
+    alpha = 0.001 / n_settings
+    tv_limit = 0.01 if full else None  # fast mode: the sample-size bound of exactness.tv_bound
+    enum, enum_controls = ex.run_enumeration_suite(seed)
+    synth, synth_controls = ex.run_empirical_suite(n_samples=n, seed=seed, control_samples=min(n, 5000))
+    for r in synth:  # same verdict rule as the model suite
+        r["tv_limit"] = tv_limit if tv_limit is not None else r["tv_bound"]
+        r["passed"] = r["tv"] < r["tv_limit"] and r["p_value"] > alpha
+    model, model_controls, names = run_model_suite(n, tv_limit, alpha, seed)
+    controls = [dict(r, part="enumeration") for r in enum_controls] + \
+               [dict(r, part="empirical") for r in synth_controls + model_controls]
+    report = dict(
+        mode="full" if full else "fast", samples_per_setting=n, models=dict(target=names[0], draft=names[1]),
+        criteria=dict(enumeration_max_abs_error=ex.TOL, tv_limit=tv_limit if tv_limit is not None else
+                      f"tv_bound(n={n}, V) = 0.5*sqrt(V/n) + sqrt(log(1e6)/(2n)), e.g. {ex.tv_bound(n, 20):.4f} for V=20",
+                      chi_square_alpha=alpha, chi_square_correction=f"Bonferroni over {n_settings} empirical settings"),
+        enumeration=enum, empirical=synth + model, controls=controls)
+    report["passed"] = all(r["passed"] for r in enum + synth + model)
+    # a verifier is wrong if any one setting exposes it: each control must fail somewhere
+    report["controls_flagged"] = {name: any(not r["passed"] for r in controls if r["verifier"] == name)
+                                  for name in dict.fromkeys(r["verifier"] for r in controls)}
+    return report
+
+
+def format_report(rep: dict) -> str:
+    enum = rep["enumeration"]
+    worst = max(enum, key=lambda r: r["max_abs_error"])
+    lines = [f"exactness ({rep['mode']} mode, {rep['samples_per_setting']} samples per empirical setting; "
+             f"models {rep['models']['target']} / {rep['models']['draft']})",
+             f"enumeration: {sum(r['passed'] for r in enum)}/{len(enum)} pass; worst error "
+             f"{worst['max_abs_error']:.1e} ({worst['verifier']}, {worst['setting']}); limit {rep['criteria']['enumeration_max_abs_error']:.0e}",
+             f"{'empirical setting':<58} {'verifier':<22} {'TV':>7} {'limit':>7} {'p-value':>8}  verdict"]
+    for r in rep["empirical"]:
+        lines.append(f"{r['setting']:<58} {r['verifier']:<22} {r['tv']:>7.4f} {r['tv_limit']:>7.4f} {r['p_value']:>8.3g}  "
+                     f"{'PASS' if r['passed'] else 'FAIL'}")
+    lines.append("controls (deliberately wrong; must FAIL, not counted):")
+    for r in rep["controls"]:
+        stat = f"err {r['max_abs_error']:.2e}" if "max_abs_error" in r else f"TV {r['tv']:.3f} p {r['p_value']:.2g}"
+        lines.append(f"  {r['part']:<11} {r['verifier']:<28} {r['setting']:<45} {stat:<22} "
+                     f"{'FAIL' if not r['passed'] else 'not detected here'}")
+    lines.append(f"chi-square alpha {rep['criteria']['chi_square_alpha']:.2g} ({rep['criteria']['chi_square_correction']})")
+    flagged = rep["controls_flagged"]
+    lines.append(f"controls flagged as failing: {sum(flagged.values())}/{len(flagged)} "
+                 f"({', '.join(n + ('' if f else ' NOT FLAGGED') for n, f in flagged.items())})")
+    lines.append(f"overall: {'PASS' if rep['passed'] else 'FAIL'}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m minispec exactness", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print a machine-readable report")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--full", action="store_true", help=">= 100k samples per setting, TV limit 0.01 (default unless MINISPEC_FAST=1)")
+    mode.add_argument("--fast", action="store_true", help="fewer samples; the TV limit is the bound for that size")
+    ap.add_argument("--samples", type=int, default=None, help="samples per empirical setting")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    full = args.full or not (args.fast or fast())
+    rep = run_all(full, args.samples, args.seed)
+    print(json.dumps(rep, indent=1) if args.json else format_report(rep))
+    return 0 if rep["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

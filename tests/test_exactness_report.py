@@ -1,0 +1,37 @@
+"""The exactness command: all verifiers pass, every control is flagged, the JSON has the promised fields."""
+
+import json
+
+import pytest
+
+from minispec.cli import main
+from minispec.exactness_report import run_all
+
+
+@pytest.fixture(scope="module")
+def report():
+    return run_all(full=False, samples=3000)
+
+
+@pytest.mark.ch01
+@pytest.mark.ch02
+def test_every_verifier_passes_and_every_control_is_flagged(report):
+    assert report["passed"]
+    assert all(r["max_abs_error"] <= 1e-12 for r in report["enumeration"])
+    assert report["controls_flagged"] and all(report["controls_flagged"].values())
+    for r in report["empirical"]:
+        assert {"tv", "p_value", "samples", "passed"} <= set(r) and r["samples"] == 3000
+    assert any(r["setting"].startswith("tiny-gpt2/") for r in report["empirical"])  # real model distributions
+    assert all(r["support"] <= 20 for r in report["empirical"] if "support" in r)
+
+
+def test_a_wrong_verifier_in_the_main_list_makes_the_command_fail(monkeypatch, capsys):
+    from minispec import exactness as ex
+    from minispec import exactness_report as er
+
+    monkeypatch.setattr(er, "MODEL_VERIFIERS", ("chain_k1", "resample_from_p"))
+    monkeypatch.setitem(ex.VERIFIERS, "resample_from_p", ex.CONTROLS["resample_from_p"])
+    assert main(["exactness", "--fast", "--samples", "3000", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    bad = [r for r in out["empirical"] if r["verifier"] == "resample_from_p"]
+    assert bad and not all(r["passed"] for r in bad) and out["passed"] is False
