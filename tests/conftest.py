@@ -4,6 +4,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never wait on a hub that cannot 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
+
+pytest_plugins = ["conftest_grading"]  # --impl minispec|solutions|exercises
 import torch
 
 from minispec.models import load, load_hf

@@ -1,0 +1,138 @@
+"""Chapter 1 exercises: speculative sampling of one chain of drafts (rejection sampling).
+
+References:
+    Leviathan, Kalman, Matias, "Fast Inference from Transformers via Speculative Decoding" (2023).
+    Chen et al., "Accelerating Large Language Model Decoding with Speculative Sampling" (2023).
+
+Notation: ``p`` is the target distribution and ``q`` the draft distribution, both [V] (or
+[..., V]) float64 tensors summing to 1; ``k`` (gamma) is the number of drafted tokens. A draft
+x ~ q is accepted with probability min(1, p(x)/q(x)); after a rejection the next token is drawn
+from the residual norm(max(0, p - q)).
+
+Randomness: every random choice goes through a ``chooser`` with two methods,
+``chooser.bernoulli(prob) -> bool`` (True with probability prob) and
+``chooser.categorical(weights) -> int`` (an index drawn from non-negative weights [V], normalised
+for you). The grader passes a chooser that walks every outcome, so it can compute the exact law
+of your function's output: do not call torch.rand / random / numpy.random yourself.
+
+Check your work: ``python -m minispec grade 1``, or ``minispec.grading.check("1.2")`` in a
+notebook, or ``pytest tests/test_exercises.py -m ch01 --impl exercises``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def accept_prob(p_x: float, q_x: float) -> float:
+    """Probability of accepting a drafted token x: min(1, p(x) / q(x)).
+
+    q(x) = 0 cannot happen for a token really drawn from q, but define it anyway so the rule is
+    total: accept with probability 1 if p(x) > 0, and 0 if p(x) = 0 (a token the target never
+    emits is never accepted).
+
+    Args:
+        p_x: p(x), the target's probability of the drafted token (a float in [0, 1]).
+        q_x: q(x), the draft's probability of the same token (a float in [0, 1]).
+    Returns:
+        The acceptance probability, a float in [0, 1].
+    """
+    # EXERCISE 1.1: return min(1, p_x / q_x), with the q_x = 0 cases described above
+    # BEGIN SOLUTION
+    if q_x > 0:
+        return min(1.0, p_x / q_x)
+    return 1.0 if p_x > 0 else 0.0
+    # END SOLUTION
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The distribution to sample from after a rejection: norm(max(0, p - q)).
+
+    Its mass before normalising is sum_x max(0, p(x) - q(x)) = 1 - alpha, the rejection
+    probability. If p == q that mass is 0 (every draft is accepted, so the residual is never
+    used); return p itself in that case so the result is always a distribution.
+
+    Args:
+        p: [..., V] target distribution(s).
+        q: [..., V] draft distribution(s), same shape as p.
+    Returns:
+        [..., V] residual distribution(s), each row summing to 1 (p's row where the residual
+        is empty). The inputs are not modified.
+    """
+    # EXERCISE 1.2: clamp p - q at 0, normalise each row, fall back to p for empty rows
+    # BEGIN SOLUTION
+    r = (p - q).clamp(min=0)  # [..., V]
+    mass = r.sum(-1, keepdim=True)  # [..., 1]
+    empty = mass <= 0  # [..., 1]
+    return torch.where(empty, p, r / torch.where(empty, torch.ones_like(mass), mass))
+    # END SOLUTION
+
+
+def verify_chain(draft_tokens: list[int], p: torch.Tensor, q: torch.Tensor, chooser) -> tuple[int, int]:
+    """Speculative sampling of one chain of k drafted tokens (Leviathan et al. 2023, Alg. 1).
+
+    For i = 0, 1, ..., k-1: accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i)). At
+    the first rejection, stop and emit a token drawn from the residual norm(max(0, p_i - q_i)).
+    If all k drafts are accepted, emit a "bonus" token drawn from p_k.
+
+    Args:
+        draft_tokens: [k] token ids x_0..x_{k-1}, x_i drawn from q_i.
+        p: [k+1, V] target distributions; row i is the target's distribution for position i
+            (after the context and x_0..x_{i-1}); row k is for the bonus token.
+        q: [k, V] draft distributions; row i is the distribution x_i was drawn from.
+        chooser: source of randomness: ``chooser.bernoulli(prob)`` and
+            ``chooser.categorical(weights)`` (see the module docstring).
+    Returns:
+        (n, next_token): n accepted drafts (0..k) and the token emitted after them. The step
+        commits draft_tokens[:n] + [next_token]: between 1 and k+1 tokens.
+    """
+    # EXERCISE 1.3: accept/reject each draft in order; residual on rejection, bonus from p_k
+    # BEGIN SOLUTION
+    k = len(draft_tokens)
+    for i, x in enumerate(draft_tokens):
+        if not chooser.bernoulli(accept_prob(p[i, x].item(), q[i, x].item())):
+            return i, chooser.categorical(residual(p[i], q[i]))
+    return k, chooser.categorical(p[k])
+    # END SOLUTION
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens committed per target forward by a chain of k drafts.
+
+    With each draft accepted independently with probability alpha, the step commits
+    1 + alpha + alpha^2 + ... + alpha^k tokens on average (the 1 is the residual or bonus
+    token, so k = 0 gives 1, plain decoding). Closed form (1 - alpha^(k+1)) / (1 - alpha);
+    at alpha = 1 every draft is accepted and the answer is k + 1.
+
+    Args:
+        alpha: acceptance rate in [0, 1].
+        k: number of drafted tokens, an integer >= 0.
+    Returns:
+        The expected number of tokens per step, a float in [1, k + 1].
+    """
+    # EXERCISE 1.4: the geometric series 1 + alpha + ... + alpha^k (careful at alpha = 1)
+    # BEGIN SOLUTION
+    if alpha == 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    # END SOLUTION
+
+
+def speedup(alpha: float, k: int, c: float) -> float:
+    """Walltime speedup of speculative decoding over plain decoding (Leviathan et al., Thm 3.8).
+
+    One step costs k draft forwards plus one target forward: k * c + 1 in units of a target
+    forward, where c = (cost of one draft forward) / (cost of one target forward). It commits
+    expected_tokens(alpha, k) tokens; plain decoding commits 1 token per target forward.
+
+    Args:
+        alpha: acceptance rate in [0, 1].
+        k: number of drafted tokens, an integer >= 0.
+        c: draft/target cost ratio, >= 0.
+    Returns:
+        expected_tokens(alpha, k) / (k * c + 1), a float.
+    """
+    # EXERCISE 1.5: tokens per step divided by the cost of a step
+    # BEGIN SOLUTION
+    return expected_tokens(alpha, k) / (k * c + 1.0)
+    # END SOLUTION

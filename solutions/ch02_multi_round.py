@@ -1,0 +1,169 @@
+"""Chapter 2 exercises: multi-round speculative sampling (MSS) over several candidates, and trees.
+
+References:
+    Miao et al., "SpecInfer" (2023): multi-round speculative sampling over the children of a
+        tree node (candidates drawn i.i.d. from q).
+    Jeon et al., "Recursive Speculative Decoding" (2024); Yang et al., "Multi-Candidate
+        Speculative Decoding" (2024): candidates drawn without replacement, recursive rejection
+        sampling.
+    Li et al., "EAGLE" (2024): top-k drafts verified as if q were one-hot.
+
+Notation: ``p`` target distribution and ``q`` draft distribution, [V] float64 tensors; the
+candidates x_0..x_{n-1} are tried in order. Round i is one Leviathan step of p_i against q_i:
+accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); after a rejection
+p_{i+1} = norm(max(0, p_i - q_i)). If every candidate is rejected, emit a token from p_n.
+
+Randomness goes through ``chooser.bernoulli(prob)`` and ``chooser.categorical(weights)`` only
+(see chapter 1), so the grader can enumerate every outcome exactly.
+
+Check your work: ``python -m minispec grade 2``, or ``minispec.grading.check("2.1")``, or
+``pytest tests/test_exercises.py -m ch02 --impl exercises``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+# Given (you wrote them in chapter 1): the acceptance probability and the residual.
+def accept_prob(p_x: float, q_x: float) -> float:
+    """min(1, p(x) / q(x)); for q(x) = 0: 1 if p(x) > 0 else 0."""
+    if q_x > 0:
+        return min(1.0, p_x / q_x)
+    return 1.0 if p_x > 0 else 0.0
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)) for [V] tensors; p itself when the residual is empty."""
+    r = (p - q).clamp(min=0)  # [V]
+    return r / r.sum() if r.sum() > 0 else p
+
+
+def mss_with_replacement(candidates: list[int], p: torch.Tensor, q: torch.Tensor, chooser) -> tuple[int | None, int]:
+    """MSS for candidates drawn i.i.d. from q (with replacement).
+
+    Round i accepts x_i with probability min(1, p_i(x_i) / q(x_i)); after a rejection
+    p_{i+1} = norm(max(0, p_i - q)). q never changes: every candidate was drawn from the same q.
+    Starting from p_0 = p, the emitted token has law exactly p.
+
+    Args:
+        candidates: [n] token ids, each drawn independently from q.
+        p: [V] target distribution at the node.
+        q: [V] draft distribution the candidates were drawn from.
+        chooser: ``bernoulli(prob)`` / ``categorical(weights)``.
+    Returns:
+        (i, x_i) if candidate i is the first accepted, else (None, token drawn from p_n).
+    """
+    # EXERCISE 2.1: one Leviathan step per candidate; update p to the residual after each rejection
+    # BEGIN SOLUTION
+    for i, x in enumerate(candidates):
+        if chooser.bernoulli(accept_prob(p[x].item(), q[x].item())):
+            return i, x
+        p = residual(p, q)  # [V]
+    return None, chooser.categorical(p)
+    # END SOLUTION
+
+
+def mss_without_replacement(candidates: list[int], p: torch.Tensor, q: torch.Tensor, chooser) -> tuple[int | None, int]:
+    """MSS for distinct candidates drawn from q without replacement (recursive rejection sampling).
+
+    Candidate i was drawn from q_i = q with x_0..x_{i-1} removed and renormalised. Round i is a
+    Leviathan step of p_i against q_i; after rejecting x_i, p_{i+1} = norm(max(0, p_i - q_i))
+    and q_{i+1} = q_i with x_i set to 0, renormalised.
+
+    Args:
+        candidates: [n] distinct token ids, drawn from q without replacement in this order.
+        p: [V] target distribution at the node.
+        q: [V] draft distribution (before any candidate was removed).
+        chooser: ``bernoulli(prob)`` / ``categorical(weights)``.
+    Returns:
+        (i, x_i) if candidate i is the first accepted, else (None, token drawn from p_n).
+    """
+    # EXERCISE 2.2: like 2.1, but q_i loses each rejected candidate (zero it, renormalise)
+    # BEGIN SOLUTION
+    for i, x in enumerate(candidates):
+        if chooser.bernoulli(accept_prob(p[x].item(), q[x].item())):
+            return i, x
+        p = residual(p, q)  # [V]
+        q = q.clone()
+        q[x] = 0.0
+        if q.sum() > 0:
+            q = q / q.sum()
+    return None, chooser.categorical(p)
+    # END SOLUTION
+
+
+def mss_onehot(candidates: list[int], p: torch.Tensor, chooser) -> tuple[int | None, int]:
+    """MSS treating each candidate as drawn from a one-hot q (EAGLE's top-k drafts).
+
+    Assumes the candidates were chosen deterministically from the context (e.g. the top-k of
+    the draft model), not sampled, so there is no real q. With q = one_hot(x_i), round i
+    accepts x_i with probability min(1, p_i(x_i) / 1) = p_i(x_i), and after a rejection
+    p_{i+1} = norm(max(0, p_i - one_hot(x_i))) = p_i with x_i set to 0, renormalised.
+
+    Args:
+        candidates: [n] token ids (a deterministic function of the context).
+        p: [V] target distribution at the node.
+        chooser: ``bernoulli(prob)`` / ``categorical(weights)``.
+    Returns:
+        (i, x_i) if candidate i is the first accepted, else (None, token drawn from p_n).
+    """
+    # EXERCISE 2.3: accept x_i with p_i(x_i); on rejection zero x_i in p and renormalise
+    # BEGIN SOLUTION
+    for i, x in enumerate(candidates):
+        if chooser.bernoulli(min(1.0, p[x].item())):
+            return i, x
+        p = p.clone()
+        p[x] = 0.0
+        if p.sum() > 0:
+            p = p / p.sum()
+    return None, chooser.categorical(p)
+    # END SOLUTION
+
+
+def verify_tree(parents: list[int], tokens: list[int], p: torch.Tensor, q: torch.Tensor | None,
+                mode: str, chooser) -> tuple[list[int], int]:
+    """Verify a draft tree level by level, running MSS over the children of each accepted node.
+
+    Layout ("row = node + 1"): node i has token tokens[i] and parent parents[i] (-1 for a child
+    of the root, otherwise an earlier node index). Row 0 of p/q is the distribution at the root
+    (for the root's children); row i + 1 is the distribution after node i (for node i's
+    children, or the bonus token if node i is a leaf). Start at the root; at the current node
+    run MSS over its children in increasing index order; if child c is accepted, move to it
+    and repeat; if none is accepted (or the node has no children) stop with the emitted token.
+    A chain is the tree parents = [-1, 0, 1, ..., k-1], and then this is ``verify_chain``.
+
+    Args:
+        parents: [N] parent index of each node, -1 for the root's children, parents[i] < i.
+        tokens: [N] token id of each node.
+        p: [N+1, V] target distributions by row.
+        q: [N+1, V] draft distributions by row (None for mode "onehot").
+        mode: "mss_replacement" (2.1), "mss_no_replacement" (2.2) or "onehot" (2.3).
+        chooser: ``bernoulli(prob)`` / ``categorical(weights)``.
+    Returns:
+        (path, next_token): the accepted node indices from the root down (possibly empty) and
+        the token emitted after the last of them. The step commits [tokens[i] for i in path]
+        + [next_token].
+    """
+    # EXERCISE 2.4: list each node's children, then walk down from the root with 2.1/2.2/2.3
+    # BEGIN SOLUTION
+    children: list[list[int]] = [[] for _ in range(len(tokens) + 1)]  # by row: children[0] = root's
+    for i, j in enumerate(parents):
+        children[j + 1].append(i)
+    path, row = [], 0
+    while True:
+        kids = children[row]
+        xs = [tokens[i] for i in kids]
+        if mode == "mss_replacement":
+            idx, token = mss_with_replacement(xs, p[row], q[row], chooser)
+        elif mode == "mss_no_replacement":
+            idx, token = mss_without_replacement(xs, p[row], q[row], chooser)
+        elif mode == "onehot":
+            idx, token = mss_onehot(xs, p[row], chooser)
+        else:
+            raise ValueError(f"unknown mode {mode!r}")
+        if idx is None:
+            return path, token
+        path.append(kids[idx])
+        row = kids[idx] + 1
+    # END SOLUTION

@@ -1,0 +1,252 @@
+"""The grading system itself: solutions pass, stubs fail by name, wrong answers are caught,
+exercises/ stays generated from solutions/."""
+
+import inspect
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from minispec import grading
+from minispec.grading import chapter_module, chapters, check, find_exercise, grade, grade_main
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOL = ROOT / "tools" / "make_exercises.py"
+
+
+def _all_exercises():
+    return [ex for ch in chapters() for ex in chapter_module(ch).EXERCISES]
+
+
+def test_chapters_1_and_2_have_at_least_three_exercises_each():
+    assert {1, 2} <= set(chapters())
+    for ch in (1, 2):
+        ids = [ex.id for ex in chapter_module(ch).EXERCISES]
+        assert len(ids) >= 3 and len(set(ids)) == len(ids)
+        assert all(i.startswith(f"{ch}.") for i in ids)
+
+
+@pytest.mark.parametrize("impl", ["solutions", "minispec"])
+@pytest.mark.parametrize("chapter", [1, 2])
+def test_every_exercise_passes_on_reference(chapter, impl):
+    results = grade(chapter, impl)
+    assert results and [r[0] for r in results] == [ex.id for ex in chapter_module(chapter).EXERCISES]
+    failed = [r[3] for r in results if not r[2]]
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("chapter", [1, 2])
+def test_every_stub_fails_naming_its_exercise(chapter):
+    for ex_id, name, passed, msg in grade(chapter, "exercises"):
+        assert not passed
+        assert msg.startswith(f"Exercise {ex_id} {name}: not implemented yet"), msg
+        assert f"(NotImplementedError: Exercise {ex_id}: " in msg, msg
+
+
+def test_stub_failure_is_an_assertion_error_with_the_exercise_name():
+    with pytest.raises(AssertionError, match=r"^Exercise 1\.3 verify_chain: not implemented yet"):
+        grading.assert_passes("1.3", "exercises")
+
+
+def test_exercises_keep_signatures_and_docstrings():
+    for ch in chapters():
+        sol, exe = (grading.load_impl(ch, pkg, reload=False) for pkg in ("solutions", "exercises"))
+        assert inspect.getdoc(sol) == inspect.getdoc(exe)
+        for ex in chapter_module(ch).EXERCISES:
+            f, g = getattr(sol, ex.name), getattr(exe, ex.name)
+            assert inspect.signature(f) == inspect.signature(g), ex.name
+            assert f.__doc__ and f.__doc__ == g.__doc__, ex.name
+            src = inspect.getsource(g)
+            assert f"# EXERCISE {ex.id}:" in src and f'raise NotImplementedError("Exercise {ex.id}:' in src
+            assert "BEGIN SOLUTION" not in src
+
+
+# --------------------------------------------------------------------------- the checks have teeth
+def _solutions(ch: int):
+    return grading.load_impl(ch, "solutions", reload=False)
+
+
+def _with(ch: int, **overrides):
+    mod = _solutions(ch)
+    ns = SimpleNamespace(**{k: v for k, v in vars(mod).items() if not k.startswith("__")})
+    ns.__dict__.update(overrides)
+    return ns
+
+
+def _resample_from_p(xs, p, q, chooser):  # residual replaced by p: biased
+    for i, x in enumerate(xs):
+        if not chooser.bernoulli(min(1.0, p[i, x].item() / q[i, x].item())):
+            return i, chooser.categorical(p[i])
+    return len(xs), chooser.categorical(p[len(xs)])
+
+
+def _always_reject(xs, p, q, chooser):  # exact output law, but never accepts anything
+    return 0, chooser.categorical(p[0])
+
+
+def _own_rng(xs, p, q, chooser):  # randomness outside the chooser (seeded here, so the test is deterministic)
+    g = torch.Generator().manual_seed(0)
+    for i, x in enumerate(xs):
+        if not bool(torch.rand((), generator=g) < min(1.0, p[i, x].item() / q[i, x].item())):
+            return i, chooser.categorical(_solutions(1).residual(p[i], q[i]))
+    return len(xs), chooser.categorical(p[len(xs)])
+
+
+def _no_q_update(c, p, q, chooser):  # without-replacement drafts verified with the i.i.d. rule
+    return _solutions(2).mss_with_replacement(c, p, q, chooser)
+
+
+def _q_update(c, p, q, chooser):  # i.i.d. drafts verified with the without-replacement rule
+    return _solutions(2).mss_without_replacement(c, p, q, chooser)
+
+
+def _onehot_no_zeroing(c, p, chooser):
+    for i, x in enumerate(c):
+        if chooser.bernoulli(min(1.0, p[x].item())):
+            return i, x
+    return None, chooser.categorical(p)
+
+
+def _root_only_tree(parents, tokens, p, q, mode, chooser):  # exact output, but stops after one level
+    s = _solutions(2)
+    kids = [i for i, j in enumerate(parents) if j == -1]
+    xs = [tokens[i] for i in kids]
+    idx, t = s.mss_onehot(xs, p[0], chooser) if mode == "onehot" else (
+        s.mss_with_replacement if mode == "mss_replacement" else s.mss_without_replacement)(xs, p[0], q[0], chooser)
+    return ([], t) if idx is None else ([kids[idx]], chooser.categorical(p[kids[idx] + 1]))
+
+
+WRONG = [
+    ("1.1", dict(accept_prob=lambda p_x, q_x: min(1.0, p_x / q_x)), "ZeroDivisionError"),
+    ("1.1", dict(accept_prob=lambda p_x, q_x: p_x / q_x if q_x else 1.0), "expected"),
+    ("1.2", dict(residual=lambda p, q: (p - q).clamp(min=0)), "differs from norm"),
+    ("1.2", dict(residual=lambda p, q: (p - q).clamp(min=0) / (p - q).clamp(min=0).sum()), "when p == q"),
+    ("1.3", dict(verify_chain=_resample_from_p), "output distribution differs from p"),
+    ("1.3", dict(verify_chain=_always_reject), "law of (n accepted, next token) differs"),
+    ("1.3", dict(verify_chain=_own_rng), "differs"),
+    ("1.4", dict(expected_tokens=lambda a, k: k * a + 1), "expected_tokens(alpha="),
+    ("1.4", dict(expected_tokens=lambda a, k: (1 - a ** (k + 1)) / (1 - a)), "ZeroDivisionError"),
+    ("1.5", dict(speedup=lambda a, k, c: sum(a ** i for i in range(k + 1)) / (k + c + 1)), "speedup(alpha="),
+    ("2.1", dict(mss_with_replacement=_q_update), "differs from p"),
+    ("2.2", dict(mss_without_replacement=_no_q_update), "differs from p"),
+    ("2.3", dict(mss_onehot=_onehot_no_zeroing), "differs from p"),
+    ("2.4", dict(verify_tree=_root_only_tree), "differs from minispec's verify_tree"),
+]
+
+
+@pytest.mark.parametrize("ex_id, overrides, needle", WRONG, ids=[f"{w[0]}-{i}" for i, w in enumerate(WRONG)])
+def test_checks_catch_wrong_answers(ex_id, overrides, needle):
+    ex = find_exercise(ex_id)
+    passed, msg = ex.run(_with(ex.chapter, **overrides))
+    assert not passed
+    assert msg.startswith(f"Exercise {ex_id} {ex.name}: ") and needle in msg, msg
+
+
+def test_missing_function_is_reported():
+    passed, msg = find_exercise("1.2").run(SimpleNamespace(__name__="empty"))
+    assert not passed and msg.startswith("Exercise 1.2 residual: ") and "no function residual" in msg
+
+
+# --------------------------------------------------------------------------- runner, CLI, notebook helper
+def test_check_prints_and_never_raises(capsys):
+    check("1.2", impl="exercises")
+    check("2.1", impl="solutions")
+    check(1, impl="exercises")
+    out = capsys.readouterr().out
+    assert "FAIL  Exercise 1.2 residual: not implemented yet" in out
+    assert "PASS  Exercise 2.1 mss_with_replacement: passed" in out
+    assert "0/5 exercises passed" in out
+
+
+def test_grade_main_exit_status(capsys):
+    assert grade_main(["1", "--impl", "solutions"]) == 0
+    out = capsys.readouterr().out
+    assert "5/5 exercises passed" in out and out.count("PASS") == 5
+    assert grade_main(["2", "--impl", "exercises"]) == 1
+    out = capsys.readouterr().out
+    assert "0/4 exercises passed" in out and out.count("FAIL") == 4 and "Exercise 2.4" in out
+    assert grade_main(["99"]) == 2
+
+
+def test_impl_from_environment(monkeypatch):
+    monkeypatch.setenv("MINISPEC_IMPL", "solutions")
+    assert grading.default_impl() == "solutions"
+    assert grading.load_impl(1).__name__ == "solutions.ch01_rejection_sampling"
+    monkeypatch.setenv("MINISPEC_IMPL", "bogus")
+    with pytest.raises(ValueError, match="MINISPEC_IMPL"):
+        grading.default_impl()
+
+
+def test_grade_main_exit_status_of_a_process():
+    script = "import sys; from minispec.grading import grade_main; sys.exit(grade_main(sys.argv[1:]))"
+    r = subprocess.run([sys.executable, "-c", script, "1", "--impl", "exercises"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 1 and "0/5 exercises passed" in r.stdout, r.stdout + r.stderr
+
+
+# --------------------------------------------------------------------------- tools/make_exercises.py
+def _run_tool(*args, root: Path | None = None):
+    cmd = [sys.executable, str(TOOL), *args] + (["--root", str(root)] if root else [])
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def test_make_exercises_check_passes_on_the_checkout():
+    r = _run_tool("--check")
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture
+def copy(tmp_path):
+    for d in ("solutions", "exercises"):
+        shutil.copytree(ROOT / d, tmp_path / d, ignore=shutil.ignore_patterns("__pycache__"))
+    assert _run_tool("--check", root=tmp_path).returncode == 0
+    return tmp_path
+
+
+def test_make_exercises_check_fails_on_an_edited_exercise(copy):
+    f = copy / "exercises" / "ch01_rejection_sampling.py"
+    f.write_text(f.read_text().replace('raise NotImplementedError("Exercise 1.2', 'return p  # ("Exercise 1.2', 1))
+    r = _run_tool("--check", root=copy)
+    assert r.returncode == 1
+    assert "exercises/ch01_rejection_sampling.py differs" in r.stderr and "make_exercises.py" in r.stderr
+
+
+def test_make_exercises_check_fails_on_a_changed_solution_then_regenerates(copy):
+    f = copy / "solutions" / "ch02_multi_round.py"
+    f.write_text(f.read_text().replace("Args:", "Arguments:", 1))
+    r = _run_tool("--check", root=copy)
+    assert r.returncode == 1 and "ch02_multi_round.py differs" in r.stderr
+    assert _run_tool(root=copy).returncode == 0  # regenerate
+    assert _run_tool("--check", root=copy).returncode == 0
+
+
+def test_make_exercises_check_fails_on_missing_or_orphan_files(copy):
+    (copy / "exercises" / "ch01_rejection_sampling.py").unlink()
+    (copy / "exercises" / "ch09_orphan.py").write_text("")
+    r = _run_tool("--check", root=copy)
+    assert r.returncode == 1
+    assert "ch01_rejection_sampling.py is missing" in r.stderr and "ch09_orphan.py has no solutions" in r.stderr
+
+
+def test_make_exercises_rejects_malformed_markers(copy):
+    f = copy / "solutions" / "ch01_rejection_sampling.py"
+    f.write_text(f.read_text().replace("    # EXERCISE 1.2: ", "    # (no marker) ", 1))
+    r = _run_tool("--check", root=copy)
+    assert r.returncode == 1 and "BEGIN SOLUTION without an '# EXERCISE N.M: task' line" in r.stderr
+
+
+def test_notebooks_are_built_from_the_script_without_outputs():
+    nbformat = pytest.importorskip("nbformat")
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_notebooks.py"), "--check"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for name in ("01_rejection_sampling.ipynb", "02_multi_round_speculative_sampling.ipynb"):
+        nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert code and all(not c.outputs and c.execution_count is None for c in code)
+        assert "FAST" in code[0].source and "minispec.__version__" in code[0].source
+        assert any("check(" in c.source and 'impl="exercises"' in c.source for c in code)
