@@ -1,5 +1,5 @@
 # make demo   installs minispec into .venv and runs the SmolLM2 demo
-# make test   installs minispec with its dev extras into .venv and runs the test suite
+# make test   installs minispec with its dev extras into .venv and runs the tests and the notebooks (fast mode)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -21,7 +21,9 @@ check-env: install
 
 test: install
 	$(BIN)/python -m minispec check-env
+	$(BIN)/python tools/make_exercises.py --check
 	$(BIN)/python -m pytest
+	MINISPEC_FAST=1 $(BIN)/python -m pytest --nbmake notebooks
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -3,6 +3,7 @@
     demo        load SmolLM2-135M and generate for a prompt, printing tokens/s
     bench       Spec-Bench-style comparison of decoding methods
     exactness   exact and empirical checks that every verifier is lossless
+    grade N     per-exercise PASS/FAIL table of chapter N
     check-env   one [OK]/[FAIL] line per dependency
 """
 
@@ -94,6 +95,7 @@ def main(argv=None) -> int:
     b.add_argument("--json", default=None, help="write the results (with device and versions) here")
     b.set_defaults(func=_bench)
 
+    sub.add_parser("grade", help="grade a chapter's exercises: grade N [--impl exercises|solutions|minispec]", add_help=False)
     e = sub.add_parser("exactness", help="exact and empirical checks that every verifier is lossless", add_help=False)
     e.set_defaults(func=None)
 
@@ -101,6 +103,10 @@ def main(argv=None) -> int:
     c.set_defaults(func=_check_env)
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["grade"]:  # python -m minispec grade N [--impl minispec|solutions|exercises]
+        from .grading import grade_main
+
+        return grade_main(argv[1:])
     if argv[:1] == ["exactness"]:  # its own parser: python -m minispec exactness --help
         from .exactness_report import main as exactness_main
 

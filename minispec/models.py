@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -192,18 +193,42 @@ def _tiny_hf(name: str):
         return cls(cfg).eval()
 
 
+def hub_reachable(host: str = "huggingface.co", timeout: float = 2.0) -> bool:
+    """Whether the Hugging Face hub answers (False at once when HF_HUB_OFFLINE=1)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def _hf_from_hub(name: str):
+    """transformers model + tokenizer from the local HF cache, else from the hub when it is reachable
+    (an unreachable hub fails in seconds instead of transformers' minute of retries)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    def fetch(local_only: bool):
+        tok = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
+        return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, local_files_only=local_only).eval(), tok
+
     try:
-        tok = AutoTokenizer.from_pretrained(name)
-        hf = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
+        return fetch(local_only=True)
     except (OSError, ValueError) as e:
-        raise ModelNotFound(
-            f"could not load model {name!r}: it is not a minispec preset ({', '.join([SMOLLM2, *TINY])}), "
-            f"not a local checkpoint directory, and the Hugging Face hub or cache did not provide it ({e.__class__.__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    return hf, tok
+        err = e
+    if hub_reachable():
+        try:
+            return fetch(local_only=False)
+        except (OSError, ValueError) as e:
+            err = e
+        where = "the Hugging Face hub did not provide it"
+    else:
+        where = "it is not in the local Hugging Face cache and the hub is unreachable (offline)"
+    first = str(err).splitlines()[0] if str(err) else ""
+    raise ModelNotFound(
+        f"could not load model {name!r}: it is not a minispec preset ({', '.join([SMOLLM2, *TINY])}), "
+        f"not a local checkpoint directory, and {where} ({err.__class__.__name__}: {first})") from None
 
 
 def _load_dir(path: Path, name: str, dtype, device):
