@@ -4,6 +4,7 @@
     bench       Spec-Bench-style comparison of decoding methods
     exactness   exact and empirical checks that every verifier is lossless
     grade N     per-exercise PASS/FAIL table of chapter N
+    train draft distill the small SmolLM2 draft model on target-generated ShareGPT answers
     check-env   one [OK]/[FAIL] line per dependency
 """
 
@@ -95,6 +96,7 @@ def main(argv=None) -> int:
     b.add_argument("--json", default=None, help="write the results (with device and versions) here")
     b.set_defaults(func=_bench)
 
+    sub.add_parser("train", help="train draft: distill the SmolLM2 draft model (see train draft --help)", add_help=False)
     sub.add_parser("grade", help="grade a chapter's exercises: grade N [--impl exercises|solutions|minispec]", add_help=False)
     e = sub.add_parser("exactness", help="exact and empirical checks that every verifier is lossless", add_help=False)
     e.set_defaults(func=None)
@@ -103,6 +105,11 @@ def main(argv=None) -> int:
     c.set_defaults(func=_check_env)
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["train", "draft"]:  # python -m minispec train draft [--help]
+        from .train.distill_draft import main as distill_main
+
+        distill_main(argv[2:])
+        return 0
     if argv[:1] == ["grade"]:  # python -m minispec grade N [--impl minispec|solutions|exercises]
         from .grading import grade_main
 

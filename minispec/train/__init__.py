@@ -1,0 +1,1 @@
+"""Training scripts: distilled drafters (``python -m minispec.train.distill_draft``)."""
