@@ -117,10 +117,14 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
                          f"context of {ctx} tokens; shorten the prompt or ask for fewer tokens")
     if max(ids) >= target.cfg.vocab_size or min(ids) < 0:
         raise ValueError(f"prompt token ids must be in [0, {target.cfg.vocab_size}), got {min(ids)}..{max(ids)}")
-    if drafter is not None and hasattr(drafter, "check_target"):
-        drafter.check_target(target)
-    mode = "greedy" if params.greedy else {"real": "chain", "onehot": "onehot"}[drafter.q_kind] if drafter else "greedy"
-    plain = "greedy" if params.greedy else "onehot"  # an empty tree: the next token is a sample from p
+    if drafter is not None:
+        if getattr(drafter, "q_kind", None) not in ("real", "onehot"):
+            raise ValueError(f"drafter {drafter!r} must say whether its q is 'real' or 'onehot' (q_kind)")
+        if hasattr(drafter, "check_target"):
+            drafter.check_target(target)
+    # greedy: argmax matching; real q: Leviathan/Chen (MSS over siblings); deterministic drafts: one-hot q
+    plain = "greedy" if params.greedy else "onehot"  # also for empty trees: the next token is a sample from p
+    mode = "chain" if not params.greedy and drafter is not None and drafter.q_kind == "real" else plain
     gen = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
     eos = _eos_ids(target, tokenizer) if stop_at_eos else set()
     stats = GenerationStats(prompt_tokens=len(ids))

@@ -140,3 +140,13 @@ def test_tree_drafts_go_through_the_loop(target):
     spec = generate(model, tok, "xyz", drafter=TwoBranches(), max_new_tokens=30)
     assert spec.tokens == vanilla.tokens
     assert spec.stats.accepted_at_depth[0] > 0  # the second sibling was accepted
+
+
+def test_drafter_without_q_kind_is_rejected(target):
+    model, tok = target
+
+    class NoKind:
+        max_nodes = 2
+
+    with pytest.raises(ValueError, match="q_kind"):
+        generate(model, tok, "hi", drafter=NoKind(), max_new_tokens=4)

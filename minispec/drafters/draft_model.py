@@ -45,6 +45,7 @@ class DraftModel:
     def prefill(self, prompt: list[int]) -> None:
         self.kv.reset()
         self.cached = []
+        self.forwards = 0
         if len(prompt) + self.k + 1 > self.kv.capacity:
             self.kv = KVCache.for_model(self.model, 2 * (len(prompt) + self.k + 1))
 
