@@ -64,3 +64,9 @@ def test_sample_follows_distribution():
 def test_invalid_sampling_parameters_raise_clear_errors(kwargs, word):
     with pytest.raises(ValueError, match=word):
         SamplingParams(**kwargs)
+
+
+def test_top_p_boundary_is_inclusive():
+    """Mass exactly reaching top_p stops the nucleus: 4 equal tokens (0.25 each) at top_p 0.5 keep 2."""
+    p = probs(torch.zeros(4, dtype=torch.float64), temperature=1.0, top_p=0.5)
+    assert (p > 0).sum() == 2 and torch.allclose(p[p > 0], torch.tensor([0.5, 0.5], dtype=torch.float64))
