@@ -8,15 +8,96 @@ The target scores a tree in one forward over T = N + 1 new tokens: the root at i
 node i at index i + 1. Each sees the committed prefix (in the KV cache), its ancestors and
 itself; its position is prefix length + depth.
 
-References: SpecInfer (Miao et al. 2023) token-tree attention; EAGLE (Li et al. 2024).
+Static trees are given as "choices" (the Medusa / EAGLE-1 format): one tuple per node, the
+ranks of the candidates on the way from the root, e.g. (0,) = the root's top-1 child and
+(0, 1) = the top-2 child of that node. ``Tree.from_choices`` builds the tree's shape; the
+drafter then fills in the tokens (node i takes the ranks[i]-th candidate under its parent).
+
+References: SpecInfer (Miao et al. 2023) token-tree attention; Medusa (Cai et al. 2024)
+static tree choices; EAGLE (Li et al. 2024).
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
+
+# Static trees, copied verbatim (nested lists as in the sources). Both are named "mc_sim_7b_63"
+# upstream but are different trees.
+#
+# EAGLE-1's default tree: 25 nodes, depth 5. Source: github.com/SafeAILab/EAGLE,
+# eagle/model/choices.py, ``mc_sim_7b_63`` (commit 08dc06ccb428f2d3cf8380933ea50ed3e4178168).
+EAGLE_MC_SIM_7B_63 = [[0],[1],[2],[3],[0,0],[0,1],[0,2],[1,0],[1,1],[2,0],[2,1],[3,0]
+                ,[0,0,0],[0,0,1],[0,0,2],[0,1,0],[0,1,1],[0,2,0],[0,2,1],[1,0,0],
+                [0,0,0,0],[0,0,0,1],[0,0,0,2],[0,0,0,0,0],[0,0,0,0,1]]  # fmt: skip
+
+# Medusa's default tree: 63 nodes, depth 4. Source: github.com/FasterDecoding/Medusa,
+# medusa/model/medusa_choices.py, ``mc_sim_7b_63`` (commit 11af0aa503437b40d45f5a47c001c43699b7ae52).
+MEDUSA_MC_SIM_7B_63 = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0], [0, 5], [0, 0, 1], [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2], [3, 0], [0, 9], [8], [9], [1, 0, 0], [0, 2, 0], [1, 2], [0, 0, 3], [4, 0], [2, 1], [0, 0, 4], [0, 0, 5], [0, 0, 0, 0], [0, 1, 1], [0, 0, 6], [0, 3, 0], [5, 0], [1, 3], [0, 0, 7], [0, 0, 8], [0, 0, 9], [6, 0], [0, 4, 0], [1, 4], [7, 0], [0, 1, 2], [2, 0, 0], [3, 1], [2, 2], [8, 0], [0, 5, 0], [1, 5], [1, 0, 1], [0, 2, 1], [9, 0], [0, 6, 0], [0, 0, 0, 1], [1, 6], [0, 7, 0]]  # fmt: skip
+
+
+class ChoiceTree(NamedTuple):
+    """The shape of a static tree, in node order (by depth, then lexicographically).
+
+    choices: [N] the sorted choices, as tuples; node i is choices[i].
+    parents: [N] parent node index of each node (-1 = root).
+    ranks: [N] rank of each node among its parent's candidates (= choices[i][-1]): the drafter
+        puts the ranks[i]-th most likely token under parents[i] at node i.
+    """
+
+    choices: list[tuple[int, ...]]
+    parents: list[int]
+    ranks: list[int]
+
+
+def parse_choices(choices: Sequence[Sequence[int]], max_depth: int | None = None) -> ChoiceTree:
+    """Turn a static choices list (Medusa / EAGLE format) into parents and sibling ranks.
+
+    Nodes are sorted by depth, then lexicographically (as Medusa and EAGLE do), which puts
+    every parent before its children and siblings in increasing rank.
+
+    Args:
+        choices: non-empty list of choices; each is a non-empty sequence of ranks >= 0 from the
+            root, e.g. [(0,), (1,), (0, 0)]. Every prefix of a choice must be a choice too.
+        max_depth: if given, the longest choice may have at most this many ranks.
+    Returns:
+        ChoiceTree(choices, parents, ranks), all of length N = len(choices).
+    Raises:
+        ValueError: empty list, empty / negative / non-integer choice, duplicate choice,
+            missing prefix, or depth above max_depth.
+    """
+    if len(choices) == 0:
+        raise ValueError("choices is empty: a static tree needs at least one node")
+    cs: list[tuple[int, ...]] = []
+    for c in choices:
+        try:
+            t = tuple(operator.index(r) for r in c)
+        except TypeError:
+            raise ValueError(f"choice {c!r} must be a sequence of integer ranks") from None
+        if not t:
+            raise ValueError("empty choice (): the root is implicit, list only its descendants")
+        if min(t) < 0:
+            raise ValueError(f"choice {t} has a negative rank")
+        cs.append(t)
+    index: dict[tuple[int, ...], int] = {}
+    for t in cs:
+        if t in index:
+            raise ValueError(f"duplicate choice {t}")
+        index[t] = -1
+    cs.sort(key=lambda t: (len(t), t))
+    if max_depth is not None and len(cs[-1]) > max_depth:
+        raise ValueError(f"choice {cs[-1]} has depth {len(cs[-1])} > max_depth = {max_depth}")
+    parents, ranks = [], []
+    for i, t in enumerate(cs):
+        if len(t) > 1 and t[:-1] not in index:
+            raise ValueError(f"choice {t} has no parent: its prefix {t[:-1]} is not a choice")
+        parents.append(index[t[:-1]] if len(t) > 1 else -1)
+        ranks.append(t[-1])
+        index[t] = i
+    return ChoiceTree(cs, parents, ranks)
 
 
 @dataclass
@@ -37,12 +118,36 @@ class Tree:
         if len(self.tokens) != len(self.parents):
             raise ValueError(f"tree has {len(self.tokens)} tokens but {len(self.parents)} parents")
         for i, j in enumerate(self.parents):
+            if j == i:
+                raise ValueError(f"not a tree in topological order: parents[{i}] = {i}, node {i} is its own parent (a cycle)")
             if not -1 <= j < i:
-                raise ValueError(f"not a tree in topological order: parents[{i}] = {j} (must be -1 or < {i})")
+                raise ValueError(f"not a tree in topological order: parents[{i}] = {j} (must be -1 or < {i}; "
+                                 "a parent after its child, a cycle, or an index out of range)")
 
     @classmethod
     def chain(cls, tokens: Sequence[int], q: torch.Tensor | None = None) -> "Tree":
         return cls(list(tokens), list(range(-1, len(tokens) - 1)), q)
+
+    @classmethod
+    def from_choices(cls, choices: Sequence[Sequence[int]], tokens: Sequence[int] | None = None,
+                     max_depth: int | None = None) -> "Tree":
+        """The static tree of a choices list (see ``parse_choices``).
+
+        Args:
+            choices: Medusa / EAGLE choices, e.g. ``EAGLE_MC_SIM_7B_63``; any order.
+            tokens: [N] token ids in node order (choices sorted by depth, then
+                lexicographically), or None for placeholders 0 that the drafter fills in
+                (use ``parse_choices(choices).ranks`` to know which candidate goes where).
+            max_depth: if given, raise ValueError when the tree is deeper.
+        Returns:
+            Tree with N = len(choices) nodes and q = None.
+        """
+        shape = parse_choices(choices, max_depth)
+        n = len(shape.parents)
+        tokens = [0] * n if tokens is None else list(tokens)
+        if len(tokens) != n:
+            raise ValueError(f"{len(tokens)} tokens for {n} choices")
+        return cls(tokens, shape.parents)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -51,12 +156,82 @@ class Tree:
     def is_chain(self) -> bool:
         return self.parents == list(range(-1, len(self.parents) - 1))
 
+    @property
+    def depth(self) -> int:
+        """Depth of the deepest node (0 for the empty tree)."""
+        return max(self.depths(), default=0)
+
     def depths(self) -> list[int]:
         """Depth of each node (children of the root have depth 1)."""
         d: list[int] = []
         for j in self.parents:
             d.append(1 if j < 0 else d[j] + 1)
         return d
+
+    def check_depth(self, limit: int) -> None:
+        """Raise ValueError if some node is deeper than ``limit`` (e.g. the drafter's depth)."""
+        if self.depth > limit:
+            deepest = self.depths().index(self.depth)
+            raise ValueError(f"tree depth {self.depth} (node {deepest}) exceeds the limit {limit}")
+
+    def children(self) -> list[list[int]]:
+        """[N + 1] children by row, in index order: row 0 = the root's, row i + 1 = node i's.
+
+        Same convention as the rows of p / q in ``minispec.verify.verify_tree``.
+        """
+        kids: list[list[int]] = [[] for _ in range(len(self) + 1)]
+        for i, j in enumerate(self.parents):
+            kids[j + 1].append(i)
+        return kids
+
+    def leaves(self) -> list[int]:
+        """Nodes without children, in index order."""
+        kids = self.children()
+        return [i for i in range(len(self)) if not kids[i + 1]]
+
+    def paths(self) -> list[list[int]]:
+        """Root-to-leaf paths of node indices (root excluded), one per leaf in index order.
+
+        Each path starts with a child of the root and ends with a leaf; [] for the empty tree.
+        """
+        out = []
+        for leaf in self.leaves():
+            path, i = [], leaf
+            while i >= 0:
+                path.append(i)
+                i = self.parents[i]
+            out.append(path[::-1])
+        return out
+
+    def retrieve_indices(self) -> torch.Tensor:
+        """[n_leaves, depth] LongTensor: ``paths()`` padded with -1 (Medusa / EAGLE style).
+
+        Entries are node indices (0..N-1, root excluded); add 1 for rows of logits / mask.
+        """
+        paths = self.paths()
+        out = torch.full((len(paths), self.depth), -1, dtype=torch.long)
+        for r, path in enumerate(paths):
+            out[r, : len(path)] = torch.tensor(path, dtype=torch.long)
+        return out
+
+    def to_choices(self, ranks: Sequence[int] | None = None) -> list[tuple[int, ...]]:
+        """[N] the choice tuple of each node, in index order (inverse of ``from_choices``).
+
+        Args:
+            ranks: [N] rank of each node among its siblings (e.g. ``parse_choices(...).ranks``);
+                None = position among its siblings in index order (0, 1, ...).
+        """
+        if ranks is None:
+            ranks = [0] * len(self)
+            for kids in self.children():
+                for r, i in enumerate(kids):
+                    ranks[i] = r
+        if len(ranks) != len(self):
+            raise ValueError(f"{len(ranks)} ranks for {len(self)} nodes")
+        out: list[tuple[int, ...]] = []
+        for i, j in enumerate(self.parents):
+            out.append((out[j] if j >= 0 else ()) + (int(ranks[i]),))
+        return out
 
     def positions(self, prefix: int) -> torch.Tensor:
         """[N + 1] position ids of root + nodes: prefix + depth."""
