@@ -89,3 +89,19 @@ def test_misuse_raises_clear_errors(model):
         model(torch.tensor([[1], [2]]), kv=kv)
     with pytest.raises(ValueError, match="positive"):
         KVCache(1, 1, 4, capacity=0)
+
+
+@torch.no_grad()
+def test_reserve_grows_and_keeps_the_cached_prefix(model):
+    kv = KVCache.for_model(model, 4)
+    model(torch.tensor([[1, 2, 3]]), kv=kv)
+    kv.commit()
+    ref = KVCache.for_model(model, 16)
+    model(torch.tensor([[1, 2, 3]]), kv=ref)
+    ref.commit()
+    kv.reserve(10)
+    assert kv.capacity >= 10 and kv.length == 3
+    assert (_logits_after(model, kv, 4) - _logits_after(model, ref, 4)).abs().max() <= TOL
+    model(torch.tensor([[5, 6, 7, 8, 9, 1, 2]]), kv=kv)  # would overflow the old capacity of 4
+    kv.commit()
+    assert kv.length == 10

@@ -46,17 +46,11 @@ class DraftModel:
         self.kv.reset()
         self.cached = []
         self.forwards = 0
-        if len(prompt) + self.k + 1 > self.kv.capacity:
-            self.kv = KVCache.for_model(self.model, 2 * (len(prompt) + self.k + 1))
+        self.kv.reserve(len(prompt) + self.k + 1)
 
     def _feed(self, tokens: list[int]) -> torch.Tensor:
         """Run the draft on tokens after its cache, commit them, return the last logits [V]."""
-        if self.kv.length + len(tokens) > self.kv.capacity:  # grow: keep what is cached
-            old = self.kv
-            self.kv = KVCache.for_model(self.model, 2 * (old.length + len(tokens)))
-            self.kv.k[:, :, :, :old.length] = old.k[:, :, :, :old.length]
-            self.kv.v[:, :, :, :old.length] = old.v[:, :, :, :old.length]
-            self.kv.length = old.length
+        self.kv.reserve(self.kv.length + len(tokens))
         out = self.model(torch.tensor([tokens], device=self.model.device), kv=self.kv, last_logits_only=True)
         self.kv.commit()
         self.cached += tokens

@@ -88,6 +88,20 @@ class KVCache:
         self.length += len(keep)
         self.pending = 0
 
+    def reserve(self, capacity: int) -> None:
+        """Grow to hold at least ``capacity`` tokens (doubling), keeping what is cached."""
+        if capacity <= self.capacity:
+            return
+        if self.pending:
+            raise RuntimeError("commit() or discard() the pending entries before growing the cache")
+        new = max(capacity, 2 * self.capacity)
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            buf = old.new_zeros(*old.shape[:3], new, old.shape[4])  # [L, B, Hkv, C', hd]
+            buf[:, :, :, :self.length] = old[:, :, :, :self.length]
+            setattr(self, name, buf)
+        self.capacity = new
+
     def discard(self) -> None:
         """Drop all pending entries."""
         self.pending = 0
