@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write notebooks/01_*.ipynb and 02_*.ipynb (chapters 1-2) from the cell sources below.
+"""Write notebooks/NN_*.ipynb from cell sources: chapters 1-2 below, later ones in tools/notebooks/nbNN_*.py.
 
     python tools/build_notebooks.py           write the notebooks (no outputs, execution_count null)
     python tools/build_notebooks.py --check   exit 1 if the committed notebooks differ from this script
@@ -119,7 +119,8 @@ def timing_cell(drafters: str) -> str:
 
 def exercises_cells(ch: int, rows: list[tuple[str, str, str]]) -> list:
     table = "\n        ".join(f"| {i} | `{name}` | {task} |" for i, name, task in rows)  # indented like the template
-    module = {1: "ch01_rejection_sampling", 2: "ch02_multi_round"}[ch]
+    from minispec.grading import chapter_module
+    module = chapter_module(ch).MODULE
     return [
         md(f'''
         ## Exercises
@@ -902,6 +903,21 @@ NOTEBOOKS = {
     "01_rejection_sampling.ipynb": chapter1,
     "02_multi_round_speculative_sampling.ipynb": chapter2,
 }
+
+
+def _discover_chapters() -> None:
+    """Later chapters live in tools/notebooks/nbNN_*.py: each defines NAME (the .ipynb file name) and
+    cells() (using md / code / SETUP / exercises_cells from this module)."""
+    import importlib.util
+    sys.modules.setdefault("build_notebooks", sys.modules[__name__])
+    for path in sorted((ROOT / "tools" / "notebooks").glob("nb[0-9][0-9]_*.py")):
+        spec = importlib.util.spec_from_file_location(f"_nb_{path.stem}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        NOTEBOOKS[mod.NAME] = mod.cells
+
+
+_discover_chapters()
 
 
 def build(name: str):
