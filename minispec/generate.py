@@ -131,8 +131,16 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
     max_nodes = drafter.max_nodes if drafter is not None else 0
     kv = KVCache.for_model(target, capacity=len(ids) + max_new_tokens + max_nodes)
 
+    # feature hand-off (EAGLE, Medusa): the drafter sees the target's hidden states of every committed token
+    observe = getattr(drafter, "observe", None)
+    layers = tuple(getattr(drafter, "target_layers", ())) if observe is not None else ()
+
+    def hand_off(out, rows):
+        if observe is not None:
+            observe(out.hidden[0, rows], {i: h[0, rows] for i, h in out.layer_inputs.items()})
+
     t0 = time.perf_counter()
-    out = target(torch.tensor([ids], device=target.device), kv=kv, last_logits_only=True)
+    out = target(torch.tensor([ids], device=target.device), kv=kv, hidden_layers=layers, last_logits_only=True)
     kv.commit()
     x = int(next_token(out.logits[0, -1], params, gen))  # the first new token: the root of the first tree
     stats.target_forwards, stats.prefill_s = 1, time.perf_counter() - t0
@@ -140,6 +148,7 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
     stats.tokens_per_step.append(1)
     if drafter is not None:
         drafter.prefill(ids)
+        hand_off(out, slice(None))
 
     t0 = time.perf_counter()
     while len(new) < max_new_tokens and x not in eos:
@@ -147,13 +156,16 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
         tree = drafter.propose(ids + new, params, budget, gen) if drafter is not None else EMPTY
         tokens = torch.tensor([[x] + tree.tokens], device=target.device)  # [1, N + 1]: root + nodes
         if tree.is_chain:  # causal mask, default positions
-            out = target(tokens, kv=kv)
+            out = target(tokens, kv=kv, hidden_layers=layers)
         else:
-            out = target(tokens, positions=tree.positions(kv.length).to(target.device), mask=tree.mask().to(target.device), kv=kv)
+            out = target(tokens, positions=tree.positions(kv.length).to(target.device), mask=tree.mask().to(target.device),
+                         kv=kv, hidden_layers=layers)
         logits = out.logits[0]  # [N + 1, V]
         p = logits if params.greedy else probs(logits, params)
         res = verify_tree(tree.parents, tree.tokens, p, tree.q, mode=mode if len(tree) else plain, generator=gen)
-        kv.commit([0] + [i + 1 for i in res.path])  # the root and the accepted path
+        rows = [0] + [i + 1 for i in res.path]  # the root and the accepted path
+        kv.commit(rows)
+        hand_off(out, rows)
         stats.record(tree, res.path)
         emitted = res.emitted[: max_new_tokens - len(new)]
         for j, t in enumerate(emitted):

@@ -36,3 +36,10 @@ class Drafter(Protocol):
             budget: draft at most this many tokens deep (0: return an empty tree).
             generator: source of randomness for sampled drafts.
         """
+
+    # Optional, for drafters that read the target's features (EAGLE, Medusa):
+    #   target_layers: tuple[int, ...]  layer indices whose input hidden states the drafter needs
+    #   observe(hidden [n, D], layer_inputs {i: [n, D]}): called after the prefill with the prompt's
+    #       features and after each verification with those of the committed rows (the root and
+    #       the accepted path), so the drafter holds the features of every committed token but
+    #       the last (the next tree's root).

@@ -1,0 +1,218 @@
+"""Chains, static trees and EAGLE-2 dynamic trees, for any drafter that scores a node's children.
+
+A branching drafter (draft model, EAGLE heads, Medusa heads) implements three hooks:
+
+    _start(context)          -> logits [V] of the root's children (the root is context[-1])
+    _extend(tokens, parents) -> logits [n, V] of the children of n new nodes; parents index the
+                                nodes added since _start (-1 = the root). Called level by level,
+                                so a node's ancestors are always in the drafter's state already.
+    _end()                   drop the tree from the drafter's state (keep the committed context)
+
+and ``TreeDrafter.propose`` turns them into a ``Tree`` of one of three shapes (``TreeSpec``):
+
+    chain    depth k; each draft sampled from q (q_kind "real", verified by Leviathan/Chen), the
+             argmax when greedy.
+    static   a choices list (EAGLE / Medusa ``mc_sim_7b_63``): node i is the ranks[i]-th most
+             likely child of its parent. Deterministic drafts, verified as one-hot q (lossless).
+    dynamic  EAGLE-2: a node's score is the product of draft probabilities along its path (its
+             "global acceptance probability" estimate). Each level expands the top_k highest
+             scoring nodes of the level before, top_k children each; at the end the total_tokens
+             best nodes of all levels form the tree. A child never scores above its parent, so
+             picking by (score, then depth) keeps the tree connected. Verified as one-hot q.
+
+References: Miao et al., "SpecInfer" (2023) and Cai et al., "Medusa" (2024) for token trees;
+Li et al., "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees" (2024).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..sampling import SamplingParams, probs, sample
+from ..tree import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63, Tree, parse_choices
+
+STATIC_TREES = {"eagle": EAGLE_MC_SIM_7B_63, "medusa": MEDUSA_MC_SIM_7B_63}
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """The shape of the trees a drafter proposes.
+
+    kind: "chain" | "static" | "dynamic".
+    depth: most draft tokens on a path (the chain length k).
+    choices: the static tree's choices (kind "static").
+    top_k, total_tokens: EAGLE-2's branching and tree size (kind "dynamic").
+    name: how it was asked for (printed in tables).
+    """
+
+    kind: str
+    depth: int
+    choices: tuple = ()
+    top_k: int = 0
+    total_tokens: int = 0
+    name: str = ""
+    parsed: object = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def chain(cls, k: int) -> "TreeSpec":
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"chain length k must be a positive integer, got {k!r}")
+        return cls("chain", k, name=f"chain:{k}")
+
+    @classmethod
+    def static(cls, choices, name: str = "static") -> "TreeSpec":
+        ct = parse_choices(choices)  # validates
+        return cls("static", max(len(c) for c in ct.choices), tuple(ct.choices), name=name, parsed=ct)
+
+    @classmethod
+    def dynamic(cls, depth: int, top_k: int, total_tokens: int) -> "TreeSpec":
+        if depth < 1 or top_k < 1 or total_tokens < 1:
+            raise ValueError(f"dynamic tree needs depth, top_k, total_tokens >= 1, got {depth}, {top_k}, {total_tokens}")
+        if total_tokens > top_k + (depth - 1) * top_k * top_k:
+            raise ValueError(f"total_tokens={total_tokens} exceeds the {top_k + (depth - 1) * top_k * top_k} nodes "
+                             f"a depth-{depth}, top-{top_k} expansion drafts")
+        return cls("dynamic", depth, top_k=top_k, total_tokens=total_tokens, name=f"dynamic:{depth},{top_k},{total_tokens}")
+
+    @classmethod
+    def parse(cls, s: "str | int | TreeSpec") -> "TreeSpec":
+        """'chain:5' or 5 (a chain), 'eagle' / 'medusa' (the mc_sim_7b_63 static trees),
+        'D,K,N' or 'dynamic:D,K,N' (EAGLE-2 with depth D, top_k K, total_tokens N)."""
+        if isinstance(s, TreeSpec):
+            return s
+        if isinstance(s, int):
+            return cls.chain(s)
+        text = str(s).strip().lower()
+        if text in STATIC_TREES:
+            return cls.static(STATIC_TREES[text], name=text)
+        if text.startswith("chain:") or text.isdigit():
+            return cls.chain(int(text.split(":")[-1]))
+        body = text.split(":", 1)[1] if text.startswith("dynamic:") else text
+        parts = body.split(",")
+        if len(parts) == 3 and all(p.strip().isdigit() for p in parts):
+            return cls.dynamic(*(int(p) for p in parts))
+        raise ValueError(f"unknown tree {s!r}: use 'chain:K', 'eagle', 'medusa' or 'DEPTH,TOP_K,TOTAL_TOKENS'")
+
+    @property
+    def max_nodes(self) -> int:
+        return {"chain": self.depth, "static": len(self.choices), "dynamic": self.total_tokens}[self.kind]
+
+
+class TreeDrafter:
+    """Base class: ``propose`` for chains, static and dynamic trees on top of three hooks."""
+
+    def __init__(self, tree: "TreeSpec | str | int" = 4):
+        self.spec = TreeSpec.parse(tree)
+        self.forwards = 0  # draft forwards (one per _start / _extend call that runs the model)
+
+    @property
+    def q_kind(self) -> str:
+        """Chains are sampled from q ("real"); trees are deterministic top-k drafts ("onehot")."""
+        return "real" if self.spec.kind == "chain" else "onehot"
+
+    @property
+    def max_nodes(self) -> int:
+        return self.spec.max_nodes
+
+    # --- hooks ------------------------------------------------------------------------------
+    def _start(self, context: list[int]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _extend(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _end(self) -> None:
+        pass
+
+    def prefill(self, prompt: list[int]) -> None:
+        pass
+
+    # --- proposals --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, context: list[int], params: SamplingParams, budget: int,
+                generator: torch.Generator | None = None) -> Tree:
+        """Draft a tree after ``context`` (its last token is the root), at most ``budget`` deep."""
+        depth = min(self.spec.depth, budget)
+        if depth <= 0:
+            return Tree([], [])
+        logits = self._start(context)  # [V]
+        try:
+            if self.spec.kind == "chain":
+                return self._chain(logits, depth, params, generator)
+            if self.spec.kind == "static":
+                return self._static(logits, depth)
+            return self._dynamic(logits, depth)
+        finally:
+            self._end()
+
+    def _chain(self, logits, depth, params, generator) -> Tree:
+        drafts, qs = [], []
+        for i in range(depth):
+            if params.greedy:
+                x = int(logits.argmax())
+            else:
+                q = probs(logits, params)  # [V], processed exactly like p
+                x = int(sample(q, generator))
+                qs.append(q)
+            drafts.append(x)
+            if i + 1 < depth:
+                logits = self._extend([x], [i - 1])[0]
+        return Tree.chain(drafts, torch.stack(qs) if qs else None)
+
+    def _static(self, root_logits, depth) -> Tree:
+        ct = self.spec.parsed
+        keep = [i for i, c in enumerate(ct.choices) if len(c) <= depth]  # a prefix of the node order
+        parents, ranks = ct.parents[: len(keep)], ct.ranks[: len(keep)]
+        depths = [len(ct.choices[i]) for i in keep]
+        tokens = [0] * len(keep)
+        logits_of = {-1: root_logits}  # node -> logits of its children
+        added: dict[int, int] = {}  # node -> index among the nodes given to _extend
+        for d in range(1, depth + 1):
+            level = [i for i in range(len(keep)) if depths[i] == d]
+            for i in level:
+                tokens[i] = int(torch.topk(logits_of[parents[i]], ranks[i] + 1).indices[-1])
+            has_children = [i for i in level if any(parents[j] == i for j in range(len(keep)))]
+            if d < depth and has_children:
+                out = self._extend([tokens[i] for i in has_children], [added.get(parents[i], -1) for i in has_children])
+                for j, i in enumerate(has_children):
+                    added[i] = len(added)
+                    logits_of[i] = out[j]
+        return Tree(tokens, parents)
+
+    def _dynamic(self, root_logits, depth) -> Tree:
+        K, N = self.spec.top_k, self.spec.total_tokens
+        # candidates: token, parent candidate (-1 root), depth, score (log of the path's draft probability)
+        tok: list[int] = []
+        par: list[int] = []
+        dep: list[int] = []
+        score: list[float] = []
+        added: dict[int, int] = {}  # candidate -> index among the nodes given to _extend
+
+        logp = torch.log_softmax(root_logits.float(), -1)  # [V]
+        top = torch.topk(logp, K)
+        frontier = []
+        for lp, t in zip(top.values.tolist(), top.indices.tolist()):
+            frontier.append(len(tok))
+            tok.append(t), par.append(-1), dep.append(1), score.append(lp)
+        for d in range(2, depth + 1):
+            out = self._extend([tok[c] for c in frontier], [added.get(par[c], -1) for c in frontier])  # [K, V]
+            for c in frontier:
+                added[c] = len(added)
+            logp = torch.log_softmax(out.float(), -1)  # [K, V]
+            top = torch.topk(logp, K, dim=-1)  # [K, K]
+            base = torch.tensor([score[c] for c in frontier])[:, None]  # [K, 1]
+            child = (base + top.values).flatten()  # [K * K] path scores
+            new = []
+            for j, (s, t) in enumerate(zip(child.tolist(), top.indices.flatten().tolist())):
+                new.append(len(tok))
+                tok.append(t), par.append(frontier[j // K]), dep.append(d), score.append(s)
+            order = torch.topk(child, K).indices.tolist()  # expand the K best of this level next
+            frontier = [new[j] for j in order]
+        # rerank: the N best candidates overall; ties go to the shallower node, so parents come first
+        best = sorted(range(len(tok)), key=lambda c: (-score[c], dep[c], c))[:N]
+        chosen = set(best)
+        assert all(par[c] == -1 or par[c] in chosen for c in best), "rerank broke the tree"
+        nodes = sorted(best, key=lambda c: (dep[c], c))  # topological order
+        index = {c: i for i, c in enumerate(nodes)}
+        return Tree([tok[c] for c in nodes], [index[par[c]] if par[c] >= 0 else -1 for c in nodes])
