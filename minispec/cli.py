@@ -5,6 +5,7 @@
     exactness   exact and empirical checks that every verifier is lossless
     grade N     per-exercise PASS/FAIL table of chapter N
     train draft distill the small SmolLM2 draft model on target-generated ShareGPT answers
+    train eagle|eagle3|medusa   train an EAGLE-1/2 head, an EAGLE-3 head or Medusa heads
     check-env   one [OK]/[FAIL] line per dependency
 """
 
@@ -96,7 +97,8 @@ def main(argv=None) -> int:
     b.add_argument("--json", default=None, help="write the results (with device and versions) here")
     b.set_defaults(func=_bench)
 
-    sub.add_parser("train", help="train draft: distill the SmolLM2 draft model (see train draft --help)", add_help=False)
+    sub.add_parser("train", help="train draft|eagle|eagle3|medusa: train a drafter for SmolLM2 (see train NAME --help)",
+                   add_help=False)
     sub.add_parser("grade", help="grade a chapter's exercises: grade N [--impl exercises|solutions|minispec]", add_help=False)
     e = sub.add_parser("exactness", help="exact and empirical checks that every verifier is lossless", add_help=False)
     e.set_defaults(func=None)
@@ -105,10 +107,14 @@ def main(argv=None) -> int:
     c.set_defaults(func=_check_env)
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:2] == ["train", "draft"]:  # python -m minispec train draft [--help]
-        from .train.distill_draft import main as distill_main
+    if argv[:1] == ["train"]:  # python -m minispec train draft|eagle|eagle3|medusa [--help]
+        import importlib
 
-        distill_main(argv[2:])
+        trainers = {"draft": "distill_draft", "eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa"}
+        if len(argv) < 2 or argv[1] not in trainers:
+            print(f"usage: python -m minispec train {{{','.join(trainers)}}} [--help]", file=sys.stderr)
+            return 2
+        importlib.import_module(f".train.{trainers[argv[1]]}", __package__).main(argv[2:])
         return 0
     if argv[:1] == ["grade"]:  # python -m minispec grade N [--impl minispec|solutions|exercises]
         from .grading import grade_main
