@@ -6,9 +6,10 @@ them alike), with the same prompt token ids (chat template applied) and thread c
     hf           transformers ``generate`` (the baseline every speedup is relative to)
     hf_assisted  transformers assisted generation with minispec's distilled draft
     hf_pld       transformers prompt lookup decoding (``prompt_lookup_num_tokens``)
-    vanilla      minispec, one target forward per token
-    sps          minispec speculative sampling, chain of k with the distilled draft model
-    pld          minispec prompt lookup, verified losslessly
+    vanilla, pld, sps, eagle, eagle2, eagle3, medusa, auto, NAME@TREE
+                 minispec's decoding methods (see ``minispec.methods``): plain decoding, prompt
+                 lookup, the distilled draft model, EAGLE-1/2 / EAGLE-3 / Medusa heads, chains,
+                 static or dynamic trees, and the tree dispatcher's choice
 
 Reported per method and per category: tokens/s, speedup vs ``hf``, tau (tokens per target
 forward, bonus included), acceptance by draft position, and how many answers are
@@ -25,7 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-METHODS = ("hf", "hf_assisted", "hf_pld", "vanilla", "sps", "pld")
+HF_METHODS = ("hf", "hf_assisted", "hf_pld")
+METHODS = HF_METHODS + ("vanilla", "sps", "pld", "eagle", "eagle2", "eagle3", "medusa", "auto")
 
 
 @dataclass
@@ -50,40 +52,48 @@ class _Totals:
                 for d, c in enumerate(theirs):
                     mine[d] += c
 
-    def summary(self, hf_tok_s: float | None) -> dict:
+    def summary(self, hf_tok_s: float | None, vanilla_tok_s: float | None = None) -> dict:
         tps = self.tokens / self.seconds if self.seconds else 0.0
         return dict(tokens_per_s=tps, speedup=tps / hf_tok_s if hf_tok_s else None,
+                    vs_vanilla=tps / vanilla_tok_s if vanilla_tok_s else None,
                     tau=self.tokens / self.forwards if self.forwards else None,
                     acceptance_by_position=[a / t for a, t in zip(self.accepted + [0] * len(self.tested), self.tested)],
                     identical=self.identical, n=self.n, new_tokens=self.tokens, seconds=self.seconds)
 
 
-def _runners(methods, model_name, k, draft_path, pld_k):
+def _runners(methods, model_name, k, draft_path, pld_k, tree=None, drafter_path=None, batch_size=1):
     """Build one callable per method: ids, params, seed -> (new tokens, seconds, stats or None)."""
     from . import generate, load, load_hf
-    from .drafters import DraftModel, PromptLookup
+    from .methods import Methods
 
     target, tok = load(model_name)
-    runners, draft = {}, None
-    if {"sps", "hf_assisted"} & set(methods):
-        from .drafters.draft_checkpoint import load_draft_model
+    runners = {}
+    made = Methods(target, model_name, k=k, pld_k=pld_k, tree=tree, draft_path=draft_path, drafter_path=drafter_path)
 
-        draft = load_draft_model(target, draft_path)
-
-    def minispec_runner(make_drafter):
+    def minispec_runner(method):
         def run(ids, params, seed):
             t = time.perf_counter()
-            r = generate(target, tok, ids, drafter=make_drafter(), max_new_tokens=params["max_new_tokens"],
+            r = generate(target, tok, ids, drafter=made.drafter(method), max_new_tokens=params["max_new_tokens"],
                          temperature=params["temperature"], top_p=params["top_p"], seed=seed)
             return r.tokens, time.perf_counter() - t, r.stats
         return run
 
-    if "vanilla" in methods:
-        runners["vanilla"] = minispec_runner(lambda: None)
-    if "sps" in methods:
-        runners["sps"] = minispec_runner(lambda: DraftModel(draft, k=k))
-    if "pld" in methods:
-        runners["pld"] = minispec_runner(lambda: PromptLookup(k=pld_k))
+    resolved = {}
+    for m in methods:
+        if m in HF_METHODS:
+            continue
+        real = m
+        if m == "auto":
+            from .dispatch import auto_method
+
+            real = auto_method(model_name, batch_size=batch_size)
+            resolved[m] = real
+        runners[m] = minispec_runner(real)
+    draft = None
+    if "hf_assisted" in methods:
+        from .drafters.draft_checkpoint import load_draft_model
+
+        draft = load_draft_model(target, draft_path)
 
     if {"hf", "hf_assisted", "hf_pld"} & set(methods):
         from .models import to_hf
@@ -113,20 +123,22 @@ def _runners(methods, model_name, k, draft_path, pld_k):
             runners["hf_assisted"] = hf_runner(assistant_model=assistant)
         if "hf_pld" in methods:
             runners["hf_pld"] = hf_runner(prompt_lookup_num_tokens=pld_k)
-    return runners, tok
+    return runners, tok, resolved
 
 
-def run_bench(questions: list[dict], methods=METHODS, model: str = "smollm2-135m", max_new_tokens: int = 128,
-              temperature: float = 0.0, top_p: float = 1.0, k: int = 4, pld_k: int = 8, draft_path=None,
-              seed: int = 0, progress: bool = True) -> dict:
+def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), model: str = "smollm2-135m",
+              max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, k: int = 4, pld_k: int = 8,
+              draft_path=None, seed: int = 0, progress: bool = True, tree=None, drafter_path=None) -> dict:
     """Run every method on every question, interleaved per question.
 
     Args:
         questions: [{"question_id", "category", "prompt"}] (see ``minispec.prompts.spec_bench``).
-        methods: names from ``METHODS``.
+        methods: names from ``METHODS``, or ``NAME@TREE`` for a branching method (``minispec.methods``).
         model: target model name for ``minispec.load``.
         k: draft length of ``sps`` (and of ``hf_assisted``); pld_k: prompt lookup draft length.
         draft_path: the draft checkpoint for ``sps`` / ``hf_assisted`` (default: the shipped one).
+        tree: tree for branching methods listed without ``@TREE`` (default: each method's own).
+        drafter_path: head checkpoint for eagle / eagle2 / eagle3 / medusa (default: the shipped ones).
     Returns:
         {"summary": {method: {...}}, "by_category": {category: {method: {...}}}, "rows": [...]}.
     """
@@ -135,13 +147,17 @@ def run_bench(questions: list[dict], methods=METHODS, model: str = "smollm2-135m
     from .sampling import SamplingParams
     from .tokenizer import encode_prompt
 
+    from .methods import parse_method
+
     SamplingParams(temperature, 0, top_p)  # validate before loading anything
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+    for m in methods:
+        if m not in HF_METHODS:
+            parse_method(m)  # raises on an unknown method or tree
+    if len(set(methods)) != len(methods):
+        raise ValueError(f"a method is listed twice: {methods}")
     if not questions:
         raise ValueError("no questions to run")
-    runners, tok = _runners(methods, model, k, draft_path, pld_k)
+    runners, tok, resolved = _runners(methods, model, k, draft_path, pld_k, tree, drafter_path)
     params = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     warm = encode_prompt(tok, "Hello!")
     for m in methods:  # warm-up: first calls allocate buffers and pick kernels
@@ -167,27 +183,34 @@ def run_bench(questions: list[dict], methods=METHODS, model: str = "smollm2-135m
         rows.append(row)
 
     def summarise(t: dict[str, _Totals]) -> dict:
-        hf_tps = t["hf"].tokens / t["hf"].seconds if "hf" in t and t["hf"].seconds else None
-        return {m: t[m].summary(hf_tps) for m in methods}
+        def tps(m):
+            return t[m].tokens / t[m].seconds if m in t and t[m].seconds else None
+        return {m: t[m].summary(tps("hf"), tps("vanilla")) for m in methods}
 
     return dict(summary=summarise(totals), by_category={c: summarise(t) for c, t in by_cat.items()}, rows=rows,
                 settings=dict(model=model, methods=list(methods), max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, k=k, pld_k=pld_k, draft=str(draft_path) if draft_path else "shipped",
+                              tree=str(tree) if tree else "default", auto=resolved.get("auto"),
+                              drafter=str(drafter_path) if drafter_path else "shipped",
                               seed=seed, questions=len(questions), threads=torch.get_num_threads()))
 
 
 def format_table(result: dict) -> str:
     """The summary and per-category tables as text."""
     methods = result["settings"]["methods"]
-    lines = [f"{'category':<16} {'method':<12} {'tok/s':>7} {'speedup':>8} {'tau':>5} {'identical':>9}  acceptance by position"]
+    w = max(12, *(len(m) for m in methods))
+    lines = [f"{'category':<16} {'method':<{w}} {'tok/s':>7} {'vs hf':>6} {'vs van':>6} {'tau':>5} {'identical':>9}  "
+             "acceptance by position"]
 
     def block(name, summ):
         for m in methods:
             s = summ[m]
             acc = " ".join(f"{a:.2f}" for a in s["acceptance_by_position"])
             sp = f"{s['speedup']:.2f}x" if s["speedup"] is not None else "-"
+            sv = f"{s['vs_vanilla']:.2f}x" if s.get("vs_vanilla") is not None else "-"
             tau = f"{s['tau']:.2f}" if s["tau"] is not None else "-"
-            lines.append(f"{name:<16} {m:<12} {s['tokens_per_s']:>7.1f} {sp:>8} {tau:>5} {s['identical']:>4}/{s['n']:<4}  {acc}")
+            lines.append(f"{name:<16} {m:<{w}} {s['tokens_per_s']:>7.1f} {sp:>6} {sv:>6} {tau:>5} "
+                         f"{s['identical']:>4}/{s['n']:<4}  {acc}")
 
     block("ALL", result["summary"])
     for c, summ in result["by_category"].items():

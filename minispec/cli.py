@@ -1,7 +1,8 @@
 """Command line: ``python -m minispec <command>``.
 
-    demo        load SmolLM2-135M and generate for a prompt, printing tokens/s
+    demo        load SmolLM2-135M and generate for a prompt with the dispatcher's method, printing tokens/s
     bench       Spec-Bench-style comparison of decoding methods
+    tune        tree dispatcher: measured verify-cost curve, candidates, the choice for this machine
     exactness   exact and empirical checks that every verifier is lossless
     grade N     per-exercise PASS/FAIL table of chapter N
     train draft distill the small SmolLM2 draft model on target-generated ShareGPT answers
@@ -27,13 +28,46 @@ def _demo(args) -> int:
     print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{model.cfg.n_layer} layers, {torch.get_num_threads()} CPU threads", flush=True)
     print(f"prompt: {args.prompt}\n", flush=True)
-    r = generate(model, tok, args.prompt, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                 max_new_tokens=args.max_new_tokens, seed=args.seed)
+    method = args.method
+    if method == "auto":
+        from .dispatch import auto_method, tune_path
+
+        if not tune_path(args.model).exists():
+            print("no tree-dispatcher choice saved for this machine yet: running a quick tune "
+                  "(python -m minispec tune for the full one) ...", flush=True)
+        method = auto_method(args.model)
+        print(f"method: {method} (the tree dispatcher's choice for this machine)", flush=True)
+    from .methods import Methods
+
+    drafter = Methods(model, args.model, drafter_path=args.drafter).drafter(method)
+    r = generate(model, tok, args.prompt, drafter=drafter, temperature=args.temperature, top_k=args.top_k,
+                 top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
     print(r.text)
     s = r.stats
-    print(f"\n[vanilla {'greedy' if args.temperature == 0 else 'sampling'}] {s.new_tokens} new tokens in {s.total_s:.2f} s: "
+    print(f"\n[{method} {'greedy' if args.temperature == 0 else 'sampling'}] {s.new_tokens} new tokens in {s.total_s:.2f} s: "
           f"{s.tokens_per_s:.1f} tokens/s (prefill of {s.prompt_tokens} tokens {s.prefill_s * 1e3:.0f} ms), "
           f"{s.target_forwards} target forwards, tau {s.tau:.2f}")
+    return 0
+
+
+def _tune(args) -> int:
+    import torch
+
+    from . import load
+    from .benchinfo import save_json
+    from .dispatch import calibration_prompts, format_tune, save_choice, tune
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, tok = load(args.model)
+    prompts = calibration_prompts(args.limit, args.questions)
+    cands = [c.strip() for c in args.candidates.split(",") if c.strip()] if args.candidates else None
+    kw = dict(candidates=cands) if cands else {}
+    r = tune(target, tok, prompts, args.model, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, **kw)
+    print(format_tune(r))
+    print(f"saved the choice to {save_choice(r)}")
+    if args.json:
+        print(f"saved {save_json(args.json, dict(benchmark='tune', prompts=len(prompts), **r.as_dict()))}")
     return 0
 
 
@@ -52,7 +86,8 @@ def _bench(args) -> int:
     questions = spec_bench(args.questions, limit=args.limit, categories=cats)
     result = run_bench(questions, methods=[m.strip() for m in args.methods.split(",") if m.strip()], model=args.model,
                        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, k=args.k,
-                       pld_k=args.pld_k, draft_path=args.draft, seed=args.seed)
+                       pld_k=args.pld_k, draft_path=args.draft, seed=args.seed, tree=args.tree,
+                       drafter_path=args.drafter)
     print(format_table(result))
     if args.json:
         print(f"saved {save_json(args.json, dict(benchmark='bench', **result))}")
@@ -78,14 +113,33 @@ def main(argv=None) -> int:
     d.add_argument("--top-p", type=float, default=1.0)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    d.add_argument("--method", default="auto", help="vanilla, pld, sps, eagle, eagle2, eagle3, medusa, NAME@TREE or "
+                   "auto (default: the tree dispatcher's choice, see tune)")
+    d.add_argument("--drafter", default=None, help="head checkpoint for eagle/eagle2/eagle3/medusa (default: shipped)")
     d.set_defaults(func=_demo)
+
+    t = sub.add_parser("tune", help="tree dispatcher: measure costs and acceptance, choose the tree for this machine")
+    t.add_argument("--model", default="smollm2-135m")
+    t.add_argument("--questions", default=None, help="Spec-Bench JSONL for calibration prompts (default: ../shared/data)")
+    t.add_argument("--limit", type=int, default=8, help="calibration prompts (spread over Spec-Bench categories)")
+    t.add_argument("--max-new-tokens", type=int, default=64)
+    t.add_argument("--batch-size", type=int, default=1, help="choose for this batch size")
+    t.add_argument("--candidates", default=None, help="comma list of methods (default: minispec.dispatch.DEFAULT_CANDIDATES)")
+    t.add_argument("--threads", type=int, default=0)
+    t.add_argument("--json", default=None, help="also write the full result (with device and versions) here")
+    t.set_defaults(func=_tune)
 
     b = sub.add_parser("bench", help="Spec-Bench-style comparison of decoding methods (tokens/s, speedup, tau)")
     b.add_argument("--questions", default=None, help="Spec-Bench JSONL (default: ../shared/data/spec_bench.jsonl)")
     b.add_argument("--limit", type=int, default=None, help="at most this many questions, spread over categories")
     b.add_argument("--categories", default=None, help="comma list of categories")
     b.add_argument("--model", default="smollm2-135m")
-    b.add_argument("--methods", default="hf,vanilla,sps,pld", help="comma list of hf,hf_assisted,hf_pld,vanilla,sps,pld")
+    b.add_argument("--methods", default="hf,vanilla,auto",
+                   help="comma list of hf,hf_assisted,hf_pld,vanilla,pld,sps,eagle,eagle2,eagle3,medusa,auto; a "
+                        "branching method takes a tree as NAME@TREE, e.g. sps@eagle, eagle2@5/8/32")
+    b.add_argument("--tree", default=None, help="tree for branching methods without @TREE: chain:K, eagle, medusa or "
+                   "DEPTH,TOP_K,TOTAL_TOKENS (EAGLE-2 dynamic)")
+    b.add_argument("--drafter", default=None, help="head checkpoint for eagle/eagle2/eagle3/medusa (default: shipped)")
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--top-p", type=float, default=1.0)

@@ -26,9 +26,15 @@ def test_check_env_fails_on_missing_dependency(monkeypatch):
 
 
 def test_demo_on_tiny_model_prints_tokens_per_second():
-    r = _run("demo", "--model", "tiny-llama", "--max-new-tokens", "8", "--prompt", "hi")
+    r = _run("demo", "--model", "tiny-llama", "--max-new-tokens", "8", "--prompt", "hi", "--method", "vanilla")
     assert r.returncode == 0, r.stderr
-    assert "tokens/s" in r.stdout and "8 new tokens" in r.stdout
+    assert "tokens/s" in r.stdout and "8 new tokens" in r.stdout and "[vanilla greedy]" in r.stdout
+
+
+def test_demo_runs_a_speculative_method():
+    r = _run("demo", "--model", "tiny-llama", "--max-new-tokens", "12", "--prompt", "abcabcabc", "--method", "pld")
+    assert r.returncode == 0, r.stderr
+    assert "[pld greedy] 12 new tokens" in r.stdout
 
 
 def test_demo_rejects_bad_sampling_parameters():

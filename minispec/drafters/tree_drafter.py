@@ -78,7 +78,7 @@ class TreeSpec:
     @classmethod
     def parse(cls, s: "str | int | TreeSpec") -> "TreeSpec":
         """'chain:5' or 5 (a chain), 'eagle' / 'medusa' (the mc_sim_7b_63 static trees),
-        'D,K,N' or 'dynamic:D,K,N' (EAGLE-2 with depth D, top_k K, total_tokens N)."""
+        'D,K,N', 'D/K/N' or 'dynamic:D,K,N' (EAGLE-2 with depth D, top_k K, total_tokens N)."""
         if isinstance(s, TreeSpec):
             return s
         if isinstance(s, int):
@@ -89,7 +89,7 @@ class TreeSpec:
         if text.startswith("chain:") or text.isdigit():
             return cls.chain(int(text.split(":")[-1]))
         body = text.split(":", 1)[1] if text.startswith("dynamic:") else text
-        parts = body.split(",")
+        parts = body.replace("/", ",").split(",")  # 6/10/60 fits inside a comma-separated method list
         if len(parts) == 3 and all(p.strip().isdigit() for p in parts):
             return cls.dynamic(*(int(p) for p in parts))
         raise ValueError(f"unknown tree {s!r}: use 'chain:K', 'eagle', 'medusa' or 'DEPTH,TOP_K,TOTAL_TOKENS'")

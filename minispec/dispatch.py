@@ -1,0 +1,251 @@
+"""The tree dispatcher: choose the draft tree (or chain, or no speculation) for this machine.
+
+Whether a bigger tree pays depends on the hardware. A tree of N nodes raises tau, the tokens
+committed per target forward, but the verify forward of N + 1 tokens costs more than a forward
+of one, and more so as the batch grows and the GPU (or CPU) leaves its memory-bound regime.
+The dispatcher measures both sides on the user's machine and predicts, for each candidate c:
+
+    tokens/s (per sequence) = tau_c / (t_verify(N_c, batch) + t_draft(c) + t_loop)
+
+    t_verify(N, b)  measured: one target forward of N + 1 new tokens with a tree mask, after a
+                    context of ``context`` tokens, batch b (the cost curve ``tune`` prints)
+    t_draft(c)      measured: mean time of one ``propose`` of c's drafter in a calibration run
+    tau_c           measured: tokens per target forward in the same calibration run
+    t_loop          measured: vanilla decoding's time per step minus t_verify(0, 1) (sampling,
+                    verification bookkeeping, Python)
+
+and picks the best. Vanilla decoding (tau 1, no draft) is always a candidate, so the choice is
+never slower than no speculation by the model's own account.
+
+Reference: Tang et al. (Meta), "Efficient Speculative Decoding for Llama at Scale: Challenges
+and Solutions" (2025), section 3.4 (choosing the tree by batch size from measured costs).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .kv import KVCache
+from .tree import Tree
+
+DEFAULT_CANDIDATES = ("vanilla", "pld", "sps", "sps@eagle", "sps@4/4/12", "eagle", "eagle@chain:3", "eagle2@4/4/12",
+                      "eagle2@5/8/32", "eagle2", "eagle3", "eagle3@5/8/32", "medusa")
+DEFAULT_SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+@dataclass
+class CandidateResult:
+    method: str
+    nodes: int  # tree size N (draft tokens verified per step)
+    tau: float
+    draft_s: float  # per step
+    verify_s: float  # t_verify(N, batch) from the cost curve
+    predicted_tok_s: float
+    calibration_tok_s: float  # what the calibration run itself measured (batch 1)
+
+
+@dataclass
+class TuneResult:
+    model: str
+    batch_size: int
+    context: int
+    cost_curve: dict  # {batch: {N: seconds}}
+    loop_s: float
+    candidates: list[CandidateResult] = field(default_factory=list)
+    choice: str = "vanilla"
+    skipped: dict = field(default_factory=dict)  # method -> why it could not run
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["cost_curve"] = {str(b): {str(n): s for n, s in c.items()} for b, c in self.cost_curve.items()}
+        return d
+
+
+@torch.inference_mode()
+def verify_cost_curve(target, sizes=DEFAULT_SIZES, batch_sizes=(1,), context: int = 256, reps: int = 7) -> dict:
+    """Median seconds of one target forward of N + 1 tokens (a chain-shaped tree with an explicit
+    tree mask, as a tree verification runs) after ``context`` cached tokens.
+
+    Returns:
+        {batch: {N: seconds}}.
+    """
+    g = torch.Generator().manual_seed(0)
+    curve = {}
+    dev = target.device
+    for b in batch_sizes:
+        kv = KVCache.for_model(target, capacity=context + max(sizes) + 1, batch_size=b)
+        prefix = torch.randint(0, target.cfg.vocab_size, (b, context), generator=g).to(dev)
+        target(prefix, kv=kv, last_logits_only=True)
+        kv.commit()
+        curve[b] = {}
+        for n in sizes:
+            tree = Tree.chain(list(range(n)))
+            tokens = torch.randint(0, target.cfg.vocab_size, (b, n + 1), generator=g).to(dev)
+            mask, pos = tree.mask().to(dev), tree.positions(context).to(dev)
+            times = []
+            for r in range(reps + 1):  # the first is a warm-up
+                t = time.perf_counter()
+                target(tokens, positions=pos, mask=mask, kv=kv)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                if r:
+                    times.append(time.perf_counter() - t)
+                kv.discard()
+            curve[b][n] = statistics.median(times)
+    return curve
+
+
+def interpolate(curve_b: dict, n: int) -> float:
+    """t_verify at tree size n from a measured curve {N: seconds} (linear between points)."""
+    xs = sorted(curve_b)
+    if n <= xs[0]:
+        return curve_b[xs[0]]
+    for a, b in zip(xs, xs[1:]):
+        if n <= b:
+            return curve_b[a] + (curve_b[b] - curve_b[a]) * (n - a) / (b - a)
+    a, b = xs[-2], xs[-1]  # extrapolate the last segment
+    return curve_b[b] + (curve_b[b] - curve_b[a]) * (n - b) / (b - a)
+
+
+def predicted_tokens_per_s(tau: float, verify_s: float, draft_s: float, loop_s: float = 0.0) -> float:
+    """The dispatcher's cost model: tokens per second of one sequence."""
+    return tau / (verify_s + draft_s + loop_s)
+
+
+class _Timed:
+    """Wraps a drafter and accumulates the time spent in ``propose``."""
+
+    def __init__(self, drafter):
+        self.inner, self.seconds, self.calls, self.nodes = drafter, 0.0, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, *args, **kw):
+        t = time.perf_counter()
+        tree = self.inner.propose(*args, **kw)
+        self.seconds += time.perf_counter() - t
+        self.calls += 1
+        self.nodes += len(tree)
+        return tree
+
+
+def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", candidates=DEFAULT_CANDIDATES,
+         batch_size: int = 1, max_new_tokens: int = 64, context: int = 256, sizes=DEFAULT_SIZES, methods=None,
+         progress: bool = True) -> TuneResult:
+    """Measure the cost curve and each candidate's tau and draft cost; choose the best predicted one.
+
+    Args:
+        target, tok: the target model and tokenizer.
+        prompts: calibration prompts (greedy generations of ``max_new_tokens``).
+        candidates: method names (``minispec.methods``); those whose checkpoint is missing are skipped.
+        batch_size: the batch size to choose for (the verify cost is measured at 1 and at this size).
+        methods: a ``minispec.methods.Methods`` (default: one built for ``target`` and ``model_name``).
+    Returns:
+        TuneResult with the cost curve, one row per candidate and the choice.
+    """
+    from tqdm.auto import tqdm
+
+    from .generate import generate
+    from .methods import Methods
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not prompts:
+        raise ValueError("tune needs at least one calibration prompt")
+    methods = methods or Methods(target, model_name)
+    batches = sorted({1, batch_size})
+    curve = verify_cost_curve(target, sizes, batches, context)
+    result = TuneResult(model_name, batch_size, context, curve, 0.0)
+    runs = {}
+    for c in tqdm(["vanilla"] + [c for c in candidates if c != "vanilla"], desc="tune", disable=not progress):
+        try:
+            inner = methods.drafter(c)
+        except (FileNotFoundError, ValueError, ImportError) as e:
+            result.skipped[c] = f"{type(e).__name__}: {e}"
+            continue
+        d = _Timed(inner) if inner is not None else None
+        tokens = forwards = 0
+        seconds = 0.0
+        for p in prompts:
+            r = generate(target, tok, p, drafter=d, max_new_tokens=max_new_tokens)
+            tokens, forwards, seconds = tokens + r.stats.new_tokens, forwards + r.stats.target_forwards, seconds + r.stats.total_s
+        steps = forwards - len(prompts)  # decode steps (prefills excluded)
+        runs[c] = dict(tau=tokens / forwards, draft_s=d.seconds / max(d.calls, 1) if d else 0.0,
+                       nodes=round(d.nodes / max(d.calls, 1)) if d else 0, tok_s=tokens / seconds,
+                       step_s=seconds / max(steps, 1))
+    result.loop_s = max(0.0, runs["vanilla"]["step_s"] - curve[1][0])
+    for c, m in runs.items():
+        v = interpolate(curve[batch_size], m["nodes"])
+        result.candidates.append(CandidateResult(c, m["nodes"], m["tau"], m["draft_s"], v,
+                                                 predicted_tokens_per_s(m["tau"], v, m["draft_s"], result.loop_s),
+                                                 m["tok_s"]))
+    result.choice = max(result.candidates, key=lambda r: r.predicted_tok_s).method
+    return result
+
+
+def format_tune(r: TuneResult) -> str:
+    """The cost curve, the candidate table and the choice as text."""
+    lines = [f"verify cost: one target forward of N+1 tokens after {r.context} cached tokens (ms)"]
+    sizes = sorted(next(iter(r.cost_curve.values())))
+    lines.append("  batch " + "".join(f"{'N=' + str(n):>8}" for n in sizes))
+    for b, c in r.cost_curve.items():
+        lines.append(f"  {b:>5} " + "".join(f"{c[n] * 1e3:>8.1f}" for n in sizes))
+    lines.append(f"loop overhead per step: {r.loop_s * 1e3:.1f} ms")
+    lines.append("")
+    lines.append(f"candidates at batch {r.batch_size}:")
+    lines.append(f"  {'method':<16} {'N':>3} {'tau':>5} {'draft ms':>9} {'verify ms':>10} {'predicted tok/s':>16} "
+                 f"{'calibration tok/s':>18}")
+    for c in sorted(r.candidates, key=lambda c: -c.predicted_tok_s):
+        mark = "  <- choice" if c.method == r.choice else ""
+        lines.append(f"  {c.method:<16} {c.nodes:>3} {c.tau:>5.2f} {c.draft_s * 1e3:>9.1f} {c.verify_s * 1e3:>10.1f} "
+                     f"{c.predicted_tok_s:>16.1f} {c.calibration_tok_s:>18.1f}{mark}")
+    for m, why in r.skipped.items():
+        lines.append(f"  {m:<16} skipped: {why}")
+    lines.append(f"\nchoice: {r.choice}")
+    return "\n".join(lines)
+
+
+def tune_path(model_name: str, batch_size: int = 1):
+    from .config import cache_dir
+
+    dev = torch.cuda.get_device_name(0).replace(" ", "_") if torch.cuda.is_available() else "cpu"
+    return cache_dir() / "tune" / f"{model_name}-{dev}-b{batch_size}.json"
+
+
+def save_choice(r: TuneResult):
+    path = tune_path(r.model, r.batch_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(r.as_dict(), indent=2) + "\n")
+    return path
+
+
+def auto_method(model_name: str = "smollm2-135m", batch_size: int = 1, tune_if_missing: bool = True) -> str:
+    """The method ``tune`` chose on this machine. Without a saved result, a quick tune runs first
+    (4 Spec-Bench or own prompts, 32 tokens each) and is saved, unless ``tune_if_missing`` is False."""
+    path = tune_path(model_name, batch_size)
+    if not path.exists():
+        if not tune_if_missing:
+            raise FileNotFoundError(f"no tuning result for {model_name} at batch {batch_size} on this machine ({path}); "
+                                    f"run: python -m minispec tune --model {model_name} --batch-size {batch_size}")
+        from . import load
+
+        target, tok = load(model_name)
+        r = tune(target, tok, calibration_prompts(4), model_name, batch_size=batch_size, max_new_tokens=32)
+        save_choice(r)
+    return json.loads(path.read_text())["choice"]
+
+
+def calibration_prompts(limit: int, path=None) -> list[str]:
+    """Spec-Bench questions spread over its categories when the file is present, else minispec's own prompts."""
+    from .prompts import own_prompts, spec_bench
+
+    try:
+        return [q["prompt"] for q in spec_bench(path, limit=limit)]
+    except FileNotFoundError:
+        return [p if isinstance(p, str) else p["prompt"] for p in own_prompts()][:limit]

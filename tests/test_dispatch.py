@@ -1,0 +1,85 @@
+"""The tree dispatcher (chapter 5): cost model, cost curve, tune's choice, and the 'auto' method."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from minispec import dispatch, load
+from minispec.methods import Methods, parse_method
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tok = load("tiny-llama")
+    return model, tok, load("tiny-gpt2-draft")[0]
+
+
+def test_cost_model_and_interpolation():
+    assert dispatch.predicted_tokens_per_s(3.0, 0.02, 0.01) == pytest.approx(100.0)
+    assert dispatch.predicted_tokens_per_s(1.0, 0.02, 0.0, loop_s=0.03) == pytest.approx(20.0)
+    curve = {0: 1.0, 4: 3.0, 8: 4.0}
+    assert dispatch.interpolate(curve, 2) == pytest.approx(2.0)
+    assert dispatch.interpolate(curve, 6) == pytest.approx(3.5)
+    assert dispatch.interpolate(curve, 12) == pytest.approx(5.0)  # the last segment extended
+    assert dispatch.interpolate(curve, 0) == 1.0
+
+
+def test_method_names():
+    assert parse_method("eagle2@5/8/32") == ("eagle2", "5/8/32")
+    assert parse_method("sps") == ("sps", None)
+    with pytest.raises(ValueError, match="unknown method"):
+        parse_method("magic")
+    with pytest.raises(ValueError, match="does not draft trees"):
+        parse_method("pld@eagle")
+    with pytest.raises(ValueError, match="unknown tree"):
+        parse_method("sps@oak")
+
+
+@pytest.mark.ch05
+def test_verify_cost_curve_shape(tiny):
+    model, _, _ = tiny
+    curve = dispatch.verify_cost_curve(model, sizes=(0, 4, 16), batch_sizes=(1, 2), context=32, reps=2)
+    assert set(curve) == {1, 2} and set(curve[1]) == {0, 4, 16}
+    assert all(t > 0 for c in curve.values() for t in c.values())
+
+
+@pytest.mark.ch05
+def test_tune_chooses_the_best_predicted_candidate(tiny):
+    model, tok, draft = tiny
+    methods = Methods(model, "tiny-llama", draft_model=draft, k=3)
+    cands = ("vanilla", "pld", "sps", "sps@2/2/4", "eagle")
+    r = dispatch.tune(model, tok, ["abcabcabc", "1, 2, 3, 4"], "tiny-llama", candidates=cands, max_new_tokens=16,
+                      context=32, sizes=(0, 2, 4, 8), methods=methods, progress=False)
+    got = {c.method: c for c in r.candidates}
+    assert set(got) == {"vanilla", "pld", "sps", "sps@2/2/4"}
+    assert "eagle" in r.skipped  # no EAGLE head for tiny-llama
+    assert got["vanilla"].tau == 1.0 and got["vanilla"].nodes == 0 and got["vanilla"].draft_s == 0.0
+    assert got["sps"].nodes == 3 and got["sps@2/2/4"].nodes == 4 and got["sps"].draft_s > 0
+    for c in r.candidates:
+        assert c.predicted_tok_s == pytest.approx(dispatch.predicted_tokens_per_s(c.tau, c.verify_s, c.draft_s, r.loop_s))
+    assert r.choice == max(r.candidates, key=lambda c: c.predicted_tok_s).method
+    text = dispatch.format_tune(r)
+    assert "choice: " + r.choice in text and "verify cost" in text
+
+
+def test_auto_reads_the_saved_choice(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="minispec tune"):
+        dispatch.auto_method("tiny-llama", tune_if_missing=False)
+    path = dispatch.tune_path("tiny-llama")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"choice": "pld"}))
+    assert dispatch.auto_method("tiny-llama") == "pld"
+
+
+def test_tune_cli_on_a_tiny_model(tmp_path):
+    env = dict(__import__("os").environ, MINISPEC_CACHE=str(tmp_path), OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-m", "minispec", "tune", "--model", "tiny-llama", "--candidates", "vanilla,pld",
+                          "--limit", "2", "--max-new-tokens", "8", "--json", str(tmp_path / "t.json")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "choice:" in out.stdout and "candidates at batch 1" in out.stdout
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert saved["choice"] in ("vanilla", "pld") and saved["device"]
