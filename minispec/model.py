@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .attention import attend, check_backend
 
 @dataclass
 class ModelConfig:
@@ -88,8 +89,9 @@ class Attention(nn.Module):
         H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
         self.wqkv = nn.Linear(cfg.d_model, (H + 2 * Hkv) * hd, bias=bias)  # fused q, k, v
         self.wo = nn.Linear(H * hd, cfg.d_model, bias=bias)
+        self.backend = "dense"  # attention backend (chapter 6), set by Transformer.set_attention
 
-    def forward(self, x, rope, mask, kv):
+    def forward(self, x, rope, mask, kv, tree_mask=None):
         cfg = self.cfg
         B, T, _ = x.shape
         H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
@@ -101,18 +103,9 @@ class Attention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if kv is not None:
             k, v = kv.write(self.layer, k, v)  # [B, Hkv, S, hd] committed prefix + new
-        S = k.shape[2]
-        if mask is None and (T == 1 or S == T):  # plain causal: no mask tensor needed
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=H != Hkv)
-        else:
-            mask = _causal(T, S, x.device) if mask is None else mask  # [T, S] or [B, 1, T, S]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=H != Hkv)  # [B, H, T, hd]
+        # dense: SDPA with the full mask; split_*: mask-free prefix + masked tree, merged by log-sum-exp
+        out = attend(self.backend, q, k, v, k.shape[2] - T, tree_mask, mask)  # [B, H, T, hd]
         return self.wo(out.transpose(1, 2).reshape(B, T, H * hd))
-
-
-def _causal(T: int, S: int, device) -> torch.Tensor:
-    """[T, S] mask: new token i (at key index S-T+i) sees keys 0..S-T+i."""
-    return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)
 
 
 class MLP(nn.Module):
@@ -140,13 +133,13 @@ class Block(nn.Module):
         self.attn_norm, self.attn = Norm(cfg.d_model), Attention(cfg, layer)
         self.mlp_norm, self.mlp = Norm(cfg.d_model), MLP(cfg)
 
-    def forward(self, x, rope, mask, kv):
-        x = x + self.attn(self.attn_norm(x), rope, mask, kv)
+    def forward(self, x, rope, mask, kv, tree_mask=None):
+        x = x + self.attn(self.attn_norm(x), rope, mask, kv, tree_mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, attention: str = "dense"):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -156,6 +149,24 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
+        self.attention = attention
+
+    @property
+    def attention(self) -> str:
+        """Attention backend: "dense" | "split_torch" | "split_triton" (see minispec.attention)."""
+        return self.blocks[0].attn.backend if len(self.blocks) else self._attention
+
+    @attention.setter
+    def attention(self, name: str) -> None:
+        self.set_attention(name)
+
+    def set_attention(self, name: str) -> "Transformer":
+        """Choose the attention backend of every layer; ValueError for an unknown name."""
+        check_backend(name, self.device)
+        self._attention = name
+        for block in self.blocks:
+            block.attn.backend = name
+        return self
 
     @property
     def device(self) -> torch.device:
@@ -174,7 +185,8 @@ class Transformer(nn.Module):
             positions: [B, T] or [T] position ids; default prefix_len + arange(T).
             mask: None for causal, or a boolean mask (True = may attend) of shape [T, T] / [B, T, T]
                 among the new tokens (the committed prefix is always visible), or [T, S] /
-                [B, T, S] over prefix + new keys.
+                [B, T, S] over prefix + new keys. The split attention backends (``self.attention``)
+                run for None and the [T, T] / [B, T, T] forms; a [T, S] mask falls back to dense.
             kv: optional KVCache; the new keys/values are written as *pending* entries that the
                 caller keeps with ``kv.commit(...)`` or drops with ``kv.discard()``.
             hidden_layers: layer indices whose input hidden states to return (EAGLE-3 fusion).
@@ -192,7 +204,9 @@ class Transformer(nn.Module):
         positions = positions.expand(B, T) if positions.dim() == 1 else positions
         if int(positions.max()) >= cfg.max_seq_len:
             raise ValueError(f"position {int(positions.max())} is beyond the model's context of {cfg.max_seq_len} tokens")
+        tree = None  # [B or 1, T, T] when the whole prefix is visible: the split backends' suffix mask
         if mask is not None:
+            tree = (mask if mask.dim() == 3 else mask[None]) if mask.shape[-1] == T else None
             mask = self._full_mask(mask, B, T, prefix)
         if kv is not None:
             kv.begin(B, T)  # raises on overflow before anything is written
@@ -207,7 +221,7 @@ class Transformer(nn.Module):
             for i, block in enumerate(self.blocks):
                 if i in hidden_layers:
                     layer_inputs[i] = x
-                x = block(x, rope, mask, kv)
+                x = block(x, rope, mask, kv, tree)
             h = self.norm(x)  # [B, T, D]
         except BaseException:
             if kv is not None:

@@ -1,0 +1,96 @@
+# Exercises generated from solutions/ch06_split_attention.py by tools/make_exercises.py.
+# Replace each `raise NotImplementedError(...)` with your code; keep the signatures.
+"""Chapter 6 exercises: split tree attention, in plain PyTorch.
+
+A verify step's T tree tokens attend to a long committed prefix (every tree token sees all of
+it: no mask) and to the tree itself (the ancestor mask). Computing the two parts separately
+and merging them by log-sum-exp is exact; it lets the prefix, where the memory traffic is,
+run mask-free and split along the keys (Flash-Decoding), and the small T x T part carry the mask.
+
+References:
+    Dao et al., "FlashAttention" (2022): the online softmax over key tiles.
+    Dao et al., "Flash-Decoding for long-context inference" (2023): split-k + log-sum-exp merge.
+    Miao et al., "SpecInfer" (2023): tree attention masks.
+
+Notation: scores s = q k^T / sqrt(hd); lse = log sum_j exp(s_j) (natural log) per query row;
+out = softmax(s) v. A row that sees no key has lse = -inf and out = 0. Work in the inputs'
+dtype (the grader uses float64).
+
+Check your work: ``python -m minispec grade 6``, or ``minispec.grading.check("6.1")``, or
+``pytest tests/test_exercises.py -m ch06 --impl exercises``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+                   lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two partial attention results over disjoint key sets A and B into attention over A u B.
+
+    lse = log(exp(lse_a) + exp(lse_b)); out = out_a exp(lse_a - lse) + out_b exp(lse_b - lse).
+    Must not overflow for large lse (e.g. 1000) and must handle an empty part (lse = -inf,
+    out = 0): then the other part is the answer; both empty gives out = 0, lse = -inf (no nan).
+
+    Args:
+        out_a, out_b: [..., hd] partial outputs (each a softmax-weighted mean of its values).
+        lse_a, lse_b: [...] their log-sum-exps.
+    Returns:
+        (out [..., hd], lse [...]).
+    """
+    # EXERCISE 6.1: log-sum-exp merge of two partial softmaxes (stable, empty parts allowed)
+    raise NotImplementedError("Exercise 6.1: log-sum-exp merge of two partial softmaxes (stable, empty parts allowed)")
+
+
+def masked_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked softmax attention that also returns each row's log-sum-exp (the tree suffix part).
+
+    Args:
+        q: [..., T, hd] queries; k, v: [..., N, hd] keys / values.
+        mask: bool [..., T, N] (broadcastable), True = may attend.
+    Returns:
+        (out [..., T, hd], lse [..., T]); a row with no True in its mask gets out = 0, lse = -inf.
+    """
+    # EXERCISE 6.2: masked scores -> lse with logsumexp, out with exp(s - lse); empty rows give 0 / -inf
+    raise NotImplementedError("Exercise 6.2: masked scores -> lse with logsumexp, out with exp(s - lse); empty rows give 0 / -inf")
+
+
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unmasked attention over the keys in tiles of ``block``, with the online softmax (the prefix part).
+
+    Keep per query row a running max m, a running sum l = sum exp(s - m) and an unnormalised
+    output acc = sum exp(s - m) v; for each tile of keys, rescale the old l and acc by
+    exp(m_old - m_new) and add the tile's terms. Never build the full [T, N] score matrix.
+
+    Args:
+        q: [..., T, hd]; k, v: [..., N, hd] with N >= 0 (N need not be a multiple of block).
+        block: keys per tile (>= 1).
+    Returns:
+        (out [..., T, hd], lse [..., T]) equal to softmax attention over all N keys; N = 0 gives
+        out = 0 and lse = -inf.
+    """
+    # EXERCISE 6.3: FlashAttention's online softmax over key tiles (running max, sum and output)
+    raise NotImplementedError("Exercise 6.3: FlashAttention's online softmax over key tiles (running max, sum and output)")
+
+
+def split_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int,
+                         tree_mask: torch.Tensor, block: int = 16) -> torch.Tensor:
+    """Tree attention = tiled prefix (6.3, no mask) + masked tree suffix (6.2), merged (6.1).
+
+    Grouped-query attention: query head h uses KV head h // G with G = H / Hkv (expand k and v
+    with ``repeat_interleave(G, dim=1)``).
+
+    Args:
+        q: [B, H, T, hd]; k, v: [B, Hkv, prefix_len + T, hd] (the cache prefix, then the T tree tokens).
+        prefix_len: committed tokens, all visible to every tree token (may be 0).
+        tree_mask: bool [T, T], row i = the tree tokens query i sees (its ancestors and itself).
+        block: the prefix tile size for 6.3.
+    Returns:
+        [B, H, T, hd], equal to softmax attention with the mask [all prefix | tree_mask].
+    """
+    # EXERCISE 6.4: combine 6.1-6.3 into split tree attention (with grouped-query heads)
+    raise NotImplementedError("Exercise 6.4: combine 6.1-6.3 into split tree attention (with grouped-query heads)")

@@ -1,0 +1,173 @@
+"""Checks of chapter 6's exercises (solutions/ch06_split_attention.py): split tree attention.
+
+    6.1 merge_partials         log-sum-exp merge of two partial attention results
+    6.2 masked_attention_lse   masked attention returning the row log-sum-exps (the tree suffix)
+    6.3 tiled_attention        online softmax over key tiles (the mask-free prefix)
+    6.4 split_tree_attention   prefix + suffix + merge, with grouped-query heads
+
+Every check runs the learner's function on random float64 inputs and compares with softmax
+attention computed directly over all keys (and with minispec.attention's own functions), to
+1e-9: the split is exact, so only float64 rounding separates correct answers.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import torch
+
+from minispec.attention import reference as ref
+
+from .checks import exercise, get
+
+TITLE = "Split tree attention: mask-free prefix, masked suffix, log-sum-exp merge"
+MODULE = "ch06_split_attention"
+EXERCISES: list = []
+TOL = 1e-9
+
+
+def library():
+    """minispec's own functions behind the exercises' signatures (``--impl minispec``)."""
+    return SimpleNamespace(
+        __name__="minispec.attention.reference (chapter 6 adapter)",
+        merge_partials=lambda out_a, lse_a, out_b, lse_b: ref.merge(out_a, lse_a, out_b, lse_b, return_lse=True),
+        masked_attention_lse=ref.attention_with_lse,
+        tiled_attention=lambda q, k, v, block: ref.attention_with_lse(q, k, v),
+        split_tree_attention=lambda q, k, v, prefix_len, tree_mask, block=16: ref.split_attention(q, k, v, prefix_len,
+                                                                                                 tree_mask),
+    )
+
+
+def _attention64(q, k, v, mask=None):
+    """Ground truth: (out, lse) of softmax attention, computed directly in float64."""
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])  # [..., T, N]
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, -1)  # [..., T]
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
+    return p @ v.double(), lse
+
+
+def _pair(out, what: str):
+    try:
+        a, b = out
+    except (TypeError, ValueError):
+        raise AssertionError(f"{what} must return (out, lse), got {type(out).__name__}") from None
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        raise AssertionError(f"{what} must return two tensors (out, lse)")
+    return a, b
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, what: str, where: str) -> None:
+    if tuple(got.shape) != tuple(want.shape):
+        raise AssertionError(f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)} {where}")
+    if torch.isnan(got).any():
+        raise AssertionError(f"{what} contains nan {where}")
+    same_inf = torch.isinf(want) & (got == want)  # -inf where a row sees no key
+    err = torch.where(same_inf, 0.0, (got.double() - want).abs()).max().item() if got.numel() else 0.0
+    if not err <= TOL:
+        raise AssertionError(f"{what} differs from the reference by {err:.3g} (max abs) {where}")
+
+
+def _rand(*shape, g):
+    return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+
+def tree_mask(parents: list[int]) -> torch.Tensor:
+    """[T, T] ancestor mask of a tree given by parents (node 0 the root, parents[0] = -1)."""
+    T = len(parents)
+    m = torch.zeros(T, T, dtype=torch.bool)
+    for i in range(T):
+        j = i
+        while j >= 0:
+            m[i, j] = True
+            j = parents[j]
+    return m
+
+
+def _random_parents(T: int, g) -> list[int]:
+    return [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]
+
+
+@exercise(EXERCISES, "6.1", "merge_partials")
+def check_merge_partials(impl):
+    fn = get(impl, "merge_partials")
+    g = torch.Generator().manual_seed(61)
+    q, k, v = _rand(3, 4, 8, g=g), _rand(3, 11, 8, g=g), _rand(3, 11, 8, g=g)  # [3 heads, T=4 | N=11, hd=8]
+    want_out, want_lse = _attention64(q, k, v)
+    for cut in (1, 4, 10):
+        a, b = _attention64(q, k[:, :cut], v[:, :cut]), _attention64(q, k[:, cut:], v[:, cut:])
+        where = f"(keys 0..{cut - 1} merged with keys {cut}..10)"
+        out, lse = _pair(fn(a[0], a[1], b[0], b[1]), "merge_partials")
+        _close(out, want_out, "out", where)
+        _close(lse, want_lse, "lse", where)
+        out, lse = _pair(fn(a[0], a[1] + 1000, b[0], b[1] + 1000), "merge_partials")
+        _close(out, want_out, "out", f"when both lse are shifted by +1000 (exp would overflow) {where}")
+        _close(lse, want_lse + 1000, "lse", f"when both lse are shifted by +1000 {where}")
+    b = _attention64(q, k, v)
+    empty = (torch.zeros_like(b[0]), torch.full_like(b[1], float("-inf")))
+    _close(_pair(fn(*empty, *b), "merge_partials")[0], b[0], "out", "with an empty first part (lse = -inf, out = 0)")
+    _close(_pair(fn(*b, *empty), "merge_partials")[0], b[0], "out", "with an empty second part (lse = -inf, out = 0)")
+    out, lse = _pair(fn(*empty, *empty), "merge_partials")
+    _close(out, empty[0], "out", "when both parts are empty (expected zeros, not nan)")
+    _close(lse, empty[1], "lse", "when both parts are empty (expected -inf)")
+
+
+@exercise(EXERCISES, "6.2", "masked_attention_lse")
+def check_masked_attention_lse(impl):
+    fn = get(impl, "masked_attention_lse")
+    g = torch.Generator().manual_seed(62)
+    q, k, v = _rand(2, 3, 6, 8, g=g), _rand(2, 3, 7, 8, g=g), _rand(2, 3, 7, 8, g=g)
+    masks = {"a random mask": torch.rand(6, 7, generator=g) < 0.5,
+             "a causal mask": torch.ones(6, 7, dtype=torch.bool).tril(1),
+             "a per-head random mask": torch.rand(2, 3, 6, 7, generator=g) < 0.4}
+    masks["a random mask"][2] = False  # a row that sees nothing
+    masks["a random mask"][3] = True
+    for name, mask in masks.items():
+        out, lse = _pair(fn(q, k, v, mask), "masked_attention_lse")
+        want = _attention64(q, k, v, mask)
+        where = f"with {name} (q {tuple(q.shape)}, k {tuple(k.shape)}; rows without a visible key: out 0, lse -inf)"
+        _close(out, want[0], "out", where)
+        _close(lse, want[1], "lse", where)
+        lib = ref.attention_with_lse(q, k, v, mask)
+        _close(out, lib[0], "out (vs minispec.attention.attention_with_lse)", where)
+    T = 9
+    m = tree_mask(_random_parents(T, g))
+    q, k, v = _rand(4, T, 16, g=g), _rand(4, T, 16, g=g), _rand(4, T, 16, g=g)
+    out, lse = _pair(fn(q, k, v, m), "masked_attention_lse")
+    want = _attention64(q, k, v, m)
+    _close(out, want[0], "out", "with a tree's ancestor mask")
+    _close(lse, want[1], "lse", "with a tree's ancestor mask")
+
+
+@exercise(EXERCISES, "6.3", "tiled_attention")
+def check_tiled_attention(impl):
+    fn = get(impl, "tiled_attention")
+    g = torch.Generator().manual_seed(63)
+    for N in (0, 1, 7, 16, 37):
+        q, k, v = _rand(2, 5, 8, g=g), _rand(2, N, 8, g=g) * 3, _rand(2, N, 8, g=g)  # * 3: sharp softmax
+        want = _attention64(q, k, v)
+        for block in (1, 4, 16, 64):
+            out, lse = _pair(fn(q, k, v, block), "tiled_attention")
+            where = f"for N={N} keys in tiles of {block}" + (" (no keys: out 0, lse -inf)" if N == 0 else "")
+            _close(out, want[0], "out", where)
+            _close(lse, want[1], "lse", where)
+
+
+@exercise(EXERCISES, "6.4", "split_tree_attention")
+def check_split_tree_attention(impl):
+    fn = get(impl, "split_tree_attention")
+    g = torch.Generator().manual_seed(64)
+    for B, H, Hkv, T, P, hd in [(1, 2, 2, 1, 0, 8), (2, 4, 1, 5, 13, 8), (1, 8, 2, 9, 40, 16), (2, 4, 4, 7, 1, 8)]:
+        q, k, v = _rand(B, H, T, hd, g=g), _rand(B, Hkv, P + T, hd, g=g), _rand(B, Hkv, P + T, hd, g=g)
+        m = tree_mask(_random_parents(T, g))
+        full = torch.cat([torch.ones(T, P, dtype=torch.bool), m], -1)  # [T, S]
+        G = H // Hkv
+        want = _attention64(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1), full)[0]
+        where = f"for B={B}, H={H} query / {Hkv} KV heads, T={T} tree tokens after a prefix of {P}"
+        got = fn(q, k, v, P, m)
+        if not isinstance(got, torch.Tensor):
+            raise AssertionError(f"split_tree_attention must return a tensor, got {type(got).__name__}")
+        _close(got, want, "out", where)
+        _close(got, ref.split_attention(q, k, v, P, m), "out (vs minispec.attention.split_attention)", where)
