@@ -432,10 +432,12 @@ def run_empirical_suite(n_samples: int = 20000, seed: int = 0,
     should have passed = False.
     """
     names = verifiers or ("chain_k1", "chain_k2", "tree_chain_k2", "mss_replacement_n3",
-                          "mss_no_replacement_n3", "onehot_n3", "greedy_n2")
+                          "mss_no_replacement_n3", "onehot_n3", "greedy_n2",
+                          "tree21_mss_replacement", "tree21_mss_no_replacement", "tree21_onehot")
     g = torch.Generator().manual_seed(seed)
     records, controls = [], []
-    jobs = [(n, VERIFIERS[n], EMPIRICAL_SETTINGS[i % len(EMPIRICAL_SETTINGS)], records)
+    programs = {**VERIFIERS, **TREE_VERIFIERS}
+    jobs = [(n, programs[n], EMPIRICAL_SETTINGS[i % len(EMPIRICAL_SETTINGS)], records)
             for i, n in enumerate(names)]
     jobs += [(n, c, "control_pair", controls) for n, c in CONTROLS.items()]
     for i, (name, (program, greedy), setting, out) in enumerate(jobs):

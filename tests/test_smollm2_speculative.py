@@ -1,4 +1,5 @@
-"""Speculative greedy decoding on SmolLM2-135M equals vanilla greedy, token for token (128 new tokens)."""
+"""Speculative greedy decoding on SmolLM2-135M equals vanilla greedy, token for token (128 new tokens):
+chains (chapter 1) and static and dynamic trees (chapters 4-5)."""
 
 import pytest
 
@@ -41,3 +42,19 @@ def test_draft_model_greedy_equals_vanilla(smollm2, vanilla):
     draft = load_draft_model(smollm2[0])
     tau = _check(smollm2, vanilla, lambda: DraftModel(draft, k=4))
     assert tau > 1.2
+
+
+TREE_METHODS = {"sps@eagle": 1.3, "sps@4/4/12": 1.3}  # method -> a tau floor well under what it reaches
+
+
+@pytest.mark.slow
+@pytest.mark.ch04
+@pytest.mark.ch05
+@pytest.mark.parametrize("method", list(TREE_METHODS))
+def test_tree_greedy_equals_vanilla(smollm2, vanilla, method):
+    """Static and dynamic trees (every branching drafter) give vanilla's greedy tokens on 12 prompts x 128."""
+    from minispec.methods import Methods
+
+    methods = Methods(smollm2[0])
+    tau = _check(smollm2, vanilla, lambda: methods.drafter(method))
+    assert tau > TREE_METHODS[method], tau

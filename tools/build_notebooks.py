@@ -117,7 +117,12 @@ def timing_cell(drafters: str) -> str:
     ''')
 
 
-def exercises_cells(ch: int, rows: list[tuple[str, str, str]]) -> list:
+CHOOSER_NOTE = """All randomness goes through the `chooser` argument, so the
+        grader can enumerate every random outcome of *your* code and compare its exact law with
+        the target and with minispec's own implementation."""
+
+
+def exercises_cells(ch: int, rows: list[tuple[str, str, str]], note: str = CHOOSER_NOTE) -> list:
     table = "\n        ".join(f"| {i} | `{name}` | {task} |" for i, name, task in rows)  # indented like the template
     from minispec.grading import chapter_module
     module = chapter_module(ch).MODULE
@@ -126,9 +131,7 @@ def exercises_cells(ch: int, rows: list[tuple[str, str, str]]) -> list:
         ## Exercises
 
         Implement the functions in `exercises/{module}.py` (generated from `solutions/`; same
-        signatures and docstrings). All randomness goes through the `chooser` argument, so the
-        grader can enumerate every random outcome of *your* code and compare its exact law with
-        the target and with minispec's own implementation.
+        signatures and docstrings). {note}
 
         | exercise | function | task |
         |---|---|---|
