@@ -154,6 +154,10 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
     while len(new) < max_new_tokens and x not in eos:
         budget = max_new_tokens - len(new) - 1  # drafts beyond this could never be emitted
         tree = drafter.propose(ids + new, params, budget, gen) if drafter is not None else EMPTY
+        if len(tree) > max_nodes:
+            raise ValueError(f"{drafter!r} proposed {len(tree)} nodes but declared max_nodes={max_nodes}")
+        if len(tree):
+            tree.check_depth(budget)  # a drafter must not draft past the tokens still wanted
         tokens = torch.tensor([[x] + tree.tokens], device=target.device)  # [1, N + 1]: root + nodes
         if tree.is_chain:  # causal mask, default positions
             out = target(tokens, kv=kv, hidden_layers=layers)

@@ -160,3 +160,26 @@ def test_sampled_tree_decoding_has_the_target_law(target, tree):
     exp = [exact[k] * n for k in exact]
     tv = 0.5 * sum(abs(o - e) for o, e in zip(obs, exp)) / n
     assert chisquare(obs, exp).pvalue > 1e-3 and tv < 0.1, (tv, chisquare(obs, exp).pvalue)
+
+
+def test_a_drafter_breaking_its_limits_gets_a_clear_error(target):
+    from minispec.tree import Tree
+
+    model, tok = target
+
+    class Greedy:
+        q_kind = "onehot"
+
+        def __init__(self, tree, max_nodes):
+            self.tree, self.max_nodes = tree, max_nodes
+
+        def prefill(self, prompt):
+            pass
+
+        def propose(self, context, params, budget, generator=None):
+            return self.tree
+
+    with pytest.raises(ValueError, match="max_nodes=2"):
+        generate(model, tok, "hi", drafter=Greedy(Tree([1, 2, 3], [-1, -1, -1]), 2), max_new_tokens=8)
+    with pytest.raises(ValueError, match="exceeds the limit 2"):  # 4 tokens wanted: budget 2 after the first
+        generate(model, tok, "hi", drafter=Greedy(Tree.chain([1, 2, 3]), 3), max_new_tokens=4)
