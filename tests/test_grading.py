@@ -250,3 +250,165 @@ def test_notebooks_are_built_from_the_script_without_outputs():
         assert code and all(not c.outputs and c.execution_count is None for c in code)
         assert "FAST" in code[0].source and "minispec.__version__" in code[0].source
         assert any("check(" in c.source and 'impl="exercises"' in c.source for c in code)
+
+
+# --------------------------------------------------------------------------- chapters 4-5 (trees): the checks have teeth
+@pytest.mark.parametrize("chapter", [4, 5])
+def test_tree_chapters_pass_on_reference_and_stubs_fail(chapter):
+    for impl in ("solutions", "minispec"):
+        failed = [r[3] for r in grade(chapter, impl) if not r[2]]
+        assert not failed, (impl, failed)
+    for ex_id, name, passed, msg in grade(chapter, "exercises"):
+        assert not passed and msg.startswith(f"Exercise {ex_id} {name}: not implemented yet"), msg
+
+
+def _mask_without_self(parents):
+    m = _solutions(4).tree_mask(parents).clone()
+    m.fill_diagonal_(False)
+    m[0, 0] = True
+    return m
+
+
+def _lexicographic_choices(choices):  # sorted without the depth key: parents before children, wrong order
+    cs = sorted(tuple(c) for c in choices)
+    index = {c: i for i, c in enumerate(cs)}
+    return [index.get(c[:-1], -1) for c in cs], [c[-1] for c in cs]
+
+
+def _unchecked_choices(choices):  # right order, but a missing parent silently becomes the root
+    cs = sorted((tuple(c) for c in choices), key=lambda c: (len(c), c))
+    index = {c: i for i, c in enumerate(cs)}
+    return [index.get(c[:-1], -1) if len(c) > 1 else -1 for c in cs], [c[-1] for c in cs]
+
+
+def _first_child_wins(parents, tokens, logits):  # accepts without comparing with the target's argmax
+    path, row = [], 0
+    while True:
+        kids = [i for i, j in enumerate(parents) if j + 1 == row]
+        if not kids:
+            return path, int(logits[row].argmax())
+        path.append(kids[0])
+        row = kids[0] + 1
+
+
+def _frontier_per_parent(fs, logp, k):  # next frontier = the first k children, not the k best of the level
+    s, t, f, _ = _solutions(5).expand_level(fs, logp, k)
+    return s, t, f, torch.arange(min(k, s.numel()))
+
+
+def _no_parent_score(fs, logp, k):  # child scores forget the path: log q of the last step only
+    return _solutions(5).expand_level(torch.zeros_like(fs), logp, k)
+
+
+def _score_order(scores, par, dep, n):  # keeps the right set but not in topological order
+    best = sorted(range(len(scores)), key=lambda c: (-scores[c], dep[c], c))[:n]
+    index = {c: i for i, c in enumerate(best)}
+    return best, [index.get(par[c], -1) for c in best]
+
+
+def _ties_to_the_child(scores, par, dep, n):  # on equal scores the deeper node wins: can drop a parent
+    best = sorted(range(len(scores)), key=lambda c: (-scores[c], -c))[:n]
+    selected = sorted(best, key=lambda c: (dep[c], c))
+    index = {c: i for i, c in enumerate(selected)}
+    return selected, [index.get(par[c], -1) for c in selected]
+
+
+def _no_rerank(next_logits, depth, top_k, total_tokens):  # keeps the first total_tokens candidates created
+    from minispec.grading.ch05 import compose, reference_expand_level
+    return compose(reference_expand_level, lambda s, p, d, n: (list(range(min(n, len(s)))),
+                                                              [j for j in p[:n]]), next_logits, depth, top_k, total_tokens)
+
+
+WRONG_TREES = [
+    ("4.1", dict(tree_mask=_mask_without_self), "mask["),
+    ("4.1", dict(tree_mask=lambda parents: torch.ones(len(parents) + 1, len(parents) + 1).tril().bool()), "mask["),
+    ("4.2", dict(tree_positions=lambda parents, n: torch.arange(len(parents) + 1) + n), "positions["),
+    ("4.3", dict(retrieve_indices=lambda parents: _solutions(4).retrieve_indices(parents).flip(0)), "retrieve_indices"),
+    ("4.4", dict(choices_to_parents=_lexicographic_choices), "expected"),
+    ("4.4", dict(choices_to_parents=_unchecked_choices), "instead of raising"),
+    ("4.5", dict(greedy_verify=_first_child_wins), "expected path="),
+    ("5.1", dict(expand_level=_frontier_per_parent), "next_frontier"),
+    ("5.1", dict(expand_level=_no_parent_score), "child_scores"),
+    ("5.2", dict(rerank=_score_order), "rerank(total_tokens="),
+    ("5.2", dict(rerank=_ties_to_the_child), "a child as likely as its parent"),
+    ("5.3", dict(predicted_tokens_per_s=lambda tau, v, d: tau / v), "expected"),
+    ("5.4", dict(dynamic_tree=_no_rerank), "TreeDrafter drafts"),
+]
+
+
+@pytest.mark.parametrize("ex_id, overrides, needle", WRONG_TREES, ids=[f"{w[0]}-{i}" for i, w in enumerate(WRONG_TREES)])
+def test_tree_checks_catch_wrong_answers(ex_id, overrides, needle):
+    ex = find_exercise(ex_id)
+    passed, msg = ex.run(_with(ex.chapter, **overrides))
+    assert not passed
+    assert msg.startswith(f"Exercise {ex_id} {ex.name}: ") and needle in msg, msg
+
+
+# --------------------------------------------------------------------------- chapter 3 (EAGLE): the checks have teeth
+def test_eagle_chapter_passes_on_reference_and_stubs_fail():
+    assert len(chapter_module(3).EXERCISES) >= 3
+    for impl in ("solutions", "minispec"):
+        failed = [r[3] for r in grade(3, impl) if not r[2]]
+        assert not failed, (impl, failed)
+    for ex_id, name, passed, msg in grade(3, "exercises"):
+        assert not passed and msg.startswith(f"Exercise {ex_id} {name}: not implemented yet"), msg
+
+
+def _feature_first(embedding, tokens, features):
+    return torch.cat([features, embedding[torch.tensor(tokens[1:])]], -1)
+
+
+def _no_shift(embedding, tokens, features):  # pairs f_j with x_j, the token that produced it
+    return torch.cat([embedding[torch.tensor(tokens[:-1])], features], -1)
+
+
+def _hard_ce(pred_feat, target_feat, pred_logits, top_idx, top_logp, w_cls=0.1):  # CE on the argmax only
+    ce = torch.nn.functional.cross_entropy(pred_logits, top_idx[:, 0])
+    return torch.nn.functional.smooth_l1_loss(pred_feat, target_feat) + w_cls * ce
+
+
+def _detached(*args, **kw):  # right value, but a float: nothing to train
+    return torch.tensor(_solutions(3).eagle_loss(*args, **kw).item())
+
+
+def _ties_to_higher_id(counts, vd):
+    V = counts.numel()
+    kept = sorted(sorted(range(V), key=lambda t: (-int(counts[t]), -t))[:vd])
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[kept] = True
+    return torch.tensor(kept) - torch.arange(vd), t2d
+
+
+def _absolute_d2t(counts, vd):
+    d2t, t2d = _solutions(3).build_vocab_map(counts, vd)
+    return d2t + torch.arange(vd), t2d
+
+
+def _zeros_outside(logits, d2t, V):
+    out = logits.new_zeros(*logits.shape[:-1], V)
+    out[..., torch.arange(logits.shape[-1]) + d2t] = logits
+    return out
+
+
+WRONG_EAGLE = [
+    ("3.1", dict(eagle_input=_feature_first), "embedding FIRST"),
+    ("3.1", dict(eagle_input=_no_shift), "the shift"),
+    ("3.2", dict(eagle_loss=lambda pf, tf, pl, ti, tl, w_cls=0.1: _solutions(3).eagle_loss(pf, tf, pl, ti, tl, 1.0)),
+     "loss = "),
+    ("3.2", dict(eagle_loss=_hard_ce), "loss = "),
+    ("3.2", dict(eagle_loss=_detached), "differentiably"),
+    ("3.3", dict(build_vocab_map=_ties_to_higher_id), "ties to the lower id"),
+    ("3.3", dict(build_vocab_map=_absolute_d2t), "OFFSETS"),
+    ("3.3", dict(build_vocab_map=lambda c, vd: _solutions(3).build_vocab_map(c, min(max(vd, 1), c.numel()))),
+     "instead of raising"),
+    ("3.4", dict(to_target_logits=_zeros_outside), "expected -inf"),
+    ("3.4", dict(to_target_logits=lambda lg, d2t, V: _solutions(3).to_target_logits(lg, d2t * 0, V)), "logits["),
+]
+
+
+@pytest.mark.parametrize("ex_id, overrides, needle", WRONG_EAGLE, ids=[f"{w[0]}-{i}" for i, w in enumerate(WRONG_EAGLE)])
+def test_eagle_checks_catch_wrong_answers(ex_id, overrides, needle):
+    ex = find_exercise(ex_id)
+    passed, msg = ex.run(_with(ex.chapter, **overrides))
+    assert not passed
+    assert msg.startswith(f"Exercise {ex_id} {ex.name}: ") and needle in msg, msg

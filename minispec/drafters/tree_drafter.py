@@ -188,31 +188,54 @@ class TreeDrafter:
         dep: list[int] = []
         score: list[float] = []
         added: dict[int, int] = {}  # candidate -> index among the nodes given to _extend
+        frontier, fscores = [-1], torch.zeros(1)  # level 1 expands the root alone (score log 1 = 0)
+        logp = torch.log_softmax(root_logits.float(), -1)[None]  # [1, V]
+        for d in range(1, depth + 1):
+            if d > 1:
+                out = self._extend([tok[c] for c in frontier], [added.get(par[c], -1) for c in frontier])  # [K, V]
+                for c in frontier:
+                    added[c] = len(added)
+                logp = torch.log_softmax(out.float(), -1)  # [K, V]
+            s, t, f, nxt = expand_level(fscores, logp, K)
+            new = list(range(len(tok), len(tok) + len(t)))
+            tok += t.tolist()
+            par += [frontier[j] for j in f.tolist()]
+            dep += [d] * len(t)
+            score += s.tolist()
+            frontier, fscores = [new[j] for j in nxt.tolist()], s[nxt]
+        nodes, parents = rerank(score, par, dep, N)
+        return Tree([tok[c] for c in nodes], parents)
 
-        logp = torch.log_softmax(root_logits.float(), -1)  # [V]
-        top = torch.topk(logp, K)
-        frontier = []
-        for lp, t in zip(top.values.tolist(), top.indices.tolist()):
-            frontier.append(len(tok))
-            tok.append(t), par.append(-1), dep.append(1), score.append(lp)
-        for d in range(2, depth + 1):
-            out = self._extend([tok[c] for c in frontier], [added.get(par[c], -1) for c in frontier])  # [K, V]
-            for c in frontier:
-                added[c] = len(added)
-            logp = torch.log_softmax(out.float(), -1)  # [K, V]
-            top = torch.topk(logp, K, dim=-1)  # [K, K]
-            base = torch.tensor([score[c] for c in frontier])[:, None]  # [K, 1]
-            child = (base + top.values).flatten()  # [K * K] path scores
-            new = []
-            for j, (s, t) in enumerate(zip(child.tolist(), top.indices.flatten().tolist())):
-                new.append(len(tok))
-                tok.append(t), par.append(frontier[j // K]), dep.append(d), score.append(s)
-            order = torch.topk(child, K).indices.tolist()  # expand the K best of this level next
-            frontier = [new[j] for j in order]
-        # rerank: the N best candidates overall; ties go to the shallower node, so parents come first
-        best = sorted(range(len(tok)), key=lambda c: (-score[c], dep[c], c))[:N]
-        chosen = set(best)
-        assert all(par[c] == -1 or par[c] in chosen for c in best), "rerank broke the tree"
-        nodes = sorted(best, key=lambda c: (dep[c], c))  # topological order
-        index = {c: i for i, c in enumerate(nodes)}
-        return Tree([tok[c] for c in nodes], [index[par[c]] if par[c] >= 0 else -1 for c in nodes])
+
+def expand_level(frontier_scores: torch.Tensor, child_logp: torch.Tensor, top_k: int):
+    """One EAGLE-2 expansion step.
+
+    Args:
+        frontier_scores: [F] path scores (log probabilities) of the nodes being expanded.
+        child_logp: [F, V] draft log probabilities of each frontier node's children.
+        top_k: children per node, and the size of the next frontier.
+    Returns:
+        (child_scores [F * top_k], child_tokens [F * top_k], child_parent [F * top_k] (index into
+        the frontier), next_frontier [top_k] (indices into the children, best first)).
+    """
+    F = child_logp.shape[0]
+    top = torch.topk(child_logp, top_k, dim=-1)  # [F, top_k]
+    base = torch.as_tensor(frontier_scores).to(child_logp.dtype)[:, None]  # [F, 1]
+    child = (base + top.values).flatten()  # [F * top_k] path scores
+    parent = torch.arange(F).repeat_interleave(top_k)  # child j's frontier node: j // top_k
+    return child, top.indices.flatten(), parent, torch.topk(child, min(top_k, child.numel())).indices
+
+
+def rerank(scores, parents_cand, depths, total_tokens):
+    """EAGLE-2's rerank: the ``total_tokens`` best candidates, ties to the shallower then the earlier one.
+
+    A child never scores above its parent, so the kept set is connected.
+
+    Returns:
+        (kept candidate ids in topological order (by depth, then id), their parents remapped to
+        positions in that list, -1 for the root).
+    """
+    best = sorted(range(len(scores)), key=lambda c: (-scores[c], depths[c], c))[:total_tokens]
+    nodes = sorted(best, key=lambda c: (depths[c], c))  # topological order
+    index = {c: i for i, c in enumerate(nodes)}
+    return nodes, [index[parents_cand[c]] if parents_cand[c] >= 0 else -1 for c in nodes]
