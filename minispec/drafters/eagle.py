@@ -1,0 +1,315 @@
+"""EAGLE-1/2: a one-layer head that drafts at the target's FEATURE level.
+
+EAGLE (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty")
+observes that the target's last hidden state f_t (after the final norm) is easier to
+extrapolate than tokens, provided the head also sees the token actually sampled next. The head
+predicts the next feature from
+
+    x_t     = fc(cat[embed(x_{t+1}), f_t])          # [H]; embedding FIRST, then the feature
+    g_{t+1} = DecoderLayer(x_{t..})                  # one Llama layer, no input_layernorm,
+                                                     # no final norm: the predicted f_{t+1}
+    logits  = target.lm_head(g_{t+1})                # the target's frozen, shared LM head
+
+and drafts autoregressively on its own predicted features. EAGLE-2 (Li et al. 2024, "EAGLE-2:
+Faster Inference of Language Models with Dynamic Draft Trees") keeps the head and drafts a
+dynamic tree from its probabilities (``TreeDrafter._dynamic``).
+
+Alignment in minispec (identical in training, ``minispec.train.eagle``): when ``propose(context)``
+runs, ``observe`` has delivered the target's features f_0..f_{n-2} of context[:-1]. Head position
+j (RoPE position j) takes (embed(x_{j+1}), f_j) and outputs g_{j+1}, whose logits give x_{j+2}.
+The head's KV cache keeps the pairs built from target features (the committed context); tree
+nodes take (embed(y), g_parent) at position root + depth and are rolled back in ``_end``.
+
+Checkpoints use the official EAGLE-1/2 key names (``EagleHead.state_dict()``): fc.weight [H, 2H]
+(+ fc.bias), layers.0.self_attn.{q,k,v,o}_proj.weight, layers.0.mlp.{gate,up,down}_proj.weight,
+layers.0.post_attention_layernorm.weight. ``load_eagle`` reads minispec's single file
+(``name.safetensors`` + ``name.json`` whose "config" is the Llama-style config.json) or an
+official directory (``config.json`` + ``model.safetensors``).
+
+Shapes: B batch, T new positions, S cached + new keys, H hidden, nh / nkv heads, hd head dim, V vocab.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..attention import causal_mask
+from ..kv import KVCache
+from ..model import RMSNorm, apply_rope, rope_cos_sin
+from .tree_drafter import TreeDrafter, TreeSpec
+
+DEFAULT_NAME = "smollm2-135m-eagle"
+
+
+@dataclass
+class EagleConfig:
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    bias: bool = True  # fc bias (official configs: absent means True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EagleConfig":
+        """From an official-style Llama ``config.json`` dict of an EAGLE-1/2 head."""
+        if d.get("num_hidden_layers", 1) != 1:
+            raise ValueError(f"an EAGLE-1/2 head has one decoder layer, the config says {d['num_hidden_layers']}")
+        nh = d["num_attention_heads"]
+        return cls(d["hidden_size"], nh, d.get("num_key_value_heads", nh), d.get("head_dim") or d["hidden_size"] // nh,
+                   d["intermediate_size"], d["vocab_size"], d.get("rms_norm_eps", 1e-5),
+                   d.get("rope_theta", 10000.0), d.get("bias", True))
+
+    def to_dict(self) -> dict:
+        """The Llama-style config.json of an official EAGLE-1/2 checkpoint."""
+        return dict(architectures=["LlamaForCausalLM"], model_type="llama", num_hidden_layers=1, hidden_act="silu",
+                    **asdict(self))
+
+    @classmethod
+    def for_target(cls, cfg, bias: bool = True) -> "EagleConfig":
+        """A head shaped like one layer of a minispec Llama target (``ModelConfig``)."""
+        return cls(cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.d_ff, cfg.vocab_size, cfg.norm_eps,
+                   cfg.rope_theta, bias)
+
+
+class _Attention(nn.Module):
+    def __init__(self, c: EagleConfig):
+        super().__init__()
+        self.c = c
+        H, nh, nkv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj, self.k_proj = nn.Linear(H, nh * hd, bias=False), nn.Linear(H, nkv * hd, bias=False)
+        self.v_proj, self.o_proj = nn.Linear(H, nkv * hd, bias=False), nn.Linear(nh * hd, H, bias=False)
+
+    def forward(self, x, rope, mask, kv):
+        B, T, _ = x.shape
+        nh, nkv, hd = self.c.num_attention_heads, self.c.num_key_value_heads, self.c.head_dim
+        q = apply_rope(self.q_proj(x).view(B, T, nh, hd).transpose(1, 2), *rope)  # [B, nh, T, hd]
+        k = apply_rope(self.k_proj(x).view(B, T, nkv, hd).transpose(1, 2), *rope)  # [B, nkv, T, hd]
+        v = self.v_proj(x).view(B, T, nkv, hd).transpose(1, 2)
+        if kv is not None:
+            k, v = kv.write(0, k, v)  # [B, nkv, S, hd]: cached pairs + new
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=nh != nkv)  # [B, nh, T, hd]
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, nh * hd))
+
+
+class _MLP(nn.Module):
+    def __init__(self, c: EagleConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Layer(nn.Module):
+    """A Llama decoder layer without input_layernorm (EAGLE's layer 0)."""
+
+    def __init__(self, c: EagleConfig):
+        super().__init__()
+        self.self_attn, self.mlp = _Attention(c), _MLP(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, x, rope, mask, kv):
+        x = x + self.self_attn(x, rope, mask, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class EagleHead(nn.Module):
+    """The EAGLE-1/2 head; ``state_dict()`` keys are the official ones."""
+
+    def __init__(self, cfg: EagleConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
+        self.layers = nn.ModuleList([_Layer(cfg)])
+
+    def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor | None = None, kv: KVCache | None = None) -> torch.Tensor:
+        """Predict the next features.
+
+        Args:
+            emb: [B, T, H] target embeddings of the tokens x_{t+1}.
+            feat: [B, T, H] features f_t (target's, or the head's own predictions in a tree).
+            positions: [T] or [B, T] RoPE positions.
+            mask: None (causal after the cached prefix) or boolean [T, S] / [B, T, S], True = may attend.
+            kv: optional KVCache(n_layer=1); new entries are left pending (commit / discard).
+        Returns:
+            [B, T, H] predicted features g_{t+1}.
+        """
+        B, T, _ = emb.shape
+        prefix = kv.length if kv is not None else 0
+        positions = positions.expand(B, T) if positions.dim() == 1 else positions
+        rope = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)  # [B, 1, T, hd] each
+        if mask is None:
+            mask = causal_mask(T, prefix + T, emb.device)  # [T, S]
+        mask = (mask if mask.dim() == 3 else mask[None])[:, None]  # [B or 1, 1, T, S]
+        if kv is not None:
+            kv.begin(B, T)
+        try:
+            x = self.fc(torch.cat([emb, feat], dim=-1))  # [B, T, 2H] -> [B, T, H]
+            return self.layers[0](x, rope, mask, kv)
+        except BaseException:
+            if kv is not None:
+                kv.discard()
+            raise
+
+
+class EagleDrafter(TreeDrafter):
+    """Args:
+        target: the minispec Transformer whose features the head reads (its tok_emb and lm_head are used).
+        head: an ``EagleHead`` trained for this target.
+        tree: a ``TreeSpec`` or its string form ('chain:5', 'eagle', '6,10,60', ...); default a chain of 5.
+        capacity: the head's KV cache size in tokens (grown on demand).
+    """
+
+    target_layers: tuple[int, ...] = ()  # EAGLE-1/2 reads only the last hidden state
+
+    def __init__(self, target, head: EagleHead, tree: "TreeSpec | str | int" = 5, capacity: int = 1024):
+        super().__init__(tree)
+        self.check_target(target, head)
+        self.target, self.head = target, head.eval()
+        c = head.cfg
+        p = next(head.parameters())
+        self.kv = KVCache(1, c.num_key_value_heads, c.head_dim, capacity, dtype=p.dtype, device=p.device)
+        self.prefill([])
+
+    @classmethod
+    def from_pretrained(cls, target, path: str | Path | None = None, **kw) -> "EagleDrafter":
+        """``load_eagle(path, target, **kw)``; default the head shipped for SmolLM2-135M."""
+        return load_eagle(path, target, **kw)
+
+    def __repr__(self):
+        return f"EagleDrafter(hidden {self.head.cfg.hidden_size}, {self.spec.name})"
+
+    def check_target(self, target, head: EagleHead | None = None) -> None:
+        c, t = (head or self.head).cfg, target.cfg
+        if c.hidden_size != t.d_model or c.vocab_size != t.vocab_size:
+            raise ValueError(f"EAGLE head (hidden_size {c.hidden_size}, vocab_size {c.vocab_size}) does not fit the "
+                             f"target {t.name or t.arch} (hidden size {t.d_model}, vocab {t.vocab_size})")
+
+    def prefill(self, prompt: list[int]) -> None:
+        self.kv.reset()
+        self.forwards = 0
+        self.pairs: list[int] = []  # tokens x_{j+1} of the committed head pairs j = 0..len-1
+        self.feats = torch.empty(max(64, 2 * len(prompt)), self.head.cfg.hidden_size, dtype=self.kv.k.dtype,
+                                 device=self.kv.k.device)  # [cap, H] target features f_0, f_1, ...
+        self.n_feats = 0
+        self.kv.reserve(len(prompt) + self.max_nodes + 1)
+
+    def observe(self, hidden: torch.Tensor, layer_inputs: dict | None = None) -> None:
+        """Append the target's features [n, H] of newly committed tokens."""
+        n = hidden.shape[0]
+        if self.n_feats + n > self.feats.shape[0]:
+            grown = self.feats.new_empty(2 * (self.n_feats + n), self.feats.shape[1])
+            grown[:self.n_feats] = self.feats[:self.n_feats]
+            self.feats = grown
+        self.feats[self.n_feats:self.n_feats + n] = hidden.to(self.feats.dtype)
+        self.n_feats += n
+
+    def _head(self, tokens: list[int], feat: torch.Tensor, positions: torch.Tensor, mask=None) -> torch.Tensor:
+        """Run the head on new pairs; returns [T, H] predicted features (kept pending in the KV)."""
+        dev = self.feats.device
+        emb = self.target.tok_emb(torch.tensor([tokens], device=self.target.device)).to(dev, feat.dtype)  # [1, T, H]
+        self.forwards += 1
+        return self.head(emb, feat[None], positions.to(dev), mask, self.kv)[0]
+
+    def _logits(self, g: torch.Tensor) -> torch.Tensor:
+        return self.target.lm_head(g.to(self.target.device, self.target.dtype))  # [.., V]
+
+    def _start(self, context: list[int]) -> torch.Tensor:
+        n = len(context)
+        if n < 2 or self.n_feats < n - 1:
+            raise RuntimeError(f"EagleDrafter has target features of {self.n_feats} tokens but needs {n - 1} for a "
+                               f"context of {n}: call prefill and observe (minispec.generate does)")
+        keep = 0  # committed pairs that still match the context; always recompute the last one (the root's)
+        while keep < min(len(self.pairs), n - 2) and self.pairs[keep] == context[keep + 1]:
+            keep += 1
+        self.kv.rollback(len(self.pairs) - keep)
+        new = context[keep + 1:]  # tokens x_{j+1} of pairs j = keep .. n-2
+        self.kv.reserve(n + self.max_nodes)
+        g = self._head(new, self.feats[keep:n - 1], torch.arange(keep, n - 1))  # [n-1-keep, H]
+        self.kv.commit()
+        self.pairs = list(context[1:])
+        self.root_g, self.node_g = g[-1], []  # predicted features of the root and of added nodes
+        self.depths, self.anc, self.chain_only = [], [], True
+        return self._logits(g[-1])  # [V]
+
+    def _extend(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        n, done, L = len(tokens), len(self.depths), len(self.pairs)  # the root's pair sits at position L - 1
+        chain = n == 1 and parents[0] == done - 1 and self.chain_only
+        for p in parents:
+            self.depths.append(1 if p < 0 else self.depths[p] + 1)
+            self.anc.append([] if p < 0 else self.anc[p] + [p])
+        feat = torch.stack([self.root_g if p < 0 else self.node_g[p] for p in parents])  # [n, H] parents' g
+        positions = torch.tensor(self.depths[done:]) + L - 1  # [n] root position + depth
+        mask = None  # a path: causal after the cache
+        if not chain:
+            self.chain_only = False
+            mask = torch.zeros(n, L + done + n, dtype=torch.bool, device=self.feats.device)  # [n, S]
+            mask[:, :L] = True  # the committed pairs
+            for j in range(n):
+                mask[j, [L + a for a in self.anc[done + j]]] = True  # its ancestors
+                mask[j, L + done + j] = True  # itself
+        g = self._head(tokens, feat, positions, mask)  # [n, H]
+        self.kv.commit()
+        self.node_g += list(g)
+        return self._logits(g)  # [n, V]
+
+    def _end(self) -> None:
+        self.kv.rollback(len(self.depths))  # tree pairs hold predicted features: never keep them
+        self.depths, self.anc, self.node_g = [], [], []
+
+
+def load_eagle(path: str | Path | None, target, tree: "TreeSpec | str | int" = 5, **kw) -> EagleDrafter:
+    """Build an ``EagleDrafter`` for ``target`` from a checkpoint.
+
+    Args:
+        path: minispec's ``name.safetensors`` (with ``name.json`` beside it, whose "config" is the
+            Llama-style head config), or an official EAGLE-1/2 directory (``config.json`` +
+            ``model.safetensors``); None: the head shipped for SmolLM2-135M.
+        target: the minispec Transformer the head was trained on.
+        tree, kw: passed to ``EagleDrafter``.
+    Returns:
+        The drafter; the head on the target's device and dtype.
+    Raises:
+        FileNotFoundError, ValueError (the head does not fit the target or its own config).
+    """
+    from safetensors.torch import load_file
+
+    with ExitStack() as stack:
+        if path is None:
+            ref = resources.files("minispec").joinpath("checkpoints", DEFAULT_NAME + ".safetensors")
+            path = stack.enter_context(resources.as_file(ref))
+        path = Path(path)
+        if path.is_dir():
+            cfg_path, weights = path / "config.json", path / "model.safetensors"
+        else:
+            cfg_path, weights = path.with_suffix(".json"), path
+        if not cfg_path.exists() or not weights.exists():
+            raise FileNotFoundError(f"an EAGLE checkpoint needs {weights} and {cfg_path} (pickled .bin files are not read)")
+        meta = json.loads(cfg_path.read_text())
+        state = load_file(str(weights))
+    cfg = EagleConfig.from_dict(meta.get("config", meta))
+    head = EagleHead(cfg)
+    state.pop("embed_tokens.weight", None)  # some official heads carry a copy of the target's embedding
+    want = {k: tuple(v.shape) for k, v in head.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    if want != got:
+        raise ValueError(f"{weights}: tensors do not match the head's config: missing {sorted(want.keys() - got.keys())}, "
+                         f"unexpected {sorted(got.keys() - want.keys())}, "
+                         f"wrong shape {sorted(k for k in want.keys() & got.keys() if want[k] != got[k])}")
+    head.load_state_dict(state)
+    return EagleDrafter(target, head.to(device=target.device, dtype=target.dtype), tree=tree, **kw)

@@ -1,0 +1,293 @@
+"""EAGLE-3: a one-layer draft head on fused low/mid/high target features, trained by training-time test.
+
+Li et al. 2025, "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via
+Training-Time Test". Compared with EAGLE-1/2 (``drafters/eagle.py``) the head
+
+  * reads three target layers, not the last hidden state: the hidden states ENTERING layers
+    (2, L//2, L-3), concatenated [3H] and fused by ``fc`` [H, 3H] (no bias);
+  * drafts over its own small vocabulary (``draft_vocab_size``, the most frequent tokens of the
+    training data) with its own ``lm_head`` [Vd, H] and final ``norm``; ``d2t`` maps a draft id
+    to a target id (target_id = draft_id + d2t[draft_id]) and ``t2d`` [V] marks the target ids
+    the draft vocabulary keeps;
+  * feeds its attention ``cat[input_layernorm(embed(token)), hidden_norm(h)]`` [2H], with the
+    residual taken from the un-normed h;
+  * at its next step is fed its OWN pre-norm output hidden state as h (no fc again): training
+    unrolls the head on its own outputs ("training-time test", ``minispec.train.eagle3``), so it
+    no longer needs to imitate the target's features.
+
+Key names follow the official checkpoints (``fc.weight``, ``midlayer.*``, ``norm.weight``,
+``lm_head.weight``, ``d2t``, ``t2d``), so ``Eagle3Head.load_state_dict`` reads them as they are.
+
+Alignment in minispec (as for EAGLE-1): when ``propose(context)`` runs, the drafter has observed
+the target features f_0..f_{n-2} of context[:-1]; the last context token x_{n-1} is the root.
+Head position j takes (x_{j+1}, f_j) at RoPE position j and predicts x_{j+2}; so head position
+n-2 (the root with f_{n-2}) scores the root's children. A tree node at depth d takes (its token,
+the head's output hidden at its parent) at position n-2+d, attending to the committed positions,
+its tree ancestors and itself.
+
+Shapes: T new positions, S keys, H hidden, Hq / Hkv heads, hd head dim, Vd draft vocab, V vocab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..kv import KVCache
+from ..model import RMSNorm, apply_rope, rope_cos_sin
+from .tree_drafter import TreeDrafter, TreeSpec
+
+
+@dataclass
+class Eagle3Config:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0  # official EAGLE-3 configs often omit it: 10000 then
+    head_dim: int | None = None
+    max_position_embeddings: int = 2048
+
+    def __post_init__(self):
+        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Eagle3Config":
+        """A Llama-style config dict (official ``config.json`` or minispec's) -> Eagle3Config."""
+        need = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size", "draft_vocab_size")
+        missing = [k for k in need if k not in d]
+        if missing:
+            raise ValueError(f"EAGLE-3 config lacks {missing}")
+        return cls(d["hidden_size"], d["intermediate_size"], d["num_attention_heads"],
+                   d.get("num_key_value_heads") or d["num_attention_heads"], d["vocab_size"], d["draft_vocab_size"],
+                   d.get("rms_norm_eps", 1e-5), d.get("rope_theta") or 10000.0, d.get("head_dim"),
+                   d.get("max_position_embeddings", 2048))
+
+    def to_dict(self) -> dict:
+        return dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1,
+                    hidden_act="silu", **self.__dict__)
+
+    @classmethod
+    def for_target(cls, target, draft_vocab_size: int) -> "Eagle3Config":
+        c = target.cfg
+        return cls(c.d_model, c.d_ff, c.n_head, c.n_kv_head, c.vocab_size, draft_vocab_size, c.norm_eps,
+                   c.rope_theta, c.head_dim, c.max_seq_len)
+
+
+def eagle3_layers(n_layer: int) -> tuple[int, int, int]:
+    """The target layers whose INPUT hidden states EAGLE-3 fuses: low, middle, high."""
+    return (2, n_layer // 2, n_layer - 3) if n_layer >= 6 else (0, n_layer // 2, n_layer - 1)
+
+
+class _Attention(nn.Module):
+    def __init__(self, c: Eagle3Config):
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor):
+        """x [B, T, 2H], positions [B, T] -> q [B, Hq, T, hd], k, v [B, Hkv, T, hd] (RoPE applied)."""
+        c, (B, T, _) = self.c, x.shape
+        q = self.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+class _MLP(nn.Module):
+    def __init__(self, c: Eagle3Config):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _MidLayer(nn.Module):
+    def __init__(self, c: Eagle3Config):
+        super().__init__()
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = _Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = _MLP(c)
+
+
+class Eagle3Head(nn.Module):
+    """The EAGLE-3 draft head (official key layout). The token embedding is the target's, passed in."""
+
+    def __init__(self, c: Eagle3Config):
+        super().__init__()
+        self.config = c
+        H = c.hidden_size
+        self.fc = nn.Linear(3 * H, H, bias=False)
+        self.midlayer = _MidLayer(c)
+        self.norm = RMSNorm(H, c.rms_norm_eps)
+        self.lm_head = nn.Linear(H, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
+
+    def attn_input(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor):
+        """Start of the layer: emb, h [B, T, H] (h fused or the head's own) -> q, k, v (see ``_Attention.qkv``)."""
+        m = self.midlayer
+        x = torch.cat([m.input_layernorm(emb), m.hidden_norm(h)], dim=-1)  # [B, T, 2H], embedding first
+        return m.self_attn.qkv(x, positions)
+
+    def finish(self, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """End of the layer: residual h [B, T, H] + o_proj(attn [B, Hq, T, hd]), then the MLP -> [B, T, H] pre-norm."""
+        m, (B, _, T, _) = self.midlayer, attn.shape
+        x = h + m.self_attn.o_proj(attn.transpose(1, 2).reshape(B, T, -1))
+        return x + m.mlp(m.post_attention_layernorm(x))
+
+    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Pre-norm output hidden [..., H] -> logits over the draft vocabulary [..., Vd]."""
+        return self.lm_head(self.norm(out))
+
+    def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab logits [..., Vd] -> target-vocab logits [..., V], -inf outside the draft vocab."""
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        ids = torch.arange(self.config.draft_vocab_size, device=logits.device) + self.d2t  # [Vd] target ids
+        return full.index_copy_(-1, ids, logits)
+
+    def forward(self, emb, h, positions, kv: KVCache, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One step over T new positions with a KV cache (inference).
+
+        Args:
+            emb: [1, T, H] target embeddings of the input tokens.
+            h: [1, T, 3H] fused target features (fc is applied) or [1, T, H] the head's own outputs.
+            positions: [1, T] RoPE positions.
+            kv: the head's cache (one layer); the new keys/values are left pending.
+            mask: None (causal over the new tokens) or boolean [T, S] over cached + new keys.
+        Returns:
+            [1, T, H] pre-norm output hidden states.
+        """
+        if h.shape[-1] == 3 * self.config.hidden_size:
+            h = self.fc(h)
+        q, k, v = self.attn_input(emb, h, positions)
+        T = q.shape[2]
+        kv.begin(1, T)
+        k, v = kv.write(0, k, v)  # [1, Hkv, S, hd]
+        S = k.shape[2]
+        if mask is None:
+            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)  # prefix + causal
+        rep = self.config.num_attention_heads // self.config.num_key_value_heads
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # [1, Hq, S, hd]
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None])
+        return self.finish(h, attn)
+
+
+def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft vocabulary: the ``draft_vocab_size`` most frequent target tokens, in id order.
+
+    Args:
+        token_counts: [V] how often each target token occurs in the training data.
+        draft_vocab_size: Vd <= V.
+    Returns:
+        d2t [Vd] long (target_id = draft_id + d2t[draft_id]), t2d [V] bool (kept target ids).
+    """
+    V = token_counts.numel()
+    if not 0 < draft_vocab_size <= V:
+        raise ValueError(f"draft_vocab_size must be in 1..{V}, got {draft_vocab_size}")
+    order = torch.argsort(token_counts.double(), descending=True, stable=True)  # ties: lower id first
+    kept = order[:draft_vocab_size].sort().values  # [Vd] target ids, increasing
+    d2t = kept - torch.arange(draft_vocab_size)
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[kept] = True
+    return d2t, t2d
+
+
+class Eagle3Drafter(TreeDrafter):
+    """EAGLE-3 drafting through ``TreeDrafter``: chains, static trees, EAGLE-2 dynamic trees.
+
+    Args:
+        target: the target Transformer (its token embedding is used; its features arrive via ``observe``).
+        head: a trained ``Eagle3Head``.
+        tree: a ``TreeSpec`` or its string form ('chain:5', 'eagle', '5,8,32', ...).
+        capacity: the head's KV cache size in tokens (grown on demand).
+    """
+
+    def __init__(self, target, head: Eagle3Head, tree: "TreeSpec | str | int" = "5,8,32", capacity: int = 1024):
+        super().__init__(tree)
+        self.head, self.embed = head, target.tok_emb
+        self.target_layers = eagle3_layers(target.cfg.n_layer)
+        c = head.config
+        self.kv = KVCache(1, c.num_key_value_heads, c.head_dim, capacity, dtype=head.fc.weight.dtype,
+                          device=head.fc.weight.device)
+        self.check_target(target)
+        self.prefill([])
+
+    def __repr__(self):
+        c = self.head.config
+        return f"Eagle3Drafter(hidden {c.hidden_size}, draft vocab {c.draft_vocab_size}, {self.spec.name})"
+
+    def check_target(self, target) -> None:
+        c, t = self.head.config, target.cfg
+        if (c.hidden_size, c.vocab_size) != (t.d_model, t.vocab_size):
+            raise ValueError(f"EAGLE-3 head (hidden {c.hidden_size}, vocab {c.vocab_size}) does not fit the target "
+                             f"(hidden {t.d_model}, vocab {t.vocab_size})")
+
+    def prefill(self, prompt: list[int]) -> None:
+        self.kv.reset()
+        self.forwards = 0
+        self.pending: list[torch.Tensor] = []  # fused features [n, 3H] not yet run through the head
+        self.observed = 0  # target features received (= committed head positions after _start)
+
+    @torch.inference_mode()
+    def observe(self, hidden: torch.Tensor, layer_inputs: dict[int, torch.Tensor]) -> None:
+        """Receive the target's features of newly committed tokens: layer_inputs {i: [n, H]}."""
+        fused = torch.cat([layer_inputs[i] for i in self.target_layers], dim=-1)  # [n, 3H] low, mid, high
+        self.pending.append(fused.to(self.head.fc.weight.dtype))
+        self.observed += fused.shape[0]
+
+    def _emb(self, tokens: list[int]) -> torch.Tensor:
+        return self.embed(torch.tensor([tokens], device=self.embed.weight.device)).to(self.head.fc.weight.dtype)
+
+    def _start(self, context: list[int]) -> torch.Tensor:
+        n, done = len(context), self.kv.length
+        if self.observed != n - 1 or not self.pending:
+            raise RuntimeError(f"EAGLE-3 drafter has features of {self.observed} tokens and {done} cached; a context of "
+                               f"{n} needs {n - 1} (call prefill and hand over features with observe)")
+        feats = torch.cat(self.pending)[None]  # [1, T, 3H] positions done..n-2
+        self.pending = []
+        self.kv.reserve(n + self.max_nodes + 1)
+        positions = torch.arange(done, n - 1, device=feats.device)[None]
+        out = self.head(self._emb(context[done + 1:]), feats, positions, self.kv)  # [1, T, H]
+        self.kv.commit()
+        self.forwards += 1
+        self._root_hidden = out[0, -1]  # [H] the root's output: the hidden input of depth-1 nodes
+        self._hidden, self._depths, self._anc = [], [], []
+        return self.head.to_target_logits(self.head.draft_logits(out[0, -1]))
+
+    def _extend(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        n, done, L = len(tokens), len(self._depths), self.kv.length - len(self._depths)  # L committed positions
+        for p in parents:
+            self._depths.append(1 if p < 0 else self._depths[p] + 1)
+            self._anc.append([] if p < 0 else self._anc[p] + [p])
+        h = torch.stack([self._root_hidden if p < 0 else self._hidden[p] for p in parents])[None]  # [1, n, H]
+        positions = torch.tensor(self._depths[done:], device=h.device)[None] + L - 1  # root at L - 1
+        mask = torch.zeros(n, L + done + n, dtype=torch.bool, device=h.device)  # [n, S]
+        mask[:, :L] = True
+        for j in range(n):
+            mask[j, [L + a for a in self._anc[done + j]]] = True
+            mask[j, L + done + j] = True
+        out = self.head(self._emb(tokens), h, positions, self.kv, mask)  # [1, n, H]
+        self.kv.commit()
+        self.forwards += 1
+        self._hidden += list(out[0])
+        return self.head.to_target_logits(self.head.draft_logits(out[0]))  # [n, V]
+
+    def _end(self) -> None:
+        self.kv.rollback(len(self._depths))  # keep only the committed positions
+        self._hidden, self._depths, self._anc = [], [], []

@@ -1,0 +1,129 @@
+"""Medusa heads: K extra decoding heads on the target's last hidden state.
+
+Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding
+Heads". Head i is one residual block ``x + SiLU(W_i x + b_i)`` on the target's last hidden state
+(after its final norm) followed by an LM head. Medusa-1 gives each head its own LM head (a copy
+of the target's, trained); minispec shares the TARGET's LM head, frozen, which keeps the shipped
+file to K * (H^2 + H) numbers. A checkpoint with per-head LM heads (official keys
+``{i}.1.weight``) is read too (``own_lm_head=True``).
+
+Alignment in minispec. The decode loop hands the drafter the target features of every
+committed token but the last (the root x_{n-1}, whose features the target has not computed
+yet). So the heads read f_{n-2}, the last observed feature (the one that predicted the root),
+and head i predicts x_{n+i}, i = 0..K-1: the token i+1 positions after the root, i.e. head i at
+position t predicts x_{t+i+2}. Training (``minispec.train.medusa``) fits exactly that: head i at
+t against the target's distribution at position t+i+1.
+
+Drafting: Medusa heads never see the drafted tokens, so every child of a node at depth d takes
+the logits of head d, computed once per step from f_{n-2}. Any ``TreeSpec`` works (the static
+'medusa' tree ``mc_sim_7b_63`` is Medusa's own); the trees are verified losslessly by
+minispec's verifiers (greedy / one-hot q / Leviathan-Chen for sampled chains), NOT by Medusa's
+typical acceptance, which changes the output distribution.
+
+Shapes: K heads, H hidden, V vocab, n nodes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .tree_drafter import TreeDrafter, TreeSpec
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(W x + b); W starts at zero, so an untrained head is the identity (official init)."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.linear.weight)
+
+    def forward(self, x):
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """K Medusa heads. Keys ``{i}.0.linear.{weight,bias}`` (and ``{i}.1.weight`` with own LM heads),
+    as in the official ``medusa_lm_head`` checkpoints (one residual layer per head)."""
+
+    def __init__(self, hidden: int, num_heads: int, vocab_size: int, own_lm_head: bool = False):
+        super().__init__()
+        self.hidden, self.num_heads, self.vocab_size, self.own_lm_head = hidden, num_heads, vocab_size, own_lm_head
+        self.heads = nn.ModuleList(
+            nn.Sequential(ResBlock(hidden), *([nn.Linear(hidden, vocab_size, bias=False)] if own_lm_head else []))
+            for _ in range(num_heads))
+
+    # the official files store the ModuleList's items at the top level: "0.0.linear.weight"
+    def state_dict(self, *args, **kwargs):
+        return {k.removeprefix("heads."): v for k, v in self.heads.state_dict(*args, **kwargs).items()}
+
+    def load_state_dict(self, state, strict: bool = True, assign: bool = False):
+        return self.heads.load_state_dict(state, strict=strict, assign=assign)
+
+    def forward(self, f: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
+        """f [..., H] target last hidden states (after norm), lm_head [V, H] the target's -> logits [K, ..., V]."""
+        outs = []
+        for head in self.heads:
+            x = head[0](f)
+            outs.append(head[1](x) if self.own_lm_head else x @ lm_head.t())
+        return torch.stack(outs)
+
+
+class MedusaDrafter(TreeDrafter):
+    """Medusa heads as a ``TreeDrafter``; the tree's depth is at most K.
+
+    Args:
+        target: the target Transformer (its LM head is shared; features arrive via ``observe``).
+        heads: ``MedusaHeads``.
+        tree: a ``TreeSpec`` or its string form; default Medusa's static tree.
+    """
+
+    target_layers = ()
+
+    def __init__(self, target, heads: MedusaHeads, tree: "TreeSpec | str | int" = "medusa"):
+        super().__init__(tree)
+        if self.spec.depth > heads.num_heads:
+            raise ValueError(f"a tree of depth {self.spec.depth} needs {self.spec.depth} Medusa heads, "
+                             f"these have {heads.num_heads}")
+        self.heads, self.lm_head = heads, target.lm_head
+        self.check_target(target)
+        self.prefill([])
+
+    def __repr__(self):
+        return f"MedusaDrafter({self.heads.num_heads} heads, {self.spec.name})"
+
+    def check_target(self, target) -> None:
+        h, t = self.heads, target.cfg
+        if (h.hidden, h.vocab_size) != (t.d_model, t.vocab_size):
+            raise ValueError(f"Medusa heads (hidden {h.hidden}, vocab {h.vocab_size}) do not fit the target "
+                             f"(hidden {t.d_model}, vocab {t.vocab_size})")
+
+    def prefill(self, prompt: list[int]) -> None:
+        self.forwards, self.observed, self.last = 0, 0, None
+
+    def observe(self, hidden: torch.Tensor, layer_inputs: dict) -> None:
+        """Keep the last committed token's hidden state [H] (the heads read nothing else)."""
+        self.last = hidden[-1]
+        self.observed += hidden.shape[0]
+
+    @torch.inference_mode()
+    def _start(self, context: list[int]) -> torch.Tensor:
+        if self.last is None or self.observed != len(context) - 1:
+            raise RuntimeError(f"Medusa drafter has features of {self.observed} tokens; a context of {len(context)} "
+                               f"needs {len(context) - 1} (call prefill and hand over features with observe)")
+        w = self.lm_head.weight
+        self._logits = self.heads(self.last.to(w.dtype), w)  # [K, V] head i: depth i + 1
+        self._depths = []
+        self.forwards += 1
+        return self._logits[0]
+
+    def _extend(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        for p in parents:
+            self._depths.append(1 if p < 0 else self._depths[p] + 1)
+        d = self._depths[-len(tokens):]  # children of a depth-d node come from head d
+        return self._logits[torch.tensor(d)]  # [n, V]
+
+    def _end(self) -> None:
+        self._depths = []

@@ -1,0 +1,316 @@
+"""Train an EAGLE-1/2 head for SmolLM2-135M-Instruct on the frozen target's features.
+
+EAGLE (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty"):
+the head (``minispec.drafters.eagle.EagleHead``) reads (embed(x_{t+1}), f_t) and regresses the
+target's next feature f_{t+1}; its logits are the target's LM head on the prediction. Recipe:
+
+  data   ``minispec.train.data.training_sequences``: the self-distilled ShareGPT cache (target
+         greedy answers; its 32 held-out examples are the held-out set here) plus extra ShareGPT
+         V3 conversations with their own replies. ``target_features`` runs the frozen target once
+         per sequence (fp16 features + top-k log-probs, cached).
+  loss   SmoothL1(g_{t+1}, f_{t+1}) + ``--ce-weight`` (0.1) x soft cross-entropy of
+         lm_head(g_{t+1}) against the target's top-k distribution at t+1, on response positions.
+         The CE needs the 576 x 49152 LM head, so it runs on a random ``--ce-frac`` of the positions
+         of each batch. Input features get uniform noise U(-a, a) * std(f), a = ``--noise`` (EAGLE's
+         data noise: the head must cope with its own imperfect features when drafting).
+  optim  AdamW, linear warm-up + cosine decay, gradient clipping, seeds, tqdm, periodic held-out
+         metrics, resumable (``--resume``). ``--minutes`` makes the schedule follow wall time (the
+         cosine runs over the fraction of the time budget spent; training stops when it is spent),
+         which suits a shared CPU whose speed changes during the run.
+  save   fp16 ``name.safetensors`` with the official EAGLE-1 keys + ``name.json`` (the Llama-style
+         head config under "config", settings, data sizes, metrics, timings, the command).
+
+Held-out metrics: "acceptance" = P(head argmax == target greedy token) with true features
+(teacher forcing); "tau_chain5" = greedy chain tau with depth 5 along the target's own greedy
+text, the head drafting autoregressively on its own features through ``EagleDrafter`` exactly as
+in decoding (prefill counted as one forward, like ``GenerationStats.tau``).
+
+    python -m minispec train eagle --extra-sharegpt 0 --minutes 25
+
+Shapes: B sequences, T positions, D width, K top-k, N positions with a CE term, V vocab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..benchinfo import device_info, versions
+from ..config import cache_dir
+from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
+from ..sampling import GREEDY
+from .data import TARGET, target_features, training_sequences
+from .distill_draft import lr_at
+
+FORMAT = "minispec-eagle-v1"
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-135m-eagle.safetensors"
+
+
+def make_batch(seqs, feats, idx: list[int]):
+    """Right-padded batch of sequences ``idx``.
+
+    Returns:
+        tokens [B, T] long, hidden [B, T, D] float32, top_idx [B, T, K] long, top_logp [B, T, K]
+        float32, loss_mask [B, T-1] bool: head position j (input f_j, output g_{j+1}) carries a loss
+        when f_{j+1} exists and feeds a response token (j + 2 >= prompt_len).
+    """
+    T = max(len(seqs[i].tokens) for i in idx)
+    D, K = feats[idx[0]]["hidden"].shape[1], feats[idx[0]]["top_idx"].shape[1]
+    tokens = torch.zeros(len(idx), T, dtype=torch.long)
+    hidden = torch.zeros(len(idx), T, D)
+    top_idx = torch.zeros(len(idx), T, K, dtype=torch.long)
+    top_logp = torch.zeros(len(idx), T, K)
+    mask = torch.zeros(len(idx), T - 1, dtype=torch.bool)
+    for b, i in enumerate(idx):
+        n, P = len(seqs[i].tokens), seqs[i].prompt_len
+        tokens[b, :n] = seqs[i].tokens
+        hidden[b, :n] = feats[i]["hidden"].float()
+        top_idx[b, :n] = feats[i]["top_idx"].long()
+        top_logp[b, :n] = feats[i]["top_logp"].float()
+        mask[b, max(0, P - 2):n - 1] = True
+    return tokens, hidden, top_idx, top_logp, mask
+
+
+def eagle_loss(head: EagleHead, target, batch, ce_weight: float, ce_frac: float, noise: float,
+               generator: torch.Generator | None = None):
+    """EAGLE-1 loss on one batch; returns (loss, smooth_l1, ce, top-1 acc on the CE positions)."""
+    tokens, hidden, top_idx, top_logp, mask = batch
+    T = tokens.shape[1]
+    with torch.no_grad():
+        emb = target.tok_emb(tokens[:, 1:]).float()  # [B, T-1, D] embeddings of x_{j+1}
+    feat = hidden[:, :-1]  # [B, T-1, D] f_j
+    if noise > 0:
+        u = torch.rand(feat.shape, generator=generator) * 2 - 1  # U(-1, 1)
+        feat = feat + noise * feat.std() * u
+    pred = head(emb, feat, torch.arange(T - 1))  # [B, T-1, D] predicted f_{j+1}
+    tgt = hidden[:, 1:]
+    l1 = F.smooth_l1_loss(pred[mask], tgt[mask])
+    pos = mask.nonzero()  # [M, 2]
+    pick = pos[torch.randperm(len(pos), generator=generator)[:max(1, int(ce_frac * len(pos)))]]  # [N, 2]
+    z = target.lm_head(pred[pick[:, 0], pick[:, 1]]).float()  # [N, V]
+    ti, tl = top_idx[pick[:, 0], pick[:, 1] + 1], top_logp[pick[:, 0], pick[:, 1] + 1]  # [N, K] at f_{j+1}
+    p = torch.softmax(tl, -1)  # the target's top-k distribution, renormalised
+    ce = -(p * (z.gather(1, ti) - torch.logsumexp(z, -1, keepdim=True))).sum(-1).mean()
+    acc = (z.argmax(-1) == ti[:, 0]).float().mean()
+    return l1 + ce_weight * ce, l1, ce, acc
+
+
+@torch.no_grad()
+def evaluate(head: EagleHead, target, seqs, feats, depth: int = 5, tau_seqs: int | None = None) -> dict:
+    """Held-out acceptance (teacher-forced) and the greedy chain tau of depth ``depth``.
+
+    The chain walk: the first response token comes from the prefill (one forward); at each later
+    root x_t the drafter (fed the true features f_0..f_{t-1}) drafts ``depth`` tokens on its own
+    features; they are accepted up to the first mismatch with the target's greedy tokens (and while
+    the text still follows the target's greedy trajectory), plus one target token.
+    """
+    was = head.training
+    head.eval()
+    hits = total = 0
+    for i in range(len(seqs)):
+        tokens, hidden, top_idx, _, mask = make_batch(seqs, feats, [i])
+        emb = target.tok_emb(tokens[:, 1:]).float()
+        z = target.lm_head(head(emb, hidden[:, :-1], torch.arange(tokens.shape[1] - 1))[mask])  # [M, V]
+        hits += int((z.argmax(-1) == top_idx[:, 1:][mask][:, 0]).sum())
+        total += int(mask.sum())
+    committed = forwards = 0
+    drafter = EagleDrafter(target, head, tree=depth)
+    for i in range(len(seqs) if tau_seqs is None else min(tau_seqs, len(seqs))):
+        toks, P = seqs[i].tokens.tolist(), seqs[i].prompt_len
+        greedy = feats[i]["top_idx"][:, 0].tolist()  # greedy[t]: the target's token after toks[:t+1]
+        h = feats[i]["hidden"].float()
+        drafter.prefill(toks[:P])
+        drafter.observe(h[:P])
+        t, n_feat = P, P  # toks[t] is the root (committed); features of toks[:t] were observed
+        committed, forwards = committed + 1, forwards + 1  # the prefill emits toks[P]
+        while t + 1 < len(toks):
+            tree = drafter.propose(toks[:t + 1], GREEDY, budget=len(toks) - t - 1)
+            a = 0
+            while a < len(tree.tokens) and tree.tokens[a] == greedy[t + a] == toks[t + a + 1]:
+                a += 1
+            step = min(a + 1, len(toks) - 1 - t)
+            committed, forwards, t = committed + step, forwards + 1, t + step
+            drafter.observe(h[n_feat:t])
+            n_feat = t
+    head.train(was)
+    out = {"acceptance": hits / total, "positions": total}
+    if forwards:
+        out[f"tau_chain{depth}"] = committed / forwards
+    return out
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m minispec train eagle", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="head .safetensors path (the .json goes beside it)")
+    ap.add_argument("--extra-sharegpt", type=int, default=600, help="extra ShareGPT conversations (own replies)")
+    ap.add_argument("--heldout", type=int, default=32, help="held-out examples of the distill cache")
+    ap.add_argument("--max-len", type=int, default=320, help="tokens per sequence (prompt + response)")
+    ap.add_argument("--topk", type=int, default=32, help="target log-probs kept per position (soft CE)")
+    ap.add_argument("--steps", type=int, default=2000, help="optimizer steps (ignored with --minutes)")
+    ap.add_argument("--minutes", type=float, default=0, help="train for this much wall time (time-based schedule)")
+    ap.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--ce-weight", type=float, default=0.1)
+    ap.add_argument("--ce-frac", type=float, default=0.125, help="fraction of loss positions with a CE term")
+    ap.add_argument("--noise", type=float, default=0.1, help="uniform feature noise U(-a, a) * std(f)")
+    ap.add_argument("--init-layer", type=int, default=None,
+                    help="copy this target layer's attention/MLP/post-norm into the head (default: random init, "
+                         "which trained much faster in a 20-step check than a copy of the last layer)")
+    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--eval-tau-seqs", type=int, default=4, help="held-out sequences for the periodic chain-tau walk")
+    ap.add_argument("--final-tau-seqs", type=int, default=32, help="held-out sequences for the final chain-tau walk")
+    ap.add_argument("--ckpt-every", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--resume", action="store_true")
+    return ap.parse_args(argv)
+
+
+def init_from_target(head: EagleHead, target, layer: int) -> None:
+    """Start the head's decoder layer from a target layer (minispec fuses qkv and gate/up)."""
+    blk = target.blocks[layer]
+    c, hd = head.cfg, head.cfg.head_dim
+    q, k, v = blk.attn.wqkv.weight.split([c.num_attention_heads * hd, c.num_key_value_heads * hd,
+                                          c.num_key_value_heads * hd])
+    gate, up = blk.mlp.gate_up.weight.chunk(2)
+    lay = head.layers[0]
+    with torch.no_grad():
+        for dst, src in [(lay.self_attn.q_proj, q), (lay.self_attn.k_proj, k), (lay.self_attn.v_proj, v),
+                         (lay.self_attn.o_proj, blk.attn.wo.weight), (lay.mlp.gate_proj, gate), (lay.mlp.up_proj, up),
+                         (lay.mlp.down_proj, blk.mlp.down.weight), (lay.post_attention_layernorm, blk.mlp_norm.weight)]:
+            dst.weight.copy_(src)
+
+
+def save_head(head: EagleHead, path: Path, record: dict) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().to(torch.float16).contiguous() for k, v in head.state_dict().items()}
+    save_file(sd, str(path), metadata={"format": FORMAT, "target": TARGET})
+    path.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def main(argv=None) -> dict:
+    from tqdm import tqdm
+
+    from ..models import load
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    t_start = time.perf_counter()
+    target, tok = load(TARGET)
+    target.requires_grad_(False)
+    train, held = training_sequences(tok, heldout=args.heldout, extra_sharegpt=args.extra_sharegpt,
+                                     max_len=args.max_len, seed=args.seed)
+    t0 = time.perf_counter()
+    ftrain = []  # per source, so adding ShareGPT conversations does not recompute the distill features
+    for src, name in (("distill", "train"), ("sharegpt", "train-sharegpt")):
+        part = [s for s in train if s.source == src]
+        ftrain += target_features(target, part, topk=args.topk, name=f"{TARGET}-{name}") if part else []
+    train = [s for s in train if s.source == "distill"] + [s for s in train if s.source == "sharegpt"]
+    fheld = target_features(target, held, topk=args.topk, name=f"{TARGET}-heldout")
+    features_s = time.perf_counter() - t0
+
+    head = EagleHead(EagleConfig.for_target(target.cfg))
+    if args.init_layer is not None:
+        init_from_target(head, target, args.init_layer % target.cfg.n_layer)
+    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+    resume_path = cache_dir() / "eagle" / (args.out.stem + ".resume.pt")
+    start, history, train_s, steps = 0, [], 0.0, args.steps
+    if args.resume and resume_path.exists():
+        ck = torch.load(resume_path, weights_only=True)
+        head.load_state_dict(ck["head"])
+        opt.load_state_dict(ck["opt"])
+        start, history, train_s, steps, init_eval = ck["step"], ck["history"], ck["train_s"], ck["steps"], ck["init_eval"]
+        gen.manual_seed(args.seed + start)
+    else:
+        init_eval = evaluate(head, target, held, fheld, tau_seqs=args.eval_tau_seqs)
+
+    per_epoch = len(train) // args.batch_size
+    t0 = time.perf_counter() - train_s
+    bar = tqdm(total=None if args.minutes else steps, initial=start, desc="eagle")
+    step = start
+    budget = args.minutes * 60
+
+    def done() -> bool:
+        return time.perf_counter() - t0 >= budget if budget else step >= steps
+
+    while not done():
+        if budget:  # time-based: the cosine follows the spent fraction of the budget (x1000 "steps")
+            frac = (time.perf_counter() - t0) / budget
+            lr = lr_at(step, 1000, args.lr, args.warmup) if step < args.warmup else lr_at(
+                args.warmup + int(frac * (1000 - args.warmup)), 1000, args.lr, args.warmup)
+        else:
+            lr = lr_at(step, steps, args.lr, args.warmup)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        epoch, i = divmod(step, per_epoch)
+        perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(args.seed * 100_003 + epoch))
+        batch = make_batch(train, ftrain, perm[i * args.batch_size:(i + 1) * args.batch_size].tolist())
+        loss, l1, ce, acc = eagle_loss(head, target, batch, args.ce_weight, args.ce_frac, args.noise, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(l1=f"{l1.item():.3f}", ce=f"{ce.item():.2f}", acc=f"{acc.item():.3f}")
+        if step % args.eval_every == 0 or done():
+            ev = evaluate(head, target, held, fheld, tau_seqs=args.eval_tau_seqs)
+            history.append(dict(step=step, smooth_l1=l1.item(), ce=ce.item(), train_acc=acc.item(),
+                                grad_norm=gnorm.item(), heldout_acceptance=ev["acceptance"],
+                                heldout_tau_chain5=ev.get("tau_chain5"), train_s=round(time.perf_counter() - t0, 1)))
+            bar.write(f"step {step}: held-out acceptance {ev['acceptance']:.3f}  tau(chain 5, "
+                      f"{args.eval_tau_seqs} seqs) {ev.get('tau_chain5', float('nan')):.2f}")
+        if step % args.ckpt_every == 0 and not done():
+            resume_path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(dict(head=head.state_dict(), opt=opt.state_dict(), step=step, steps=steps, history=history,
+                            train_s=time.perf_counter() - t0, init_eval=init_eval), resume_path)
+    bar.close()
+    train_s = time.perf_counter() - t0
+    steps = step
+
+    n_tok = lambda ss: sum(len(s.tokens) for s in ss)  # noqa: E731
+    record = dict(
+        format=FORMAT, target=TARGET, config=head.cfg.to_dict(), dtype="float16", shared=["embed_tokens (target tok_emb)", "lm_head (target)"],
+        command="python -m minispec train eagle " + " ".join(argv if argv is not None else sys.argv[1:]),
+        settings={k: (v.name if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "resume"},
+        data=dict(train_sequences=len(train), train_tokens=n_tok(train),
+                  train_distill_sequences=sum(s.source == "distill" for s in train),
+                  train_sharegpt_sequences=sum(s.source == "sharegpt" for s in train),
+                  heldout_sequences=len(held), heldout_tokens=n_tok(held),
+                  sources="self-distilled ShareGPT V3 (target greedy answers) + ShareGPT V3 own replies; "
+                          "held-out = the distill cache's first 32 examples (distill_draft's held-out set)",
+                  features_s=round(features_s, 1)),
+        training=dict(steps=steps, epochs=round(steps * args.batch_size / len(train), 2),
+                      optimizer="AdamW(0.9, 0.95)", schedule=f"linear warm-up {args.warmup}, cosine to 0.1*lr",
+                      loss=f"SmoothL1(feature) + {args.ce_weight} * soft CE(top-{args.topk}) on {args.ce_frac} of positions",
+                      train_s=round(train_s, 1), history=history),
+        eval=dict(heldout_before_training=init_eval),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        device=device_info(), versions=versions(),
+    )
+    save_head(head, args.out, record)
+    shipped = load_eagle(args.out, target).head.float()  # the fp16 checkpoint as users load it
+    record["eval"]["heldout"] = evaluate(shipped, target, held, fheld, tau_seqs=args.final_tau_seqs)
+    record["run_s"] = round(time.perf_counter() - t_start, 1)
+    args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    resume_path.unlink(missing_ok=True)
+    tqdm.write(json.dumps(dict(out=str(args.out), **record["eval"]["heldout"], train_s=record["training"]["train_s"])))
+    return record
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,421 @@
+"""Train an EAGLE-3 head for SmolLM2-135M-Instruct with training-time test.
+
+Li et al. 2025, "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via
+Training-Time Test". At inference the head drafts step after step on its OWN outputs; EAGLE-3
+trains it the same way ("training-time test"): for every position t of a sequence
+
+    step 0    input (x_{t+1}, fc(fused target features at t)), RoPE position t, predicts x_{t+2}
+    step j    input (x_{t+1+j}, the head's own pre-norm output of step j-1 at t), position t+j,
+              predicts x_{t+j+2}; it attends to the step-0 keys of positions <= t (the committed
+              context) and to its own keys of steps 1..j at t (its tree ancestors and itself)
+
+which is exactly what ``Eagle3Drafter`` computes for a chain along the true tokens. The loss is
+sum_j decay^j * CE(p~_{t+j+1}, q_j): the target's distribution at position t+j+1 (its top-k,
+restricted to the draft vocabulary and renormalised) against the head's draft-vocab softmax.
+There is no feature-regression loss (EAGLE-1's); the head's hidden state is its own.
+
+Data: ``minispec.train.data``: the self-distilled ShareGPT cache (SmolLM2's own greedy answers)
+plus extra ShareGPT conversations; its first 32 examples are held out. The draft vocabulary is
+the ``--draft-vocab`` most frequent tokens of the training sequences (``build_vocab_map``).
+
+    python -m minispec train eagle3 --steps 600
+
+Shapes: B batch, T tokens, Tp = T - 1 head positions, H hidden, Hq / Hkv heads, hd head dim,
+K top-k, Vd draft vocab, N selected rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..benchinfo import device_info, versions
+from ..config import cache_dir
+from .distill_draft import _shown
+from ..drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
+
+TARGET = "smollm2-135m"
+FORMAT = "minispec-eagle3-v1"
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-135m-eagle3.safetensors"
+
+
+# --------------------------------------------------------------------------- the unrolled head
+
+def unroll(head: Eagle3Head, embed, fused: torch.Tensor, tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """Training-time test: run the head ``steps`` times on its own outputs at every position.
+
+    Args:
+        head: the EAGLE-3 head.
+        embed: the target's token embedding (an nn.Embedding, frozen).
+        fused: [B, T, 3H] fused target features (position t: layers entering (2, L//2, L-3)).
+        tokens: [B, T] token ids.
+        steps: unroll length (1 = plain teacher forcing).
+    Returns:
+        ``steps`` tensors [B, Tp, H]: the pre-norm output of step j at head position t (it scores
+        token x_{t+j+2}). Positions whose inputs run past the sequence see token 0 (mask their loss).
+    """
+    B, T, _ = fused.shape
+    Tp = T - 1
+    c = head.config
+    rep, scale = c.num_attention_heads // c.num_key_value_heads, c.head_dim ** -0.5
+    h = head.fc(fused[:, :Tp])  # [B, Tp, H]
+    pos = torch.arange(Tp, device=fused.device)[None].expand(B, Tp)  # [B, Tp]
+    causal = torch.ones(Tp, Tp, dtype=torch.bool, device=fused.device).tril()  # [Tp, Tp]
+    outs, diag_k, diag_v = [], [], []
+    for j in range(steps):
+        tok = F.pad(tokens[:, 1 + j:], (0, max(0, 1 + j + Tp - T)))[:, :Tp]  # [B, Tp] x_{t+1+j}
+        q, k, v = head.attn_input(embed(tok).to(h.dtype), h, pos + j)  # q [B, Hq, Tp, hd], k/v [B, Hkv, Tp, hd]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # [B, Hq, Tp, hd]
+        if j == 0:
+            K0, V0 = k, v  # the committed context's keys: causal
+        else:
+            diag_k.append(k), diag_v.append(v)  # the unrolled steps' keys: only the same position t
+        s0 = (q @ K0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, Hq, Tp, Tp]
+        sd = [(q * kd).sum(-1, keepdim=True) * scale for kd in diag_k]  # each [B, Hq, Tp, 1]
+        a = torch.softmax(torch.cat([s0, *sd], dim=-1).float(), dim=-1).to(q.dtype)  # [B, Hq, Tp, Tp + j]
+        attn = a[..., :Tp] @ V0  # [B, Hq, Tp, hd]
+        for i, vd in enumerate(diag_v):
+            attn = attn + a[..., Tp + i:Tp + i + 1] * vd
+        h = head.finish(h, attn)  # [B, Tp, H]: the next step's hidden input (no fc again)
+        outs.append(h)
+    return outs
+
+
+def target_map(head: Eagle3Head) -> torch.Tensor:
+    """[V] long: the draft id of each target id, -1 outside the draft vocabulary."""
+    c = head.config
+    m = torch.full((c.vocab_size,), -1, dtype=torch.long, device=head.d2t.device)
+    m[torch.arange(c.draft_vocab_size, device=head.d2t.device) + head.d2t] = torch.arange(c.draft_vocab_size, device=m.device)
+    return m
+
+
+def ttt_loss(head, embed, batch: dict, steps: int, decay: float, tmap: torch.Tensor):
+    """Weighted soft cross-entropy of the unrolled head against the target (draft vocab only).
+
+    Args:
+        batch: from ``make_batch``: fused [B, T, 3H], tokens [B, T], top_idx / top_logp [B, T, K]
+            (row r: the target's distribution of token r+1), rows [B, T] bool (rows with a loss).
+        steps, decay: unroll length and step weight decay^j.
+        tmap: ``target_map(head)``.
+    Returns:
+        (loss, [acc_j]): acc_j = P(head argmax == target argmax) at step j over the selected rows.
+    """
+    outs = unroll(head, embed, batch["fused"], batch["tokens"], steps)
+    Tp = batch["tokens"].shape[1] - 1
+    total, weights, accs = 0.0, 0.0, []
+    for j, out in enumerate(outs):
+        r = torch.arange(Tp, device=out.device) + j + 1  # [Tp] target rows of step j
+        ok = r < batch["tokens"].shape[1]
+        sel = batch["rows"][:, r.clamp(max=Tp)] & ok  # [B, Tp]
+        if not sel.any():
+            continue
+        rows = r.clamp(max=Tp)
+        idx = tmap[batch["top_idx"][:, rows][sel]]  # [N, K] draft ids (-1: not in the draft vocab)
+        logp = batch["top_logp"][:, rows][sel].float().masked_fill(idx < 0, float("-inf"))  # [N, K]
+        keep = torch.isfinite(logp).any(-1)  # rows with some target mass inside the draft vocab
+        p = torch.softmax(logp[keep], -1)  # [N', K] renormalised
+        logq = torch.log_softmax(head.draft_logits(out[sel][keep]).float(), -1)  # [N', Vd]
+        ce = -(p * logq.gather(1, idx[keep].clamp(min=0))).sum(-1).mean()
+        total, weights = total + decay ** j * ce, weights + decay ** j
+        top = batch["top_idx"][:, rows][sel][:, 0]  # [N] the target's argmax (target ids)
+        accs.append(_acc(head, out[sel], top))
+    return total / max(weights, 1e-9), accs
+
+
+def _acc(head, out: torch.Tensor, top: torch.Tensor) -> float:
+    """Fraction of rows where the head's argmax (mapped to a target id) is the target's argmax."""
+    d = head.draft_logits(out).argmax(-1)  # [N] draft ids
+    return (d + head.d2t[d] == top).float().mean().item()
+
+
+def make_batch(seqs, feats, idx: list[int], layers) -> dict:
+    """Right-padded batch of sequences ``idx`` (see ``ttt_loss``); rows = response predictions."""
+    T = max(len(seqs[i].tokens) for i in idx)
+    B, K = len(idx), feats[idx[0]]["top_idx"].shape[1]
+    H = feats[idx[0]]["hidden"].shape[1]
+    out = dict(fused=torch.zeros(B, T, 3 * H), tokens=torch.zeros(B, T, dtype=torch.long),
+               top_idx=torch.zeros(B, T, K, dtype=torch.long), top_logp=torch.zeros(B, T, K),
+               rows=torch.zeros(B, T, dtype=torch.bool))
+    for b, i in enumerate(idx):
+        s, f, n = seqs[i], feats[i], len(seqs[i].tokens)
+        out["fused"][b, :n] = torch.cat([f["layers"][l] for l in layers], -1).float()
+        out["tokens"][b, :n] = s.tokens
+        out["top_idx"][b, :n], out["top_logp"][b, :n] = f["top_idx"].long(), f["top_logp"].float()
+        out["rows"][b, max(0, s.prompt_len - 1):n] = True  # row r predicts token r+1 of the response
+    return out
+
+
+@torch.no_grad()
+def evaluate(head, embed, seqs, feats, layers, steps: int, tmap, batch_size: int = 8) -> dict:
+    """Held-out teacher-forced acceptance per unroll step (acc_j: the head's argmax at step j equals
+    the target's argmax, after j correct drafts) and the soft CE averaged over the steps."""
+    was = head.training
+    head.eval()
+    sums, n, ce = [0.0] * steps, 0, 0.0
+    for s in range(0, len(seqs), batch_size):
+        idx = list(range(s, min(s + batch_size, len(seqs))))
+        loss, accs = ttt_loss(head, embed, make_batch(seqs, feats, idx, layers), steps, 1.0, tmap)
+        w = len(idx)
+        sums = [a + b * w for a, b in zip(sums, accs)]
+        ce, n = ce + loss.item() * w, n + w
+    head.train(was)
+    return {"acc_by_step": [round(a / n, 4) for a in sums], "soft_ce_mean_over_steps": round(ce / n, 4), "sequences": n}
+
+
+# --------------------------------------------------------------------------- init, save, measure
+
+def init_head(target, d2t: torch.Tensor, t2d: torch.Tensor, seed: int = 0) -> Eagle3Head:
+    """A head warm-started from the target: lm_head = the target's rows of the draft vocabulary,
+    norm = the target's final norm, the hidden half of q/k/v and the MLP copied from the target's
+    last layer, fc = [0, 0, I] (the high layer's features passed through)."""
+    torch.manual_seed(seed)
+    head = Eagle3Head(Eagle3Config.for_target(target, len(d2t)))
+    c, last, H = head.config, target.blocks[-1], head.config.hidden_size
+    with torch.no_grad():
+        head.d2t.copy_(d2t), head.t2d.copy_(t2d)
+        head.lm_head.weight.copy_(target.lm_head.weight[torch.arange(len(d2t)) + d2t])
+        head.norm.weight.copy_(target.norm.weight)
+        head.fc.weight.zero_()
+        head.fc.weight[:, 2 * H:] = torch.eye(H)
+        hq, hk = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        wq, wk, wv = last.attn.wqkv.weight.split([hq, hk, hk])
+        a = head.midlayer.self_attn
+        for proj, w in ((a.q_proj, wq), (a.k_proj, wk), (a.v_proj, wv)):
+            proj.weight[:, :H].mul_(0.1)  # the embedding half: small random
+            proj.weight[:, H:] = w
+        a.o_proj.weight.copy_(last.attn.wo.weight)
+        gate, up = last.mlp.gate_up.weight.chunk(2)
+        m = head.midlayer
+        m.mlp.gate_proj.weight.copy_(gate), m.mlp.up_proj.weight.copy_(up), m.mlp.down_proj.weight.copy_(last.mlp.down.weight)
+        m.hidden_norm.weight.copy_(last.attn_norm.weight)
+        m.post_attention_layernorm.weight.copy_(last.mlp_norm.weight)
+    return head
+
+
+def save_head(head: Eagle3Head, path: Path, record: dict) -> None:
+    """fp16 safetensors in the official key layout (d2t int64, t2d bool) + the JSON record beside it."""
+    from safetensors.torch import save_file
+
+    sd = {k: (v.to(torch.float16) if v.is_floating_point() else v).detach().contiguous() for k, v in head.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(path), metadata={"format": FORMAT, "target": TARGET})
+    path.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def lr_at(step: int, progress: float, lr: float, warmup: int, min_ratio: float = 0.1) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to ``min_ratio * lr`` as
+    ``progress`` (the fraction of the run done: of the steps, or of the time budget) goes to 1."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def progress(step: int, steps: int, elapsed_s: float, minutes: float) -> float:
+    """Fraction of the run done: of ``steps``, or of a ``minutes`` time budget when that comes first."""
+    return max(step / steps, elapsed_s / (60 * minutes) if minutes else 0.0)
+
+
+@torch.inference_mode()
+def measure(target, tok, drafters: dict, prompts: list, max_new_tokens: int = 128) -> dict:
+    """Greedy ``minispec.generate`` with each drafter on ``prompts``: tau (new tokens / target
+    forwards, prefill included), acceptance by depth, and whether every output equals vanilla.
+
+    Args:
+        drafters: name -> zero-argument factory of a fresh drafter.
+        prompts: texts (chat template applied) or token-id lists (used as they are).
+    Returns:
+        {name: {"tau", "acceptance_by_position", "equal_to_vanilla", "new_tokens", "target_forwards", "decode_s"}}
+    """
+    from ..generate import generate
+
+    vanilla = [generate(target, tok, p, max_new_tokens=max_new_tokens) for p in prompts]
+    out = {"vanilla": dict(tau=1.0, new_tokens=sum(v.stats.new_tokens for v in vanilla),
+                           decode_s=round(sum(v.stats.decode_s for v in vanilla), 2))}
+    for name, make in drafters.items():
+        new = fwd = 0
+        equal, tested, accepted, dec = True, [], [], 0.0
+        for p, v in zip(prompts, vanilla):
+            r = generate(target, tok, p, drafter=make(), max_new_tokens=max_new_tokens)
+            equal &= r.tokens == v.tokens
+            new, fwd, dec = new + r.stats.new_tokens, fwd + r.stats.target_forwards, dec + r.stats.decode_s
+            for acc, src in ((tested, r.stats.tested_at_depth), (accepted, r.stats.accepted_at_depth)):
+                acc.extend([0] * (len(src) - len(acc)))
+                for d, x in enumerate(src):
+                    acc[d] += x
+        out[name] = dict(tau=round(new / fwd, 3), equal_to_vanilla=equal, new_tokens=new, target_forwards=fwd,
+                         acceptance_by_position=[round(a / t, 3) for a, t in zip(accepted + [0] * len(tested), tested)],
+                         decode_s=round(dec, 2))
+    return out
+
+
+def measure_prompts(tok, held, n_heldout: int = 8, n_own: int = 4) -> tuple[list, dict]:
+    """The measurement prompts: the first ``n_heldout`` held-out ShareGPT prompts (token ids, chat
+    template included) and the first ``n_own`` of ``minispec.prompts.own_prompts()``."""
+    from ..prompts import own_prompts
+
+    ids = [s.tokens[:s.prompt_len].tolist() for s in held[:n_heldout]]
+    own = [p["prompt"] for p in own_prompts()[:n_own]]
+    return ids + own, dict(heldout_sharegpt=len(ids), own_prompts=len(own))
+
+
+# --------------------------------------------------------------------------- main
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m minispec train eagle3", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=".safetensors path (the .json record goes beside it)")
+    ap.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary: the most frequent training tokens")
+    ap.add_argument("--ttt-steps", type=int, default=5, help="training-time test unroll length")
+    ap.add_argument("--decay", type=float, default=0.8, help="loss weight of unroll step j: decay**j")
+    ap.add_argument("--extra-sharegpt", type=int, default=256, help="ShareGPT conversations added to the distill cache")
+    ap.add_argument("--max-len", type=int, default=320, help="tokens per training sequence")
+    ap.add_argument("--heldout", type=int, default=32)
+    ap.add_argument("--topk", type=int, default=32, help="target log-probs kept per position (soft labels)")
+    ap.add_argument("--steps", type=int, default=600, help="optimizer steps (at most)")
+    ap.add_argument("--minutes", type=float, default=0, help="training time budget; the schedule follows it when it ends first")
+    ap.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--ckpt-every", type=int, default=50)
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast (fp32 weights)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--resume", action="store_true", help="continue from the last resumable checkpoint of --out")
+    ap.add_argument("--measure", action=argparse.BooleanOptionalAction, default=True,
+                    help="after training, measure greedy tau with minispec.generate and store it in the record")
+    ap.add_argument("--measure-only", action="store_true", help="only (re)measure the checkpoint at --out")
+    ap.add_argument("--measure-tokens", type=int, default=128)
+    return ap.parse_args(argv)
+
+
+def load_data(args, target, tok):
+    """Train / held-out sequences and their cached target features (fused layers, top-k)."""
+    from .data import target_features, training_sequences
+
+    train, held = training_sequences(tok, heldout=args.heldout, extra_sharegpt=args.extra_sharegpt, max_len=args.max_len)
+    layers = eagle3_layers(target.cfg.n_layer)
+    feats = target_features(target, train + held, layers=layers, topk=args.topk, name=f"{TARGET}-eagle3")
+    return train, held, feats[:len(train)], feats[len(train):], layers
+
+
+def run_measure(args, target, tok, held, record: dict) -> dict:
+    from ..drafters.loader import load_drafter
+
+    prompts, sizes = measure_prompts(tok, held)
+    head = load_drafter(args.out, target, verbose=False).head
+    trees = {"chain:5": "chain:5", "dynamic:5,8,32": "5,8,32"}
+    res = measure(target, tok, {k: (lambda t=t: Eagle3Drafter(target, head, tree=t)) for k, t in trees.items()},
+                  prompts, args.measure_tokens)
+    record["measured"] = dict(greedy=True, max_new_tokens=args.measure_tokens, prompts=sizes, results=res,
+                              command="python -m minispec train eagle3 --measure-only" +
+                                      ("" if args.out == DEFAULT_OUT else f" --out {args.out}"))
+    args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def main(argv=None) -> dict:
+    """Train (resumably), save fp16 safetensors + JSON record, measure; returns the record."""
+    from tqdm import tqdm
+
+    from ..models import load
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t_start = time.perf_counter()
+    target, tok = load(TARGET)
+    target.requires_grad_(False)
+    train, held, ftrain, fheld, layers = load_data(args, target, tok)
+    if args.measure_only:
+        record = json.loads(args.out.with_suffix(".json").read_text())
+        return run_measure(args, target, tok, held, record)
+
+    counts = torch.bincount(torch.cat([s.tokens for s in train]), minlength=target.cfg.vocab_size)
+    d2t, t2d = build_vocab_map(counts, args.draft_vocab)
+    head = init_head(target, d2t, t2d, args.seed)
+    tmap, embed = target_map(head), target.tok_emb
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    resume_path = cache_dir() / "eagle3" / (args.out.stem + ".resume.pt")
+    start, history, train_s = 0, [], 0.0
+    if args.resume and resume_path.exists():
+        ck = torch.load(resume_path, weights_only=True)
+        head.load_state_dict(ck["head"]), opt.load_state_dict(ck["opt"])
+        start, history, train_s, init_eval = ck["step"], ck["history"], ck["train_s"], ck["init_eval"]
+    else:
+        init_eval = evaluate(head, embed, held, fheld, layers, args.ttt_steps, tmap)
+    held_small, fheld_small = held[:16], fheld[:16]
+
+    t0 = time.perf_counter() - train_s
+    bar = tqdm(range(start, args.steps), desc="eagle3", initial=start, total=args.steps)
+    step = start
+    for step in bar:
+        done = progress(step, args.steps, time.perf_counter() - t0, args.minutes)
+        if done >= 1:
+            break
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, done, args.lr, args.warmup)
+        per_epoch = len(train) // args.batch_size
+        epoch, i = divmod(step, per_epoch)
+        perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(args.seed * 100_003 + epoch))
+        batch = make_batch(train, ftrain, perm[i * args.batch_size:(i + 1) * args.batch_size].tolist(), layers)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss, accs = ttt_loss(head, embed, batch, args.ttt_steps, args.decay, tmap)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{accs[0]:.2f}", accL=f"{accs[-1]:.2f}")
+        if (step + 1) % args.eval_every == 0:
+            ev = evaluate(head, embed, held_small, fheld_small, layers, args.ttt_steps, tmap)
+            history.append(dict(step=step + 1, train_loss=round(loss.item(), 4), grad_norm=round(gnorm.item(), 3),
+                                train_acc_by_step=[round(a, 3) for a in accs], heldout16=ev))
+            bar.write(f"step {step + 1}: held-out(16) acc by step {ev['acc_by_step']}")
+        if (step + 1) % args.ckpt_every == 0 and step + 1 < args.steps:
+            resume_path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(dict(head=head.state_dict(), opt=opt.state_dict(), step=step + 1, history=history,
+                            train_s=time.perf_counter() - t0, init_eval=init_eval), resume_path)
+    else:
+        step = args.steps
+    train_s = time.perf_counter() - t0
+    bar.close()
+
+    final = evaluate(head, embed, held, fheld, layers, args.ttt_steps, tmap)
+    record = dict(
+        format=FORMAT, target=TARGET, config=head.config.to_dict(), target_layers=list(layers), dtype="float16",
+        command="python -m minispec train eagle3 " + " ".join(argv if argv is not None else sys.argv[1:]),
+        settings={k: (_shown(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "resume"},
+        data=dict(source="minispec.train.data.training_sequences (self-distilled ShareGPT cache + extra ShareGPT)",
+                  train_sequences=len(train), heldout_sequences=len(held),
+                  train_tokens=sum(len(s.tokens) for s in train), heldout_tokens=sum(len(s.tokens) for s in held),
+                  draft_vocab_coverage_of_train_tokens=round((counts[t2d].sum() / counts.sum()).item(), 4)),
+        training=dict(steps=step, epochs=round(step * args.batch_size / len(train), 2),
+                      optimizer="AdamW(0.9, 0.95)", schedule=f"linear warm-up {args.warmup}, cosine to 0.1*lr",
+                      loss=f"sum_j {args.decay}^j soft-CE(target top-{args.topk} in draft vocab, q_j), j < {args.ttt_steps}",
+                      init="warm start from the target's last layer / norm / lm_head rows", train_s=round(train_s, 1),
+                      history=history),
+        eval=dict(heldout_before_training=init_eval, heldout=final,
+                  note="teacher-forced: acc_by_step[j] = P(argmax of unroll step j == target argmax)"),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        device=device_info(), versions=versions(),
+    )
+    save_head(head, args.out, record)
+    resume_path.unlink(missing_ok=True)
+    if args.measure:
+        record = run_measure(args, target, tok, held, record)
+    record["run_s"] = round(time.perf_counter() - t_start, 1)
+    args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(dict(out=str(args.out), heldout=final, measured=record.get("measured", {}).get("results")), indent=2))
+    return record
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""EAGLE-3 and Medusa drafters (chapter 3) on the tiny Llama preset: exact drafting, lossless decoding.
+
+Small heads are trained here in a few seconds with the library's own training losses
+(``minispec.train.eagle3.ttt_loss``, ``minispec.train.medusa.medusa_loss``) on the tiny target's
+own greedy text, so their drafts are accepted often enough for the verification to matter.
+"""
+
+import random
+from importlib import resources
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from minispec import generate, load
+from minispec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
+from minispec.drafters.medusa import MedusaDrafter, MedusaHeads
+from minispec.drafters.tree_drafter import TreeSpec
+from minispec.sampling import GREEDY, probs
+from minispec.train.data import Sequence, target_features
+
+pytestmark = pytest.mark.ch03
+
+PROMPTS = ["Hello world, hello world, hello", "abcabcabcabc", "def f(x):\n    return x", "1, 2, 3, 4, 5, 6"]
+TREES = ["chain:4", "eagle", "4,4,12"]  # EAGLE-3
+MEDUSA_TREES = ["chain:4", "medusa", "4,4,12"]  # at most 4 deep: the tiny heads are 4
+# tau floors of the shipped SmolLM2 heads (slow test); their JSON records hold the measurements:
+EAGLE3_TAU_FLOOR = 1.3  # measured 1.75 (dynamic 5,8,32), 12 prompts x 128 tokens, greedy
+MEDUSA_TAU_FLOOR = 1.2  # measured 1.58 (static medusa tree), same prompts
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def data(target):
+    """The tiny target's continuations (half greedy, half sampled at temperature 0.7, top-k 3: the
+    settings tested below) of 64 seeded byte prompts, and its features on them."""
+    model, tok = target
+    rng = random.Random(0)
+    seqs = []
+    for i in range(64):
+        prompt = tok.encode("".join(rng.choice("abcdefgh ,.1234") for _ in range(rng.randint(4, 12))))
+        sampled = dict(temperature=0.7, top_k=3, seed=i) if i % 2 else {}
+        out = generate(model, tok, prompt, max_new_tokens=40, stop_at_eos=False, **sampled)
+        seqs.append(Sequence(torch.tensor(prompt + out.tokens), len(prompt), "test"))
+    feats = target_features(model, seqs, layers=eagle3_layers(model.cfg.n_layer), topk=8, cache=False)
+    return seqs, feats
+
+
+def _train(params, loss_fn, steps, lr=1e-2):
+    opt = torch.optim.AdamW(params, lr=lr)
+    for s in range(steps):
+        loss, accs = loss_fn(s)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return accs
+
+
+@pytest.fixture(scope="module")
+def eagle3_head(target, data):
+    from minispec.train.eagle3 import make_batch, target_map, ttt_loss
+
+    model, _ = target
+    seqs, feats = data
+    torch.manual_seed(0)
+    counts = torch.bincount(torch.cat([s.tokens for s in seqs]), minlength=model.cfg.vocab_size)
+    d2t, t2d = build_vocab_map(counts, 96)
+    head = Eagle3Head(Eagle3Config.for_target(model, 96))
+    with torch.no_grad():
+        head.d2t.copy_(d2t), head.t2d.copy_(t2d)
+    tmap, layers = target_map(head), eagle3_layers(model.cfg.n_layer)
+    batch = make_batch(seqs, feats, list(range(len(seqs))), layers)
+    with torch.no_grad():
+        before = ttt_loss(head, model.tok_emb, batch, 3, 0.8, tmap)[1]
+    after = _train(list(head.parameters()), lambda s: ttt_loss(head, model.tok_emb, batch, 3, 0.8, tmap), 120)
+    head.eval().requires_grad_(False)
+    return head, before, after
+
+
+@pytest.fixture(scope="module")
+def medusa_heads(target, data):
+    from minispec.train.medusa import make_batch, medusa_loss
+
+    model, _ = target
+    seqs, feats = data
+    torch.manual_seed(0)
+    heads = MedusaHeads(model.cfg.d_model, 4, model.cfg.vocab_size)
+    batch = make_batch(seqs, feats, list(range(len(seqs))))
+    lm = model.lm_head.weight.detach()
+    with torch.no_grad():
+        before = medusa_loss(heads, lm, *batch)[1]
+    after = _train(list(heads.parameters()), lambda s: medusa_loss(heads, lm, *batch), 50)
+    heads.eval().requires_grad_(False)
+    return heads, before, after
+
+
+def drafter(kind, model, head, tree):
+    return Eagle3Drafter(model, head, tree=tree) if kind == "eagle3" else MedusaDrafter(model, head, tree=tree)
+
+
+@pytest.fixture(scope="module")
+def heads(eagle3_head, medusa_heads):
+    return {"eagle3": eagle3_head[0], "medusa": medusa_heads[0]}
+
+
+def test_training_improves_accuracy_on_its_data(eagle3_head, medusa_heads):
+    """The library's losses train: top-1 agreement with the target rises on the training text."""
+    _, before, after = eagle3_head
+    assert after[0] > before[0] + 0.3 and after[-1] > before[-1] + 0.3, (before, after)
+    _, before, after = medusa_heads
+    assert after[0] > before[0] + 0.05 and sum(after) > sum(before) + 0.1, (before, after)
+
+
+def test_build_vocab_map_invariants():
+    g = torch.Generator().manual_seed(0)
+    counts = torch.randint(0, 1000, (300,), generator=g)
+    counts[[5, 77, 299]] = 10_000  # the most frequent tokens must be kept
+    d2t, t2d = build_vocab_map(counts, 40)
+    kept = torch.arange(40) + d2t  # target ids of draft ids 0..39
+    assert t2d.dtype == torch.bool and t2d.sum() == 40 and t2d[kept].all()
+    assert (kept[1:] > kept[:-1]).all()  # one draft id per kept token, in target-id order
+    assert t2d[[5, 77, 299]].all()
+    assert counts[t2d].min() >= counts[~t2d].max()  # nothing dropped is more frequent than something kept
+    d2t_full, t2d_full = build_vocab_map(counts, 300)
+    assert t2d_full.all() and (d2t_full == 0).all()
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        build_vocab_map(counts, 301)
+    # draft logits land on their target ids; the rest of the target vocabulary is -inf
+    head = Eagle3Head(Eagle3Config(16, 32, 2, 1, 300, 40))
+    head.d2t.copy_(d2t), head.t2d.copy_(t2d)
+    z = torch.randn(3, 40)
+    full = head.to_target_logits(z)  # [3, 300]
+    assert torch.equal(full[:, kept], z) and torch.isinf(full[:, ~t2d]).all()
+
+
+def _features(model, ctx):
+    with torch.no_grad():
+        o = model(torch.tensor([ctx]), hidden_layers=eagle3_layers(model.cfg.n_layer))
+    return o
+
+
+def _spy(d):
+    """Record the logits _extend returns for every node, keyed by the node's token path."""
+    seen, orig = {}, d._extend
+
+    def spy(tokens, parents):
+        out = orig(tokens, parents)
+        base = len(spy.paths)
+        for j, (t, p) in enumerate(zip(tokens, parents)):
+            spy.paths.append((spy.paths[p] if p >= 0 else []) + [t])
+            seen[tuple(spy.paths[base + j])] = out[j]
+        return out
+    spy.paths = []
+    d._extend = spy
+    return seen
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_eagle3_tree_node_logits_equal_an_unrolled_recomputation(target, eagle3_head, tree):
+    """Each node's logits equal the training-time-test unroll (no KV cache, no tree mask) along its path."""
+    from minispec.train.eagle3 import unroll
+
+    model, tok = target
+    head = eagle3_head[0]
+    ctx = tok.encode("The tree mask at work, the tree")
+    n = len(ctx)
+    o = _features(model, ctx[:-1])
+    d = Eagle3Drafter(model, head, tree=tree)
+    d.prefill(ctx[:-1])
+    d.observe(o.hidden[0], {i: h[0] for i, h in o.layer_inputs.items()})
+    seen = _spy(d)
+    t = d.propose(ctx, GREEDY, budget=10)
+    assert seen and len(t) == TreeSpec.parse(tree).max_nodes
+    fused = torch.cat([o.layer_inputs[i] for i in d.target_layers], -1)  # [1, n-1, 3H]
+    for path, logits in seen.items():
+        tokens = torch.tensor([ctx + list(path)])
+        f = torch.cat([fused, fused.new_zeros(1, len(path) + 1, fused.shape[-1])], 1)  # later features unused
+        with torch.no_grad():
+            ref = unroll(head, model.tok_emb, f, tokens, len(path) + 1)[len(path)][0, n - 2]
+        ref = head.to_target_logits(head.draft_logits(ref))
+        assert torch.equal(torch.isinf(ref), torch.isinf(logits))
+        torch.testing.assert_close(logits[torch.isfinite(ref)], ref[torch.isfinite(ref)], atol=1e-4, rtol=1e-4)
+    assert d.kv.length == n - 1  # the tree was rolled back; the committed positions stay
+
+
+@pytest.mark.parametrize("tree", MEDUSA_TREES)
+def test_medusa_children_of_depth_d_take_head_d(target, medusa_heads, tree):
+    model, tok = target
+    heads = medusa_heads[0]
+    ctx = tok.encode("Medusa heads see only f_{n-2}")
+    o = _features(model, ctx[:-1])
+    d = MedusaDrafter(model, heads, tree=tree)
+    d.prefill(ctx[:-1])
+    d.observe(o.hidden[0], {})
+    seen = _spy(d)
+    t = d.propose(ctx, GREEDY, budget=10)
+    with torch.no_grad():
+        ref = [heads.heads[i][0](o.hidden[0, -1]) @ model.lm_head.weight.t() for i in range(4)]  # head i on f_{n-2}
+    assert seen
+    for path, logits in seen.items():
+        torch.testing.assert_close(logits, ref[len(path)])
+    first = [i for i, p in enumerate(t.parents) if p < 0]
+    assert t.tokens[first[0]] == int(ref[0].argmax())
+
+
+@pytest.mark.parametrize("kind, tree", [("eagle3", t) for t in TREES] + [("medusa", t) for t in MEDUSA_TREES])
+def test_greedy_decoding_equals_vanilla(target, heads, kind, tree):
+    model, tok = target
+    saved = 0
+    for prompt in PROMPTS:
+        vanilla = generate(model, tok, prompt, max_new_tokens=60)
+        spec = generate(model, tok, prompt, drafter=drafter(kind, model, heads[kind], tree), max_new_tokens=60)
+        assert spec.tokens == vanilla.tokens
+        saved += vanilla.stats.target_forwards - spec.stats.target_forwards
+    assert saved > 10  # drafts were accepted: the verification mattered
+
+
+def _exact_law(model, ids, params):
+    exact = {}
+    with torch.no_grad():
+        def p_after(seq):
+            return probs(model(torch.tensor([seq])).logits[0, -1].double(), **params)
+        p1 = p_after(ids)
+        for a in p1.nonzero().flatten().tolist():
+            p2 = p_after(ids + [a])
+            for b in p2.nonzero().flatten().tolist():
+                p3 = p_after(ids + [a, b])
+                for c in p3.nonzero().flatten().tolist():
+                    exact[(a, b, c)] = (p1[a] * p2[b] * p3[c]).item()
+    return exact
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+@pytest.mark.parametrize("tree", ["chain:3", "3,3,6"])
+def test_sampled_decoding_has_the_target_law(target, heads, kind, tree):
+    """First three tokens at temperature 0.7, top-k 3 (27 outcomes): chi-square against the exact law.
+    Chains carry a real q (Leviathan/Chen), trees deterministic drafts (one-hot q)."""
+    model, tok = target
+    params = dict(temperature=0.7, top_k=3)
+    ids = tok.encode("aaaa, ab")
+    exact = _exact_law(model, ids, params)
+    n = 800
+    counts = dict.fromkeys(exact, 0)
+    accepted = 0
+    for s in range(n):
+        r = generate(model, tok, ids, drafter=drafter(kind, model, heads[kind], tree), max_new_tokens=3, seed=s, **params)
+        counts[tuple(r.tokens)] += 1
+        accepted += sum(r.stats.accepted_at_depth)
+    assert accepted > n / 25, accepted  # drafts were accepted (~10% of runs with these tiny heads): verification mattered
+    obs = [counts[k] for k in exact]
+    exp = [exact[k] * n for k in exact]
+    tv = 0.5 * sum(abs(o - e) for o, e in zip(obs, exp)) / n
+    assert chisquare(obs, exp).pvalue > 1e-3 and tv < 0.1, (tv, chisquare(obs, exp).pvalue)
+
+
+def test_drafters_refuse_a_target_of_another_size(target, heads):
+    with pytest.raises(ValueError, match="hidden 64.*hidden 32"):
+        Eagle3Drafter(load("tiny-gpt2-draft")[0], heads["eagle3"])
+    with pytest.raises(ValueError, match="hidden 64.*hidden 32"):
+        MedusaDrafter(load("tiny-gpt2-draft")[0], heads["medusa"])
+    with pytest.raises(ValueError, match="depth 5 needs 5 Medusa heads"):
+        MedusaDrafter(target[0], heads["medusa"], tree="eagle")
+    d = Eagle3Drafter(target[0], heads["eagle3"], tree="chain:2")
+    with pytest.raises(RuntimeError, match="observe"):
+        d.propose([1, 2, 3], GREEDY, budget=2)
+
+
+@pytest.mark.slow
+def test_shipped_heads_on_smollm2_equal_vanilla_and_accept():
+    """The shipped EAGLE-3 and Medusa heads: greedy output equals vanilla, tau above a floor."""
+    from minispec.drafters.loader import load_drafter
+    from minispec.prompts import own_prompts
+
+    model, tok = load("smollm2-135m")
+    prompts = [p["prompt"] for p in own_prompts()[:3]]
+    ck = resources.files("minispec").joinpath("checkpoints")
+    floors = {"smollm2-135m-eagle3": ("5,8,32", EAGLE3_TAU_FLOOR), "smollm2-135m-medusa": ("medusa", MEDUSA_TAU_FLOOR)}
+    for name, (tree, floor) in floors.items():
+        new = fwd = 0
+        for p in prompts:
+            v = generate(model, tok, p, max_new_tokens=64)
+            r = generate(model, tok, p, drafter=load_drafter(str(ck.joinpath(name + ".safetensors")), model, tree=tree,
+                                                             verbose=False), max_new_tokens=64)
+            assert r.tokens == v.tokens, (name, p)
+            new, fwd = new + r.stats.new_tokens, fwd + r.stats.target_forwards
+        assert new / fwd > floor, (name, new / fwd)
+
