@@ -1,0 +1,253 @@
+"""Checks of chapter 3's exercises (solutions/ch03_eagle.py): EAGLE feature drafting.
+
+    3.1 eagle_input       the EAGLE-1 head's input rows cat[embed(x_{j+1}), f_j] (the shifted pairs)
+    3.2 eagle_loss        SmoothL1(features) + w_cls x soft cross-entropy against the target's top-K
+    3.3 build_vocab_map   EAGLE-3's draft vocabulary: d2t offsets and the t2d mask
+    3.4 to_target_logits  draft-vocabulary logits scattered into the target vocabulary, -inf elsewhere
+
+References are minispec's own code: 3.1 the input that ``EagleDrafter`` feeds its head's ``fc``
+(captured with a forward pre-hook while it drafts), 3.2 ``minispec.train.eagle.eagle_loss`` (the
+loss that trained the shipped head, value and gradient), 3.3
+``minispec.drafters.eagle3.build_vocab_map``, 3.4 ``Eagle3Head.to_target_logits``; all on seeded
+random tensors.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+import torch.nn as nn
+
+from minispec.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
+from minispec.drafters.eagle3 import Eagle3Config, Eagle3Head
+from minispec.drafters.eagle3 import build_vocab_map as lib_build_vocab_map
+from minispec.sampling import GREEDY
+from minispec.train import eagle as train_eagle
+
+from .checks import exercise, get
+
+TITLE = "EAGLE feature drafting: the head's input, its loss, EAGLE-3's draft vocabulary"
+MODULE = "ch03_eagle"
+EXERCISES: list = []
+
+
+# --------------------------------------------------------------------------- the library behind the signatures
+def _stub_target(embedding: torch.Tensor):
+    """The parts of a target an EagleDrafter touches: tok_emb, lm_head, cfg, device, dtype."""
+    V, H = embedding.shape
+    return SimpleNamespace(tok_emb=nn.Embedding.from_pretrained(embedding), lm_head=nn.Linear(H, V, bias=False),
+                           cfg=SimpleNamespace(d_model=H, vocab_size=V, name="stub", arch="stub"),
+                           device=embedding.device, dtype=embedding.dtype)
+
+
+@torch.no_grad()
+def library_eagle_input(embedding: torch.Tensor, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+    """What ``EagleDrafter`` feeds its head's ``fc`` for this context, captured with a pre-hook.
+
+    The drafter gets ``features`` through ``observe`` (as ``minispec.generate`` hands them over)
+    and drafts one token; the hook records the [n-1, 2H] rows of its first head call.
+    """
+    V, H = embedding.shape
+    target = _stub_target(embedding)
+    head = EagleHead(EagleConfig(hidden_size=H, num_attention_heads=1, num_key_value_heads=1, head_dim=2,
+                                 intermediate_size=4, vocab_size=V)).to(embedding.dtype)
+    seen = []
+    hook = head.fc.register_forward_pre_hook(lambda mod, args: seen.append(args[0][0].clone()))
+    try:
+        d = EagleDrafter(target, head, tree="chain:1")
+        d.prefill(list(tokens[:-1]))
+        d.observe(features)
+        d.propose(list(tokens), GREEDY, budget=1)
+    finally:
+        hook.remove()
+    return seen[0]  # [n-1, 2H]
+
+
+def library_loss(pred_feat, target_feat, pred_logits, top_idx, top_logp, w_cls=0.1):
+    """``minispec.train.eagle.eagle_loss`` on N positions, through stubs of the head and the target.
+
+    The training loss takes a batch (tokens, features, top-k, mask) and computes the head's
+    prediction itself; here one sequence of N + 1 positions carries the given tensors, the stub
+    head returns ``pred_feat`` and the stub LM head returns ``pred_logits`` (CE on every position:
+    ce_frac 1, no feature noise).
+    """
+    N, H = pred_feat.shape
+    K = top_idx.shape[1]
+
+    def lm_head(x):  # x [M, H]: rows of pred_feat in the loss's random order -> the same rows of pred_logits
+        match = (x.detach()[:, None, :] == pred_feat.detach()[None]).all(-1)  # [M, N]
+        return pred_logits[match.float().argmax(-1)]  # [M, V] (rows of pred_feat are assumed distinct)
+
+    hidden = torch.cat([torch.zeros(1, H, dtype=target_feat.dtype), target_feat])[None]  # [1, N+1, H]
+    tops = lambda t: torch.cat([torch.zeros(1, K, dtype=t.dtype), t])[None]  # noqa: E731  row r+1 <- position r
+    batch = (torch.zeros(1, N + 1, dtype=torch.long), hidden, tops(top_idx), tops(top_logp),
+             torch.ones(1, N, dtype=torch.bool))
+    target = SimpleNamespace(tok_emb=lambda t: torch.zeros(*t.shape, H), lm_head=lm_head)
+    head = lambda emb, feat, pos: pred_feat[None]  # noqa: E731  [1, N, H]
+    loss, _, _, _ = train_eagle.eagle_loss(head, target, batch, w_cls, 1.0, 0.0, torch.Generator().manual_seed(0))
+    return loss
+
+
+def library_to_target_logits(draft_logits: torch.Tensor, d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``Eagle3Head.to_target_logits`` of a small head holding ``d2t``."""
+    head = Eagle3Head(Eagle3Config(hidden_size=8, intermediate_size=8, num_attention_heads=1, num_key_value_heads=1,
+                                   vocab_size=vocab_size, draft_vocab_size=d2t.numel()))
+    head.d2t.copy_(d2t)
+    return head.to_target_logits(draft_logits)
+
+
+def library():
+    """minispec's own functions behind the exercises' signatures (``--impl minispec``)."""
+    return SimpleNamespace(__name__="minispec.drafters.eagle / eagle3, minispec.train.eagle (chapter 3 adapter)",
+                           eagle_input=library_eagle_input, eagle_loss=library_loss,
+                           build_vocab_map=lib_build_vocab_map, to_target_logits=library_to_target_logits)
+
+
+# --------------------------------------------------------------------------- helpers
+def _tensor(x, what: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise AssertionError(f"{what} must return a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, what: str, where: str, atol=1e-5, rtol=1e-5) -> None:
+    if tuple(got.shape) != tuple(want.shape):
+        raise AssertionError(f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)} {where}")
+    g, w = got.detach().double(), want.detach().double()
+    if not torch.allclose(g, w, atol=atol, rtol=rtol, equal_nan=False):
+        bad = ((g - w).abs() > atol + rtol * w.abs()) | (g.isinf() != w.isinf())
+        i = tuple(bad.nonzero()[0].tolist()) if bad.any() else ()
+        raise AssertionError(f"{what}{list(i)} = {g[i].item():.6g}, expected {w[i].item():.6g} {where}")
+
+
+# --------------------------------------------------------------------------- 3.1
+@exercise(EXERCISES, "3.1", "eagle_input")
+def check_eagle_input(impl):
+    fn = get(impl, "eagle_input")
+    g = torch.Generator().manual_seed(31)
+    for k, (V, H, n) in enumerate([(11, 4, 2), (17, 6, 5), (40, 8, 12), (9, 2, 3)]):
+        emb = torch.randn(V, H, generator=g)  # [V, H]
+        tokens = torch.randint(0, V, (n,), generator=g).tolist()
+        feats = torch.randn(n - 1, H, generator=g)  # [n-1, H] f_0..f_{n-2}
+        want = library_eagle_input(emb, tokens, feats)  # [n-1, 2H]
+        got = _tensor(fn(emb.clone(), list(tokens), feats.clone()), "eagle_input")
+        where = f"for n={n} tokens {tokens}, H={H} (row j = cat[embedding[x_(j+1)], f_j], as EagleDrafter feeds fc)"
+        if tuple(got.shape) == tuple(want.shape) and not torch.allclose(got.double(), want.double(), atol=1e-6):
+            swapped = torch.cat([want[:, H:], want[:, :H]], -1)
+            unshifted = torch.cat([emb[torch.tensor(tokens[:-1])], feats], -1)
+            if torch.allclose(got.double(), swapped.double(), atol=1e-6):
+                raise AssertionError(f"the feature comes first in your rows: EAGLE concatenates the embedding FIRST, "
+                                     f"then the feature, {where}")
+            if torch.allclose(got.double(), unshifted.double(), atol=1e-6):
+                raise AssertionError(f"row j pairs f_j with x_j, the token that PRODUCED it; EAGLE pairs it with the "
+                                     f"next token x_(j+1) (the shift), {where}")
+        _close(got, want, "row", where, atol=1e-6, rtol=0)
+
+
+# --------------------------------------------------------------------------- 3.2
+def _loss_case(g, N, H, V, K):
+    pred = torch.randn(N, H, generator=g, requires_grad=True)
+    tgt = torch.randn(N, H, generator=g) * 1.5  # some |differences| > 1: both SmoothL1 branches
+    W = torch.randn(V, H, generator=g) / H ** 0.5  # [V, H] a stand-in LM head
+    full = torch.log_softmax(2 * torch.randn(N, V, generator=g), -1)
+    top_logp, top_idx = full.topk(K, dim=-1)  # [N, K]: sums below 1 unless K = V
+    return pred, tgt, W, top_idx, top_logp
+
+
+@exercise(EXERCISES, "3.2", "eagle_loss")
+def check_eagle_loss(impl):
+    fn = get(impl, "eagle_loss")
+    g = torch.Generator().manual_seed(32)
+    for N, H, V, K, w in [(6, 4, 10, 3, 0.1), (9, 8, 20, 5, 0.1), (4, 6, 12, 12, 0.5), (5, 4, 16, 1, 0.0),
+                          (7, 5, 30, 4, 2.0)]:
+        pred, tgt, W, top_idx, top_logp = _loss_case(g, N, H, V, K)
+        where = f"for N={N}, H={H}, V={V}, K={K}, w_cls={w}"
+        ref = library_loss(pred, tgt, pred @ W.T, top_idx, top_logp, w)
+        (want_grad,) = torch.autograd.grad(ref, pred)
+        got = _tensor(fn(pred, tgt.clone(), pred @ W.T, top_idx.clone(), top_logp.clone(), w), "eagle_loss")
+        if got.numel() != 1:
+            raise AssertionError(f"eagle_loss must return a scalar (mean over positions), got shape {tuple(got.shape)} {where}")
+        got = got.reshape(())
+        if not abs(got.item() - ref.item()) <= 1e-5 * (1 + abs(ref.item())):
+            l1 = torch.nn.functional.smooth_l1_loss(pred, tgt).item()
+            ce = (ref.item() - l1) / w if w else float("nan")
+            raise AssertionError(f"loss = {got.item():.6g}, expected {ref.item():.6g} (minispec.train.eagle.eagle_loss: "
+                                 f"SmoothL1 {l1:.6g} + {w} x soft CE {ce:.6g}) {where}")
+        if not got.requires_grad:
+            raise AssertionError(f"the loss does not depend differentiably on pred_feat / pred_logits (detached? "
+                                 f"built with .item() or numpy?): it could not train the head {where}")
+        (grad,) = torch.autograd.grad(got, pred)
+        _close(grad, want_grad, "d loss / d pred_feat", f"(gradient through the features and the logits) {where}")
+
+
+# --------------------------------------------------------------------------- 3.3
+@exercise(EXERCISES, "3.3", "build_vocab_map")
+def check_build_vocab_map(impl):
+    fn = get(impl, "build_vocab_map")
+    g = torch.Generator().manual_seed(33)
+    cases = [("counts [5, 1, 5, 0, 2]", torch.tensor([5, 1, 5, 0, 2]), 3),
+             ("counts [0, 0, 0, 0]", torch.zeros(4, dtype=torch.long), 2)]
+    for k in range(12):
+        V = (8, 30, 200)[k % 3]
+        counts = torch.randint(0, (3, 10, 1000)[k % 3], (V,), generator=g)  # small ranges: many ties
+        cases.append((f"random counts #{k} (V={V})", counts, int(torch.randint(1, V + 1, (1,), generator=g))))
+    cases.append(("all kept (Vd = V)", torch.randint(0, 5, (12,), generator=g), 12))
+    for desc, counts, Vd in cases:
+        want_d2t, want_t2d = lib_build_vocab_map(counts, Vd)
+        out = fn(counts.clone(), Vd)
+        try:
+            d2t, t2d = out
+        except (TypeError, ValueError):
+            raise AssertionError(f"build_vocab_map must return (d2t, t2d), got {out!r}") from None
+        d2t, t2d = _tensor(d2t, "build_vocab_map's d2t"), _tensor(t2d, "build_vocab_map's t2d")
+        where = f"for {desc}, draft_vocab_size={Vd}"
+        if t2d.dtype != torch.bool:
+            raise AssertionError(f"t2d must be a bool tensor [V], got dtype {t2d.dtype} {where}")
+        if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
+            raise AssertionError(f"d2t must hold integer offsets (torch.long), got dtype {d2t.dtype} {where}")
+        if tuple(t2d.shape) == tuple(want_t2d.shape) and not torch.equal(t2d, want_t2d):
+            i = int((t2d != want_t2d).nonzero()[0])
+            raise AssertionError(f"t2d[{i}] = {bool(t2d[i])}, expected {bool(want_t2d[i])} (token {i} occurs "
+                                 f"{int(counts[i])} times; keep the {Vd} most frequent, ties to the lower id) {where}")
+        if tuple(d2t.shape) == tuple(want_d2t.shape) and not torch.equal(d2t.long(), want_d2t):
+            kept = (torch.arange(Vd) + want_d2t).tolist()
+            if torch.equal(d2t.long(), torch.tensor(kept)):
+                raise AssertionError(f"d2t holds the target ids themselves; it holds OFFSETS: "
+                                     f"target_id = draft_id + d2t[draft_id] {where}")
+        _close(t2d.long(), want_t2d.long(), "t2d", where, atol=0, rtol=0)
+        _close(d2t.long(), want_d2t, "d2t", f"{where} (draft ids follow increasing target ids)", atol=0, rtol=0)
+    for bad in (0, 9):
+        try:
+            fn(torch.ones(8, dtype=torch.long), bad)
+        except ValueError:
+            continue
+        except Exception as e:
+            raise AssertionError(f"build_vocab_map(counts of V=8, {bad}) raised {type(e).__name__}: {e}; "
+                                 f"expected ValueError") from None
+        raise AssertionError(f"build_vocab_map(counts of V=8, {bad}) returned instead of raising ValueError")
+
+
+# --------------------------------------------------------------------------- 3.4
+@exercise(EXERCISES, "3.4", "to_target_logits")
+def check_to_target_logits(impl):
+    fn = get(impl, "to_target_logits")
+    g = torch.Generator().manual_seed(34)
+    for k, (V, Vd, lead) in enumerate([(10, 4, ()), (30, 7, (3,)), (50, 50, (2,)), (64, 16, (2, 3)), (5, 1, ())]):
+        counts = torch.randint(0, 20, (V,), generator=g)
+        d2t, _ = lib_build_vocab_map(counts, Vd)
+        logits = torch.randn(*lead, Vd, generator=g, dtype=(torch.float32, torch.float64)[k % 2])
+        want = library_to_target_logits(logits, d2t, V)
+        got = _tensor(fn(logits.clone(), d2t.clone(), V), "to_target_logits")
+        where = f"for V={V}, Vd={Vd}, draft logits of shape {tuple(logits.shape)}, d2t={d2t.tolist()}"
+        if got.dtype != logits.dtype:
+            raise AssertionError(f"the result has dtype {got.dtype}, expected the draft logits' {logits.dtype} {where}")
+        if tuple(got.shape) == tuple(want.shape):
+            outside = want.isinf()
+            _close(got.where(~outside, want), want, "logits", f"(draft id i goes to target id i + d2t[i]) {where}",
+                   atol=0, rtol=0)
+            if outside.any() and not (got[outside] == float("-inf")).all():
+                v = got[outside][got[outside] != float("-inf")][0].item()
+                raise AssertionError(f"a target id outside the draft vocabulary has logit {v:.4g}, expected -inf "
+                                     f"(probability exactly 0 under the draft) {where}")
+        _close(got, want, "logits", where, atol=0, rtol=0)

@@ -1,0 +1,141 @@
+"""Chapter 3 exercises: EAGLE feature drafting (the head's input, its loss, EAGLE-3's draft vocabulary).
+
+References:
+    Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty" (2024):
+        the head reads (embedding of the NEXT token, target feature) pairs and regresses the
+        next feature, trained with SmoothL1 + 0.1 x cross-entropy.
+    Li et al., "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via
+        Training-Time Test" (2025): fused low/mid/high features, no feature loss, and a reduced
+        draft vocabulary mapped back to the target's with ``d2t`` / ``t2d``.
+
+Notation: x_0..x_{n-1} the tokens, f_t [H] the target's last hidden state (after its final
+norm) at position t, i.e. the feature that produced the target's distribution of x_{t+1};
+V the target vocabulary, Vd the draft vocabulary (EAGLE-3).
+
+The library versions are ``minispec/drafters/eagle.py`` (``EagleHead``, ``EagleDrafter``),
+``minispec/train/eagle.py`` (``eagle_loss``) and ``minispec/drafters/eagle3.py``
+(``build_vocab_map``, ``Eagle3Head.to_target_logits``).
+
+Check your work: ``python -m minispec grade 3``, or ``minispec.grading.check("3.1")``, or
+``pytest tests/test_exercises.py -m ch03 --impl exercises``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def eagle_input(embedding: torch.Tensor, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
+    """The EAGLE-1 head's input rows for a context: the shifted (token, feature) pairs.
+
+    Head position j pairs the feature f_j with the embedding of the token that FOLLOWS it,
+    x_{j+1} (the token the target actually emitted from f_j: this removes the head's
+    uncertainty about which branch the text took), and concatenates them embedding FIRST:
+
+        row j = cat[embedding[x_{j+1}], f_j]      for j = 0 .. n-2
+
+    (the head then applies ``fc`` [H, 2H] to each row). The last token x_{n-1} has no feature
+    yet: the target has not run on it.
+
+    Args:
+        embedding: [V, H] the target's token embedding matrix.
+        tokens: the context x_0..x_{n-1}, n >= 2 token ids.
+        features: [n-1, H] target features f_0..f_{n-2}.
+    Returns:
+        [n-1, 2H] float tensor, row j = cat[embedding[x_{j+1}], f_j].
+    """
+    # EXERCISE 3.1: pair token x_{j+1} with feature f_j, embedding first
+    # BEGIN SOLUTION
+    emb = embedding[torch.as_tensor(tokens[1:], dtype=torch.long)]  # [n-1, H] embeddings of x_1..x_{n-1}
+    return torch.cat([emb, features], dim=-1)  # [n-1, 2H]
+    # END SOLUTION
+
+
+def eagle_loss(pred_feat: torch.Tensor, target_feat: torch.Tensor, pred_logits: torch.Tensor,
+               top_idx: torch.Tensor, top_logp: torch.Tensor, w_cls: float = 0.1) -> torch.Tensor:
+    """EAGLE-1's training loss on N positions: feature regression + w_cls x soft cross-entropy.
+
+        loss = SmoothL1(pred_feat, target_feat) + w_cls * CE
+
+    SmoothL1 is ``torch.nn.functional.smooth_l1_loss`` with its defaults (beta 1, mean over all
+    N x H elements). CE is the cross-entropy of the head's distribution softmax(pred_logits)
+    against the target's distribution, which the training data stores as its top-K only:
+    renormalise it over the K kept tokens, p = softmax(top_logp), then
+
+        CE = mean over rows of  -sum_k p_k * log softmax(pred_logits)[top_idx_k]
+
+    The loss must stay differentiable (it trains the head): use torch operations only.
+
+    Args:
+        pred_feat: [N, H] the head's predicted features g_{t+1}.
+        target_feat: [N, H] the target's true features f_{t+1}.
+        pred_logits: [N, V] the target's LM head applied to pred_feat.
+        top_idx: [N, K] long, the target's K most likely next tokens at each position.
+        top_logp: [N, K] their log-probabilities under the target (they need not sum to 1).
+        w_cls: weight of the classification term (EAGLE: 0.1).
+    Returns:
+        Scalar tensor, the loss.
+    """
+    # EXERCISE 3.2: SmoothL1 on features + w_cls * soft cross-entropy against the target's top-K
+    # BEGIN SOLUTION
+    l1 = F.smooth_l1_loss(pred_feat, target_feat)
+    p = torch.softmax(top_logp.float(), dim=-1)  # [N, K] renormalised over the kept tokens
+    logq = torch.log_softmax(pred_logits.float(), dim=-1)  # [N, V]
+    ce = -(p * logq.gather(1, top_idx)).sum(-1).mean()
+    return l1 + w_cls * ce
+    # END SOLUTION
+
+
+def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE-3's draft vocabulary: the ``draft_vocab_size`` most frequent target tokens.
+
+    The kept target ids are sorted increasingly; draft id i is the i-th of them. On equal counts
+    the LOWER target id is kept first. Two tensors encode the map, as in the official checkpoints:
+
+        d2t [Vd] long: target_id = draft_id + d2t[draft_id]   (an offset, not the id itself)
+        t2d [V] bool:  t2d[target_id] is True iff the target id is in the draft vocabulary
+
+    Args:
+        token_counts: [V] how often each target token occurs in the training data.
+        draft_vocab_size: Vd, 1 <= Vd <= V.
+    Returns:
+        (d2t, t2d).
+    Raises:
+        ValueError: if draft_vocab_size is not in 1..V.
+    """
+    # EXERCISE 3.3: keep the Vd most frequent ids (ties: lower id), sorted; offsets d2t and mask t2d
+    # BEGIN SOLUTION
+    V = token_counts.numel()
+    if not 1 <= draft_vocab_size <= V:
+        raise ValueError(f"draft_vocab_size must be in 1..{V}, got {draft_vocab_size}")
+    order = sorted(range(V), key=lambda t: (-float(token_counts[t]), t))  # most frequent first, ties: lower id
+    kept = torch.tensor(sorted(order[:draft_vocab_size]), dtype=torch.long)  # [Vd] increasing target ids
+    d2t = kept - torch.arange(draft_vocab_size)  # [Vd] offsets
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[kept] = True
+    return d2t, t2d
+    # END SOLUTION
+
+
+def to_target_logits(draft_logits: torch.Tensor, d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Scatter EAGLE-3's draft-vocabulary logits into the target's vocabulary.
+
+    Draft id i is target id i + d2t[i]; every target id outside the draft vocabulary gets
+    logit -inf, so it has probability exactly 0 under the draft (the verifier then knows q is 0
+    there, and the target can still emit such tokens through the residual / bonus token).
+
+    Args:
+        draft_logits: [..., Vd] logits over the draft vocabulary (any leading dimensions).
+        d2t: [Vd] long offsets (``build_vocab_map``).
+        vocab_size: V, the target's vocabulary size.
+    Returns:
+        [..., V] logits, same dtype as draft_logits, -inf outside the draft vocabulary.
+    """
+    # EXERCISE 3.4: place draft id i at target id i + d2t[i]; -inf elsewhere
+    # BEGIN SOLUTION
+    Vd = draft_logits.shape[-1]
+    out = draft_logits.new_full((*draft_logits.shape[:-1], vocab_size), float("-inf"))  # [..., V]
+    out[..., torch.arange(Vd) + d2t] = draft_logits
+    return out
+    # END SOLUTION
