@@ -194,7 +194,7 @@ def test_shipped_smollm2_head_is_lossless_and_fast():
 
     model, tok = load("smollm2-135m")
     prompts = [p["prompt"] for p in own_prompts()[:3]]
-    for tree, floor in (("chain:5", 1.2), ("5,8,32", 1.4)):  # measured 1.35 and FILL (3 prompts x 64 tokens)
+    for tree, floor in (("chain:5", 1.2), ("5,8,32", 1.4)):  # measured 1.35 and 1.68 (3 prompts x 64 tokens)
         new = forwards = 0
         for prompt in prompts:
             vanilla = generate(model, tok, prompt, max_new_tokens=64)
@@ -202,4 +202,3 @@ def test_shipped_smollm2_head_is_lossless_and_fast():
             assert spec.tokens == vanilla.tokens
             new, forwards = new + spec.stats.new_tokens, forwards + spec.stats.target_forwards
         assert new / forwards > floor, (tree, new / forwards)
-        print(tree, round(new / forwards, 3))
