@@ -83,3 +83,10 @@ def test_tune_cli_on_a_tiny_model(tmp_path):
     assert "choice:" in out.stdout and "candidates at batch 1" in out.stdout
     saved = json.loads((tmp_path / "t.json").read_text())
     assert saved["choice"] in ("vanilla", "pld") and saved["device"]
+
+
+def test_cost_curve_is_non_decreasing(tiny):
+    model, _, _ = tiny
+    curve = dispatch.verify_cost_curve(model, sizes=(8, 0, 2, 4, 16), context=16, reps=1)[1]
+    values = [curve[n] for n in sorted(curve)]
+    assert values == sorted(values) and list(curve) == [0, 2, 4, 8, 16]
