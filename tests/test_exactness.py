@@ -158,7 +158,8 @@ def test_tree_chain_and_verify_chain_have_the_same_outcome_law():
 def test_empirical_suite_passes_and_controls_fail():
     n = 20000
     records, controls = ex.run_empirical_suite(n_samples=n, seed=0, control_samples=5000)
-    assert len(records) == 7 and len(controls) == len(ex.CONTROLS)
+    assert len(records) == 10 and len(controls) == len(ex.CONTROLS)
+    assert {"tree21_mss_replacement", "tree21_mss_no_replacement", "tree21_onehot"} <= {r["verifier"] for r in records}
     for r in records:
         assert r["samples"] == n
         assert r["tv"] < ex.tv_bound(n, int(r["setting"].split("/V")[1])), r
