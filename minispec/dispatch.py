@@ -5,17 +5,26 @@ committed per target forward, but the verify forward of N + 1 tokens costs more 
 of one, and more so as the batch grows and the GPU (or CPU) leaves its memory-bound regime.
 The dispatcher measures both sides on the user's machine and predicts, for each candidate c:
 
-    tokens/s (per sequence) = tau_c / (t_verify(N_c, batch) + t_draft(c) + t_loop)
+    tokens/s (per sequence) = tau_c / (t_verify(N_c, batch) + t_draft(c) + t_loop(c))
 
     t_verify(N, b)  measured: one target forward of N + 1 new tokens with a tree mask, after a
-                    context of ``context`` tokens, batch b (the cost curve ``tune`` prints)
+                    context of ``context`` tokens, batch b (the cost curve ``tune`` prints),
+                    averaged over the tree sizes c actually proposed (prompt lookup, say, often
+                    proposes nothing)
     t_draft(c)      measured: mean time of one ``propose`` of c's drafter in a calibration run
-    tau_c           measured: tokens per target forward in the same calibration run
-    t_loop          measured: vanilla decoding's time per step minus t_verify(0, 1) (sampling,
-                    verification bookkeeping, Python)
+    tau_c           measured: new tokens per decode step in the same calibration run
+    t_loop(c)       measured: c's own time per decode step minus t_verify(N, 1) and t_draft(c)
+                    (sampling, verification, KV compaction, the feature hand-off, Python): each
+                    method pays its own, so a cheap drafter with a costly loop is not flattered.
+                    It is a residual and may be negative: the curve is measured after
+                    ``context`` cached tokens with an explicit tree mask, and a chain over a
+                    shorter prompt verifies faster than that
 
-and picks the best. Vanilla decoding (tau 1, no draft) is always a candidate, so the choice is
-never slower than no speculation by the model's own account.
+and picks the best. At batch 1 the prediction is, by construction, the decode speed the
+calibration run measured; the cost curve carries it to the batch size asked for. The calibration
+runs are interleaved (every candidate on prompt 1, then every candidate on prompt 2, ...) so that
+the drift of a shared machine hits every candidate alike. Vanilla decoding (tau 1, no draft) is
+always a candidate, so the choice is never slower than no speculation by the model's own account.
 
 Reference: Tang et al. (Meta), "Efficient Speculative Decoding for Llama at Scale: Challenges
 and Solutions" (2025), section 3.4 (choosing the tree by batch size from measured costs).
@@ -40,12 +49,14 @@ DEFAULT_SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 @dataclass
 class CandidateResult:
     method: str
-    nodes: int  # tree size N (draft tokens verified per step)
-    tau: float
+    nodes: int  # mean tree size N (draft tokens verified per step)
+    tau: float  # new tokens per target forward, prefill included (as ``bench`` reports it)
+    step_tokens: float  # new tokens per decode step (prefill excluded): the cost model's tau
     draft_s: float  # per step
-    verify_s: float  # t_verify(N, batch) from the cost curve
+    verify_s: float  # t_verify(N, batch) from the cost curve, averaged over the steps' tree sizes
+    loop_s: float  # the rest of this method's step: measured step time - t_verify(N, 1) - draft_s (a residual)
     predicted_tok_s: float
-    calibration_tok_s: float  # what the calibration run itself measured (batch 1)
+    calibration_tok_s: float  # what the calibration run itself measured (batch 1, prefill included)
 
 
 @dataclass
@@ -54,7 +65,6 @@ class TuneResult:
     batch_size: int
     context: int
     cost_curve: dict  # {batch: {N: seconds}}
-    loop_s: float
     candidates: list[CandidateResult] = field(default_factory=list)
     choice: str = "vanilla"
     skipped: dict = field(default_factory=dict)  # method -> why it could not run
@@ -123,14 +133,17 @@ def interpolate(curve_b: dict, n: int) -> float:
 
 def predicted_tokens_per_s(tau: float, verify_s: float, draft_s: float, loop_s: float = 0.0) -> float:
     """The dispatcher's cost model: tokens per second of one sequence."""
-    return tau / (verify_s + draft_s + loop_s)
+    step_s = verify_s + draft_s + loop_s
+    if step_s <= 0:
+        raise ValueError(f"a decode step must take positive time, got verify {verify_s} + draft {draft_s} + loop {loop_s} s")
+    return tau / step_s
 
 
 class _Timed:
     """Wraps a drafter and accumulates the time spent in ``propose``."""
 
     def __init__(self, drafter):
-        self.inner, self.seconds, self.calls, self.nodes = drafter, 0.0, 0, 0
+        self.inner, self.seconds, self.sizes = drafter, 0.0, []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -139,8 +152,7 @@ class _Timed:
         t = time.perf_counter()
         tree = self.inner.propose(*args, **kw)
         self.seconds += time.perf_counter() - t
-        self.calls += 1
-        self.nodes += len(tree)
+        self.sizes.append(len(tree))
         return tree
 
 
@@ -170,30 +182,40 @@ def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", cand
     methods = methods or Methods(target, model_name)
     batches = sorted({1, batch_size})
     curve = verify_cost_curve(target, sizes, batches, context)
-    result = TuneResult(model_name, batch_size, context, curve, 0.0)
-    runs = {}
-    for c in tqdm(["vanilla"] + [c for c in candidates if c != "vanilla"], desc="tune", disable=not progress):
+    result = TuneResult(model_name, batch_size, context, curve)
+    drafters = {}
+    for c in ["vanilla"] + [c for c in candidates if c != "vanilla"]:
         try:
             inner = methods.drafter(c)
         except (FileNotFoundError, ValueError, ImportError) as e:
             result.skipped[c] = f"{type(e).__name__}: {e}"
             continue
-        d = _Timed(inner) if inner is not None else None
-        tokens = forwards = 0
-        seconds = 0.0
-        for p in prompts:
-            r = generate(target, tok, p, drafter=d, max_new_tokens=max_new_tokens)
-            tokens, forwards, seconds = tokens + r.stats.new_tokens, forwards + r.stats.target_forwards, seconds + r.stats.total_s
-        steps = forwards - len(prompts)  # decode steps (prefills excluded)
-        runs[c] = dict(tau=tokens / forwards, draft_s=d.seconds / max(d.calls, 1) if d else 0.0,
-                       nodes=round(d.nodes / max(d.calls, 1)) if d else 0, tok_s=tokens / seconds,
-                       step_s=seconds / max(steps, 1))
-    result.loop_s = max(0.0, runs["vanilla"]["step_s"] - curve[1][0])
+        drafters[c] = _Timed(inner) if inner is not None else None
+    runs = {c: dict(tokens=0, forwards=0, decode_s=0.0, total_s=0.0) for c in drafters}
+    bar = tqdm(total=len(prompts) * len(drafters), desc="tune", disable=not progress)
+    for p in prompts:  # interleaved: every candidate on this prompt, then the next prompt
+        for c, d in drafters.items():
+            s = generate(target, tok, p, drafter=d, max_new_tokens=max_new_tokens).stats
+            m = runs[c]
+            m["tokens"] += s.new_tokens - 1  # the prefill's token is not a decode step's
+            m["forwards"] += s.target_forwards - 1
+            m["decode_s"] += s.decode_s
+            m["total_s"] += s.total_s
+            bar.update()
+    bar.close()
+    n = len(prompts)
     for c, m in runs.items():
-        v = interpolate(curve[batch_size], m["nodes"])
-        result.candidates.append(CandidateResult(c, m["nodes"], m["tau"], m["draft_s"], v,
-                                                 predicted_tokens_per_s(m["tau"], v, m["draft_s"], result.loop_s),
-                                                 m["tok_s"]))
+        d = drafters[c]
+        steps = max(m["forwards"], 1)
+        sizes_ = d.sizes if d is not None and d.sizes else [0]
+        draft_s = d.seconds / len(d.sizes) if d is not None and d.sizes else 0.0
+        v1 = sum(interpolate(curve[1], k) for k in sizes_) / len(sizes_)
+        vb = sum(interpolate(curve[batch_size], k) for k in sizes_) / len(sizes_)
+        loop_s = m["decode_s"] / steps - v1 - draft_s  # the residual (see the module docstring)
+        step_tokens = m["tokens"] / steps
+        result.candidates.append(CandidateResult(
+            c, round(sum(sizes_) / len(sizes_)), (m["tokens"] + n) / (m["forwards"] + n), step_tokens, draft_s, vb,
+            loop_s, predicted_tokens_per_s(step_tokens, vb, draft_s, loop_s), (m["tokens"] + n) / m["total_s"]))
     result.choice = max(result.candidates, key=lambda r: r.predicted_tok_s).method
     return result
 
@@ -205,15 +227,16 @@ def format_tune(r: TuneResult) -> str:
     lines.append("  batch " + "".join(f"{'N=' + str(n):>8}" for n in sizes))
     for b, c in r.cost_curve.items():
         lines.append(f"  {b:>5} " + "".join(f"{c[n] * 1e3:>8.1f}" for n in sizes))
-    lines.append(f"loop overhead per step: {r.loop_s * 1e3:.1f} ms")
     lines.append("")
     lines.append(f"candidates at batch {r.batch_size}:")
-    lines.append(f"  {'method':<16} {'N':>3} {'tau':>5} {'draft ms':>9} {'verify ms':>10} {'predicted tok/s':>16} "
-                 f"{'calibration tok/s':>18}")
+    lines.append(f"  {'method':<16} {'N':>3} {'tau':>5} {'tok/step':>8} {'draft ms':>9} {'verify ms':>10} {'loop ms':>8} "
+                 f"{'predicted tok/s':>16} {'calibration tok/s':>18}")
     for c in sorted(r.candidates, key=lambda c: -c.predicted_tok_s):
         mark = "  <- choice" if c.method == r.choice else ""
-        lines.append(f"  {c.method:<16} {c.nodes:>3} {c.tau:>5.2f} {c.draft_s * 1e3:>9.1f} {c.verify_s * 1e3:>10.1f} "
-                     f"{c.predicted_tok_s:>16.1f} {c.calibration_tok_s:>18.1f}{mark}")
+        lines.append(f"  {c.method:<16} {c.nodes:>3} {c.tau:>5.2f} {c.step_tokens:>8.2f} {c.draft_s * 1e3:>9.1f} "
+                     f"{c.verify_s * 1e3:>10.1f} {c.loop_s * 1e3:>8.1f} {c.predicted_tok_s:>16.1f} "
+                     f"{c.calibration_tok_s:>18.1f}{mark}")
+    lines.append("  (tau: tokens per target forward, prefill included; tok/step: per decode step, the model's tau)")
     for m, why in r.skipped.items():
         lines.append(f"  {m:<16} skipped: {why}")
     lines.append(f"\nchoice: {r.choice}")

@@ -143,12 +143,12 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
     out = target(torch.tensor([ids], device=target.device), kv=kv, hidden_layers=layers, last_logits_only=True)
     kv.commit()
     x = int(next_token(out.logits[0, -1], params, gen))  # the first new token: the root of the first tree
-    stats.target_forwards, stats.prefill_s = 1, time.perf_counter() - t0
-    new = [x]
-    stats.tokens_per_step.append(1)
     if drafter is not None:
         drafter.prefill(ids)
         hand_off(out, slice(None))
+    stats.target_forwards, stats.prefill_s = 1, time.perf_counter() - t0  # the drafter's prefill included
+    new = [x]
+    stats.tokens_per_step.append(1)
 
     t0 = time.perf_counter()
     while len(new) < max_new_tokens and x not in eos:

@@ -19,6 +19,9 @@ def tiny():
 def test_cost_model_and_interpolation():
     assert dispatch.predicted_tokens_per_s(3.0, 0.02, 0.01) == pytest.approx(100.0)
     assert dispatch.predicted_tokens_per_s(1.0, 0.02, 0.0, loop_s=0.03) == pytest.approx(20.0)
+    assert dispatch.predicted_tokens_per_s(1.0, 0.05, 0.0, loop_s=-0.01) == pytest.approx(25.0)  # a residual
+    with pytest.raises(ValueError, match="positive time"):
+        dispatch.predicted_tokens_per_s(1.0, 0.01, 0.0, loop_s=-0.02)
     curve = {0: 1.0, 4: 3.0, 8: 4.0}
     assert dispatch.interpolate(curve, 2) == pytest.approx(2.0)
     assert dispatch.interpolate(curve, 6) == pytest.approx(3.5)
@@ -58,7 +61,12 @@ def test_tune_chooses_the_best_predicted_candidate(tiny):
     assert got["vanilla"].tau == 1.0 and got["vanilla"].nodes == 0 and got["vanilla"].draft_s == 0.0
     assert got["sps"].nodes == 3 and got["sps@2/2/4"].nodes == 4 and got["sps"].draft_s > 0
     for c in r.candidates:
-        assert c.predicted_tok_s == pytest.approx(dispatch.predicted_tokens_per_s(c.tau, c.verify_s, c.draft_s, r.loop_s))
+        assert c.predicted_tok_s == pytest.approx(
+            dispatch.predicted_tokens_per_s(c.step_tokens, c.verify_s, c.draft_s, c.loop_s))
+        assert c.step_tokens >= 1.0 and c.verify_s + c.draft_s + c.loop_s > 0
+    # each candidate pays its own loop overhead (a residual of its own step time), not vanilla's
+    assert len({round(c.loop_s, 9) for c in r.candidates}) == len(r.candidates)
+    assert any(abs(c.loop_s - got["vanilla"].loop_s) > 1e-6 for c in r.candidates if c.method != "vanilla")
     assert r.choice == max(r.candidates, key=lambda c: c.predicted_tok_s).method
     text = dispatch.format_tune(r)
     assert "choice: " + r.choice in text and "verify cost" in text

@@ -210,7 +210,10 @@ def cells():
         mask after a cached context. The dispatcher predicts each candidate's tokens/s as
         `tau / (t_verify(N) + t_draft + t_loop)` from a short calibration run and picks the best
         (`python -m minispec tune` does this from the command line and saves the choice that
-        `--method auto` uses).
+        `--method auto` uses). Every candidate pays its own `t_loop`, the rest of its measured
+        step time (sampling, verification, KV compaction, Python): prompt lookup drafts for free
+        but still pays a longer verify and its own bookkeeping, and charging it vanilla's loop
+        would flatter it.
         '''),
         code('''
         import json, glob
