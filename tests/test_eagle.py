@@ -5,12 +5,12 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from scipy.stats import chisquare
+from lawcheck import assert_same_law, exact_law, sample_law
 
 from minispec import generate, load
 from minispec.drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from minispec.drafters.tree_drafter import TreeSpec
-from minispec.sampling import GREEDY, probs
+from minispec.sampling import GREEDY
 
 pytestmark = pytest.mark.ch03
 
@@ -120,29 +120,10 @@ def test_sampled_eagle_decoding_has_the_target_law(target, head, tree):
     model, tok = target
     params = dict(temperature=0.7, top_k=3)
     ids = tok.encode("aaaa")
-    exact = {}
-    with torch.no_grad():
-        def p_after(seq):
-            return probs(model(torch.tensor([seq])).logits[0, -1].double(), **params)
-        p1 = p_after(ids)
-        for a in p1.nonzero().flatten().tolist():
-            p2 = p_after(ids + [a])
-            for b in p2.nonzero().flatten().tolist():
-                p3 = p_after(ids + [a, b])
-                for c in p3.nonzero().flatten().tolist():
-                    exact[(a, b, c)] = (p1[a] * p2[b] * p3[c]).item()
-    n = 1000
-    counts = dict.fromkeys(exact, 0)
-    accepted = 0
-    for s in range(n):
-        r = generate(model, tok, ids, drafter=EagleDrafter(model, head, tree=tree), max_new_tokens=3, seed=s, **params)
-        counts[tuple(r.tokens)] += 1
-        accepted += sum(r.stats.accepted_at_depth)
-    assert accepted > n / 10  # drafts were accepted, so the verification rule mattered
-    obs = [counts[k] for k in exact]
-    exp = [exact[k] * n for k in exact]
-    tv = 0.5 * sum(abs(o - e) for o, e in zip(obs, exp)) / n
-    assert chisquare(obs, exp).pvalue > 1e-3 and tv < 0.1, (tv, chisquare(obs, exp).pvalue)
+    exact = exact_law(model, ids, params)
+    law = sample_law(model, tok, ids, lambda: EagleDrafter(model, head, tree=tree), exact, 1000, params)
+    assert law.accepted > law.n / 10  # drafts were accepted, so the verification rule mattered
+    assert_same_law(law, exact)
 
 
 def test_a_head_for_another_target_is_refused(target):

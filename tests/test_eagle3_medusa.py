@@ -10,13 +10,13 @@ from importlib import resources
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from lawcheck import assert_same_law, exact_law, sample_law
 
 from minispec import generate, load
 from minispec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
 from minispec.drafters.medusa import MedusaDrafter, MedusaHeads
 from minispec.drafters.tree_drafter import TreeSpec
-from minispec.sampling import GREEDY, probs
+from minispec.sampling import GREEDY
 from minispec.train.data import Sequence, target_features
 
 pytestmark = pytest.mark.ch03
@@ -219,21 +219,6 @@ def test_greedy_decoding_equals_vanilla(target, heads, kind, tree):
     assert saved > 10  # drafts were accepted: the verification mattered
 
 
-def _exact_law(model, ids, params):
-    exact = {}
-    with torch.no_grad():
-        def p_after(seq):
-            return probs(model(torch.tensor([seq])).logits[0, -1].double(), **params)
-        p1 = p_after(ids)
-        for a in p1.nonzero().flatten().tolist():
-            p2 = p_after(ids + [a])
-            for b in p2.nonzero().flatten().tolist():
-                p3 = p_after(ids + [a, b])
-                for c in p3.nonzero().flatten().tolist():
-                    exact[(a, b, c)] = (p1[a] * p2[b] * p3[c]).item()
-    return exact
-
-
 @pytest.mark.parametrize("kind", ["eagle3", "medusa"])
 @pytest.mark.parametrize("tree", ["chain:3", "3,3,6"])
 def test_sampled_decoding_has_the_target_law(target, heads, kind, tree):
@@ -242,19 +227,11 @@ def test_sampled_decoding_has_the_target_law(target, heads, kind, tree):
     model, tok = target
     params = dict(temperature=0.7, top_k=3)
     ids = tok.encode("aaaa, ab")
-    exact = _exact_law(model, ids, params)
-    n = 800
-    counts = dict.fromkeys(exact, 0)
-    accepted = 0
-    for s in range(n):
-        r = generate(model, tok, ids, drafter=drafter(kind, model, heads[kind], tree), max_new_tokens=3, seed=s, **params)
-        counts[tuple(r.tokens)] += 1
-        accepted += sum(r.stats.accepted_at_depth)
-    assert accepted > n / 25, accepted  # drafts were accepted (~10% of runs with these tiny heads): verification mattered
-    obs = [counts[k] for k in exact]
-    exp = [exact[k] * n for k in exact]
-    tv = 0.5 * sum(abs(o - e) for o, e in zip(obs, exp)) / n
-    assert chisquare(obs, exp).pvalue > 1e-3 and tv < 0.1, (tv, chisquare(obs, exp).pvalue)
+    exact = exact_law(model, ids, params)
+    law = sample_law(model, tok, ids, lambda: drafter(kind, model, heads[kind], tree), exact, 800, params)
+    # drafts were accepted (~10% of runs with these tiny heads): verification mattered
+    assert law.accepted > law.n / 25, law.accepted
+    assert_same_law(law, exact)
 
 
 def test_drafters_refuse_a_target_of_another_size(target, heads):

@@ -1,14 +1,11 @@
 """Speculative decoding through the one decode loop: greedy equals vanilla, sampling keeps p's law."""
 
-import itertools
-
 import pytest
 import torch
-from scipy.stats import chisquare
+from lawcheck import assert_same_law, exact_law, sample_law
 
 from minispec import generate, load
 from minispec.drafters import DraftModel, PromptLookup
-from minispec.sampling import probs
 from minispec.tree import Tree
 
 PROMPTS = ["Hello world, hello world, hello", "abcabcabcabc", "def f(x):\n    return x", "1, 2, 3, 4, 5, 6"]
@@ -67,34 +64,12 @@ def test_sampled_speculative_output_has_the_target_law(target, correlated_draft,
     model, tok = target
     params = dict(temperature=0.7, top_k=3)
     ids = list(range(256)) + tok.encode("aaaa")  # every token occurs earlier, so prompt lookup always drafts
-    exact = {}
-    with torch.no_grad():
-        def p_after(seq):
-            return probs(model(torch.tensor([seq])).logits[0, -1].double(), **params)
-        p1 = p_after(ids)
-        for a in p1.nonzero().flatten().tolist():
-            p2 = p_after(ids + [a])
-            for b in p2.nonzero().flatten().tolist():
-                p3 = p_after(ids + [a, b])
-                for c in p3.nonzero().flatten().tolist():
-                    exact[(a, b, c)] = (p1[a] * p2[b] * p3[c]).item()
-    n = 2000
-    counts = dict.fromkeys(exact, 0)
-    drafted = accepted = 0
-    for s in range(n):
-        drafter = make(model, correlated_draft)
-        r = generate(model, tok, ids, drafter=drafter, max_new_tokens=3, seed=s, **params)
-        counts[tuple(r.tokens)] += 1  # a KeyError here is an impossible sequence
-        drafted += sum(r.stats.tested_at_depth)
-        accepted += sum(r.stats.accepted_at_depth)
-    assert drafted > n / 2  # the drafter really proposed tokens
-    if isinstance(drafter, DraftModel):
-        assert accepted > n / 5  # ... and they were often accepted, so q's bookkeeping matters
-    keys = list(exact)
-    obs = [counts[k] for k in keys]
-    exp = [exact[k] * n for k in keys]
-    tv = 0.5 * sum(abs(o / n - e / n) for o, e in zip(obs, exp))
-    assert chisquare(obs, exp).pvalue > 1e-3 and tv < 0.1, (tv, chisquare(obs, exp).pvalue)
+    exact = exact_law(model, ids, params)
+    law = sample_law(model, tok, ids, lambda: make(model, correlated_draft), exact, 2000, params)
+    assert law.tested > law.n / 2  # the drafter really proposed tokens
+    if isinstance(make(model, correlated_draft), DraftModel):
+        assert law.accepted > law.n / 5  # ... and they were often accepted, so q's bookkeeping matters
+    assert_same_law(law, exact)
 
 
 def test_vocab_mismatch_is_rejected(target):

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from lawcheck import assert_same_law, exact_law, sample_law
 
 from minispec import generate, load
 from minispec.drafters import DraftModel, TreeSpec
-from minispec.sampling import GREEDY, probs
+from minispec.sampling import GREEDY
 
 PROMPTS = ["Hello world, hello world, hello", "abcabcabcabc", "def f(x):\n    return x", "1, 2, 3, 4, 5, 6"]
 TREES = ["eagle", "medusa", "4,3,10", "5,4,16", "chain:3"]
@@ -136,30 +136,10 @@ def test_sampled_tree_decoding_has_the_target_law(target, tree):
     model, tok = target
     params = dict(temperature=0.7, top_k=3)
     ids = tok.encode("aaaa")
-    exact = {}
-    with torch.no_grad():
-        def p_after(seq):
-            return probs(model(torch.tensor([seq])).logits[0, -1].double(), **params)
-        p1 = p_after(ids)
-        for a in p1.nonzero().flatten().tolist():
-            p2 = p_after(ids + [a])
-            for b in p2.nonzero().flatten().tolist():
-                p3 = p_after(ids + [a, b])
-                for c in p3.nonzero().flatten().tolist():
-                    exact[(a, b, c)] = (p1[a] * p2[b] * p3[c]).item()
-    n = 1000
-    counts = dict.fromkeys(exact, 0)
-    accepted = tested = 0
-    for s in range(n):
-        r = generate(model, tok, ids, drafter=DraftModel(model, tree=tree), max_new_tokens=3, seed=s, **params)
-        counts[tuple(r.tokens)] += 1
-        accepted += sum(r.stats.accepted_at_depth)
-        tested += sum(r.stats.tested_at_depth)
-    assert n / 3 < accepted < tested  # drafts were accepted, so the one-hot verification mattered
-    obs = [counts[k] for k in exact]
-    exp = [exact[k] * n for k in exact]
-    tv = 0.5 * sum(abs(o - e) for o, e in zip(obs, exp)) / n
-    assert chisquare(obs, exp).pvalue > 1e-3 and tv < 0.1, (tv, chisquare(obs, exp).pvalue)
+    exact = exact_law(model, ids, params)
+    law = sample_law(model, tok, ids, lambda: DraftModel(model, tree=tree), exact, 1000, params)
+    assert law.n / 3 < law.accepted < law.tested  # drafts were accepted, so the one-hot verification mattered
+    assert_same_law(law, exact)
 
 
 def test_a_drafter_breaking_its_limits_gets_a_clear_error(target):
