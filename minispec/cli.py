@@ -72,8 +72,6 @@ def _tune(args) -> int:
 
 
 def _bench(args) -> int:
-    import json
-
     import torch
 
     from .bench import format_table, run_bench

@@ -54,7 +54,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ..benchinfo import device_info, versions
 from ..config import cache_dir

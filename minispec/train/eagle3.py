@@ -306,25 +306,95 @@ def load_data(args, target, tok):
     return train, held, feats[:len(train)], feats[len(train):], layers
 
 
-def run_measure(args, target, tok, held, record: dict) -> dict:
-    from ..drafters.loader import load_drafter
-
+def record_measurement(args, target, tok, held, record: dict, name: str, default_out: Path, drafters: dict) -> dict:
+    """Measure ``drafters`` (name -> factory) with ``measure`` on the held-out and own prompts, store the
+    result and the command that reruns it in ``record["measured"]``, and rewrite the JSON record."""
     prompts, sizes = measure_prompts(tok, held)
-    head = load_drafter(args.out, target, verbose=False).head
-    trees = {"chain:5": "chain:5", "dynamic:5,8,32": "5,8,32"}
-    res = measure(target, tok, {k: (lambda t=t: Eagle3Drafter(target, head, tree=t)) for k, t in trees.items()},
-                  prompts, args.measure_tokens)
+    res = measure(target, tok, drafters, prompts, args.measure_tokens)
     record["measured"] = dict(greedy=True, max_new_tokens=args.measure_tokens, prompts=sizes, results=res,
-                              command="python -m minispec train eagle3 --measure-only" +
-                                      ("" if args.out == DEFAULT_OUT else f" --out {args.out}"))
+                              command=f"python -m minispec train {name} --measure-only" +
+                                      ("" if args.out == default_out else f" --out {args.out}"))
     args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 
-def main(argv=None) -> dict:
-    """Train (resumably), save fp16 safetensors + JSON record, measure; returns the record."""
+def run_measure(args, target, tok, held, record: dict) -> dict:
+    from ..drafters.loader import load_drafter
+
+    head = load_drafter(args.out, target, verbose=False).head
+    trees = {"chain:5": "chain:5", "dynamic:5,8,32": "5,8,32"}
+    return record_measurement(args, target, tok, held, record, "eagle3", DEFAULT_OUT,
+                              {k: (lambda t=t: Eagle3Drafter(target, head, tree=t)) for k, t in trees.items()})
+
+
+def batch_indices(step: int, n: int, batch_size: int, seed: int) -> list[int]:
+    """The sequences of optimizer step ``step``: a fresh seeded permutation per epoch (resumable)."""
+    epoch, i = divmod(step, max(n // batch_size, 1))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    return perm[i * batch_size:(i + 1) * batch_size].tolist()
+
+
+def fit(name: str, args, model: torch.nn.Module, batch_at, loss_of, log, init_eval):
+    """The resumable training loop of ``train eagle3`` and ``train medusa``.
+
+    AdamW(0.9, 0.95) on the trainable parameters, ``lr_at``'s warm-up + cosine schedule over
+    ``args.steps`` or the ``args.minutes`` budget (whichever ends first), bf16 autocast when
+    ``args.bf16``, gradient clipping at 1, a held-out entry every ``args.eval_every`` steps and a
+    resumable checkpoint every ``args.ckpt_every`` steps (``--resume`` continues from it).
+
+    Args:
+        batch_at: step -> that step's batch (built outside the autocast region).
+        loss_of: batch -> (loss, [accuracies]).
+        log: (step, loss, grad_norm, accs) -> history entry (with its held-out evaluation).
+        init_eval: () -> held-out metrics before training (not rerun when resuming).
+    Returns:
+        (steps done, history, training seconds, init_eval result, resume checkpoint path)
+    """
     from tqdm import tqdm
 
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    resume_path = cache_dir() / name / (args.out.stem + ".resume.pt")
+    start, history, train_s = 0, [], 0.0
+    if args.resume and resume_path.exists():
+        ck = torch.load(resume_path, weights_only=True)
+        model.load_state_dict(ck["model"]), opt.load_state_dict(ck["opt"])
+        start, history, train_s, init = ck["step"], ck["history"], ck["train_s"], ck["init_eval"]
+    else:
+        init = init_eval()
+    t0 = time.perf_counter() - train_s
+    bar = tqdm(range(start, args.steps), desc=name, initial=start, total=args.steps)
+    step = start
+    for step in bar:
+        done = progress(step, args.steps, time.perf_counter() - t0, args.minutes)
+        if done >= 1:
+            break
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, done, args.lr, args.warmup)
+        batch = batch_at(step)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss, accs = loss_of(batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc=",".join(f"{a:.2f}" for a in accs))
+        if (step + 1) % args.eval_every == 0:
+            history.append(log(step + 1, loss.item(), gnorm.item(), accs))
+            bar.write(f"step {step + 1}: {history[-1]}")
+        if (step + 1) % args.ckpt_every == 0 and step + 1 < args.steps:
+            resume_path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), step=step + 1, history=history,
+                            train_s=time.perf_counter() - t0, init_eval=init), resume_path)
+    else:
+        step = args.steps
+    train_s = time.perf_counter() - t0
+    bar.close()
+    return step, history, train_s, init, resume_path
+
+
+def main(argv=None) -> dict:
+    """Train (resumably), save fp16 safetensors + JSON record, measure; returns the record."""
     from ..models import load
 
     args = parse_args(argv)
@@ -342,51 +412,21 @@ def main(argv=None) -> dict:
     d2t, t2d = build_vocab_map(counts, args.draft_vocab)
     head = init_head(target, d2t, t2d, args.seed)
     tmap, embed = target_map(head), target.tok_emb
-    params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    resume_path = cache_dir() / "eagle3" / (args.out.stem + ".resume.pt")
-    start, history, train_s = 0, [], 0.0
-    if args.resume and resume_path.exists():
-        ck = torch.load(resume_path, weights_only=True)
-        head.load_state_dict(ck["head"]), opt.load_state_dict(ck["opt"])
-        start, history, train_s, init_eval = ck["step"], ck["history"], ck["train_s"], ck["init_eval"]
-    else:
-        init_eval = evaluate(head, embed, held, fheld, layers, args.ttt_steps, tmap)
     held_small, fheld_small = held[:16], fheld[:16]
 
-    t0 = time.perf_counter() - train_s
-    bar = tqdm(range(start, args.steps), desc="eagle3", initial=start, total=args.steps)
-    step = start
-    for step in bar:
-        done = progress(step, args.steps, time.perf_counter() - t0, args.minutes)
-        if done >= 1:
-            break
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, done, args.lr, args.warmup)
-        per_epoch = len(train) // args.batch_size
-        epoch, i = divmod(step, per_epoch)
-        perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(args.seed * 100_003 + epoch))
-        batch = make_batch(train, ftrain, perm[i * args.batch_size:(i + 1) * args.batch_size].tolist(), layers)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            loss, accs = ttt_loss(head, embed, batch, args.ttt_steps, args.decay, tmap)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{accs[0]:.2f}", accL=f"{accs[-1]:.2f}")
-        if (step + 1) % args.eval_every == 0:
-            ev = evaluate(head, embed, held_small, fheld_small, layers, args.ttt_steps, tmap)
-            history.append(dict(step=step + 1, train_loss=round(loss.item(), 4), grad_norm=round(gnorm.item(), 3),
-                                train_acc_by_step=[round(a, 3) for a in accs], heldout16=ev))
-            bar.write(f"step {step + 1}: held-out(16) acc by step {ev['acc_by_step']}")
-        if (step + 1) % args.ckpt_every == 0 and step + 1 < args.steps:
-            resume_path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(dict(head=head.state_dict(), opt=opt.state_dict(), step=step + 1, history=history,
-                            train_s=time.perf_counter() - t0, init_eval=init_eval), resume_path)
-    else:
-        step = args.steps
-    train_s = time.perf_counter() - t0
-    bar.close()
+    def batch_at(step):
+        return make_batch(train, ftrain, batch_indices(step, len(train), args.batch_size, args.seed), layers)
+
+    def loss_of(batch):
+        return ttt_loss(head, embed, batch, args.ttt_steps, args.decay, tmap)
+
+    def log(step, loss, gnorm, accs):
+        return dict(step=step, train_loss=round(loss, 4), grad_norm=round(gnorm, 3),
+                    train_acc_by_step=[round(a, 3) for a in accs],
+                    heldout16=evaluate(head, embed, held_small, fheld_small, layers, args.ttt_steps, tmap))
+
+    step, history, train_s, init_eval, resume_path = fit(
+        "eagle3", args, head, batch_at, loss_of, log, lambda: evaluate(head, embed, held, fheld, layers, args.ttt_steps, tmap))
 
     final = evaluate(head, embed, held, fheld, layers, args.ttt_steps, tmap)
     record = dict(

@@ -29,10 +29,9 @@ from pathlib import Path
 import torch
 
 from ..benchinfo import device_info, versions
-from ..config import cache_dir
 from .distill_draft import _shown
 from ..drafters.medusa import MedusaDrafter, MedusaHeads
-from .eagle3 import load_data, lr_at, measure, measure_prompts, progress
+from .eagle3 import batch_indices, fit, load_data, record_measurement
 
 TARGET = "smollm2-135m"
 FORMAT = "minispec-medusa-v1"
@@ -139,21 +138,13 @@ def parse_args(argv=None):
 def run_measure(args, target, tok, held, record: dict) -> dict:
     from ..drafters.loader import load_drafter
 
-    prompts, sizes = measure_prompts(tok, held)
     heads = load_drafter(args.out, target, verbose=False).heads
     trees = {"static:medusa": "medusa", "chain:4": "chain:4"}
-    res = measure(target, tok, {k: (lambda t=t: MedusaDrafter(target, heads, tree=t)) for k, t in trees.items()},
-                  prompts, args.measure_tokens)
-    record["measured"] = dict(greedy=True, max_new_tokens=args.measure_tokens, prompts=sizes, results=res,
-                              command="python -m minispec train medusa --measure-only" +
-                                      ("" if args.out == DEFAULT_OUT else f" --out {args.out}"))
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    return record
+    return record_measurement(args, target, tok, held, record, "medusa", DEFAULT_OUT,
+                              {k: (lambda t=t: MedusaDrafter(target, heads, tree=t)) for k, t in trees.items()})
 
 
 def main(argv=None) -> dict:
-    from tqdm import tqdm
-
     from ..models import load
 
     args = parse_args(argv)
@@ -167,50 +158,21 @@ def main(argv=None) -> dict:
         return run_measure(args, target, tok, held, json.loads(args.out.with_suffix(".json").read_text()))
     heads = MedusaHeads(target.cfg.d_model, args.heads, target.cfg.vocab_size)
     lm_head = target.lm_head.weight.detach()
-    params = list(heads.parameters())
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    resume_path = cache_dir() / "medusa" / (args.out.stem + ".resume.pt")
-    start, history, train_s = 0, [], 0.0
-    if args.resume and resume_path.exists():
-        ck = torch.load(resume_path, weights_only=True)
-        heads.load_state_dict(ck["heads"]), opt.load_state_dict(ck["opt"])
-        start, history, train_s, init_eval = ck["step"], ck["history"], ck["train_s"], ck["init_eval"]
-    else:
-        init_eval = evaluate(heads, lm_head, held, fheld)
-    gen = torch.Generator().manual_seed(args.seed)
-    t0 = time.perf_counter() - train_s
-    bar = tqdm(range(start, args.steps), desc="medusa", initial=start, total=args.steps)
-    step = start
-    for step in bar:
-        done = progress(step, args.steps, time.perf_counter() - t0, args.minutes)
-        if done >= 1:
-            break
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, done, args.lr, args.warmup)
-        epoch, i = divmod(step, len(train) // args.batch_size)
-        perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(args.seed * 100_003 + epoch))
-        batch = make_batch(train, ftrain, perm[i * args.batch_size:(i + 1) * args.batch_size].tolist())
+    gen = torch.Generator()
+
+    def batch_at(step):
         gen.manual_seed(args.seed * 7919 + step)  # row subsample: a function of the step (resumable)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            loss, accs = medusa_loss(heads, lm_head, *batch, decay=args.decay, max_rows=args.max_rows, generator=gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}", acc=",".join(f"{a:.2f}" for a in accs))
-        if (step + 1) % args.eval_every == 0:
-            ev = evaluate(heads, lm_head, held[:16], fheld[:16])
-            history.append(dict(step=step + 1, train_loss=round(loss.item(), 4), grad_norm=round(gnorm.item(), 3),
-                                train_acc_by_head=[round(a, 3) for a in accs], heldout16=ev))
-            bar.write(f"step {step + 1}: held-out(16) acc by head {ev['acc_by_head']}")
-        if (step + 1) % args.ckpt_every == 0 and step + 1 < args.steps:
-            resume_path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(dict(heads=heads.state_dict(), opt=opt.state_dict(), step=step + 1, history=history,
-                            train_s=time.perf_counter() - t0, init_eval=init_eval), resume_path)
-    else:
-        step = args.steps
-    train_s = time.perf_counter() - t0
-    bar.close()
+        return make_batch(train, ftrain, batch_indices(step, len(train), args.batch_size, args.seed))
+
+    def loss_of(batch):
+        return medusa_loss(heads, lm_head, *batch, decay=args.decay, max_rows=args.max_rows, generator=gen)
+
+    def log(step, loss, gnorm, accs):
+        return dict(step=step, train_loss=round(loss, 4), grad_norm=round(gnorm, 3),
+                    train_acc_by_head=[round(a, 3) for a in accs], heldout16=evaluate(heads, lm_head, held[:16], fheld[:16]))
+
+    step, history, train_s, init_eval, resume_path = fit(
+        "medusa", args, heads, batch_at, loss_of, log, lambda: evaluate(heads, lm_head, held, fheld))
     final = evaluate(heads, lm_head, held, fheld)
     record = dict(
         format=FORMAT, target=TARGET, dtype="float16",
