@@ -48,6 +48,7 @@ from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from ..sampling import GREEDY
 from .data import TARGET, target_features, training_sequences
 from .distill_draft import lr_at
+from .eagle3 import record_measurement
 
 FORMAT = "minispec-eagle-v1"
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-135m-eagle.safetensors"
@@ -172,7 +173,20 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--measure", action=argparse.BooleanOptionalAction, default=True,
+                    help="after training, measure greedy tau with minispec.generate and store it in the record")
+    ap.add_argument("--measure-only", action="store_true", help="only (re)measure the checkpoint at --out")
+    ap.add_argument("--measure-tokens", type=int, default=128)
     return ap.parse_args(argv)
+
+
+def run_measure(args, target, tok, held, record: dict) -> dict:
+    """Greedy generate-based tau of the head at ``args.out`` as a chain and as two dynamic trees."""
+    head = load_eagle(args.out, target).head
+    trees = {"chain:5": "chain:5", "dynamic:5,8,32": "5,8,32", "dynamic:6,10,60": "6,10,60"}
+    record.get("eval", {}).pop("generate", None)  # an earlier, unreproducible measurement
+    return record_measurement(args, target, tok, held, record, "eagle", DEFAULT_OUT,
+                              {k: (lambda t=t: EagleDrafter(target, head, tree=t)) for k, t in trees.items()})
 
 
 def init_from_target(head: EagleHead, target, layer: int) -> None:
@@ -213,6 +227,8 @@ def main(argv=None) -> dict:
     target.requires_grad_(False)
     train, held = training_sequences(tok, heldout=args.heldout, extra_sharegpt=args.extra_sharegpt,
                                      max_len=args.max_len, seed=args.seed)
+    if args.measure_only:
+        return run_measure(args, target, tok, held, json.loads(args.out.with_suffix(".json").read_text()))
     t0 = time.perf_counter()
     ftrain = []  # per source, so adding ShareGPT conversations does not recompute the distill features
     for src, name in (("distill", "train"), ("sharegpt", "train-sharegpt")):
@@ -304,6 +320,8 @@ def main(argv=None) -> dict:
     save_head(head, args.out, record)
     shipped = load_eagle(args.out, target).head.float()  # the fp16 checkpoint as users load it
     record["eval"]["heldout"] = evaluate(shipped, target, held, fheld, tau_seqs=args.final_tau_seqs)
+    if args.measure:
+        record = run_measure(args, target, tok, held, record)
     record["run_s"] = round(time.perf_counter() - t_start, 1)
     args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
     resume_path.unlink(missing_ok=True)
