@@ -418,6 +418,8 @@ def first_token_sampler(program: Callable) -> Callable:
 
 
 EMPIRICAL_SETTINGS = ("random", "temperature", "top_k", "top_p")
+EMPIRICAL_VERIFIERS = ("chain_k1", "chain_k2", "tree_chain_k2", "mss_replacement_n3", "mss_no_replacement_n3", "onehot_n3",
+                       "greedy_n2", "tree21_mss_replacement", "tree21_mss_no_replacement", "tree21_onehot")
 
 
 def run_empirical_suite(n_samples: int = 20000, seed: int = 0,
@@ -431,9 +433,7 @@ def run_empirical_suite(n_samples: int = 20000, seed: int = 0,
     verifiers, on ``control_pair()``, ``control_samples`` draws each, default n_samples)
     should have passed = False.
     """
-    names = verifiers or ("chain_k1", "chain_k2", "tree_chain_k2", "mss_replacement_n3",
-                          "mss_no_replacement_n3", "onehot_n3", "greedy_n2",
-                          "tree21_mss_replacement", "tree21_mss_no_replacement", "tree21_onehot")
+    names = verifiers or EMPIRICAL_VERIFIERS
     g = torch.Generator().manual_seed(seed)
     records, controls = [], []
     programs = {**VERIFIERS, **TREE_VERIFIERS}

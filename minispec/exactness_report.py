@@ -79,7 +79,7 @@ def run_model_suite(n_samples: int, tv_limit: float | None, alpha: float, seed: 
 def run_all(full: bool, samples: int | None = None, seed: int = 0) -> dict:
     """Run the three parts; returns the report dict (``passed`` is the overall verdict)."""
     n = samples or (100_000 if full else 4_000)
-    n_settings = len(MODEL_SETTINGS) * len(MODEL_VERIFIERS) + 7  # + the synthetic suite's 7 verifiers
+    n_settings = len(MODEL_SETTINGS) * len(MODEL_VERIFIERS) + len(ex.EMPIRICAL_VERIFIERS)  # + the synthetic suite
     alpha = 0.001 / n_settings
     tv_limit = 0.01 if full else None  # fast mode: the sample-size bound of exactness.tv_bound
     enum, enum_controls = ex.run_enumeration_suite(seed)
@@ -135,11 +135,18 @@ def main(argv=None) -> int:
     mode.add_argument("--fast", action="store_true", help="fewer samples; the TV limit is the bound for that size")
     ap.add_argument("--samples", type=int, default=None, help="samples per empirical setting")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="also write the report, with the device and versions, to this JSON file")
     args = ap.parse_args(argv)
     full = args.full or not (args.fast or fast())
     rep = run_all(full, args.samples, args.seed)
     print(json.dumps(rep, indent=1) if args.json else format_report(rep))
-    return 0 if rep["passed"] else 1
+    status = 0 if rep["passed"] else 1
+    if args.out:
+        from .benchinfo import save_json
+
+        command = "python -m minispec exactness " + " ".join(argv if argv is not None else sys.argv[1:])
+        print(f"saved {save_json(args.out, dict(benchmark='exactness', command=command, exit_status=status, **rep))}")
+    return status
 
 
 if __name__ == "__main__":

@@ -23,15 +23,22 @@ def test_every_verifier_passes_and_every_control_is_flagged(report):
         assert {"tv", "p_value", "samples", "passed"} <= set(r) and r["samples"] == 3000
     assert any(r["setting"].startswith("tiny-gpt2/") for r in report["empirical"])  # real model distributions
     assert all(r["support"] <= 20 for r in report["empirical"] if "support" in r)
+    n = len(report["empirical"])  # the Bonferroni correction counts every empirical setting that was run
+    assert report["criteria"]["chi_square_correction"] == f"Bonferroni over {n} empirical settings"
+    assert report["criteria"]["chi_square_alpha"] == pytest.approx(0.001 / n)
 
 
-def test_a_wrong_verifier_in_the_main_list_makes_the_command_fail(monkeypatch, capsys):
+def test_a_wrong_verifier_in_the_main_list_makes_the_command_fail(monkeypatch, capsys, tmp_path):
     from minispec import exactness as ex
     from minispec import exactness_report as er
 
     monkeypatch.setattr(er, "MODEL_VERIFIERS", ("chain_k1", "resample_from_p"))
     monkeypatch.setitem(ex.VERIFIERS, "resample_from_p", ex.CONTROLS["resample_from_p"])
-    assert main(["exactness", "--fast", "--samples", "3000", "--json"]) == 1
-    out = json.loads(capsys.readouterr().out)
+    saved = tmp_path / "report.json"
+    assert main(["exactness", "--fast", "--samples", "3000", "--json", "--out", str(saved)]) == 1
+    out = json.loads(capsys.readouterr().out.split("\nsaved ")[0])
     bad = [r for r in out["empirical"] if r["verifier"] == "resample_from_p"]
     assert bad and not all(r["passed"] for r in bad) and out["passed"] is False
+    file = json.loads(saved.read_text())  # the same report, with the command, its exit status and the device
+    assert file["exit_status"] == 1 and file["passed"] is False and "--out" in file["command"] and file["device"]
+    assert file["empirical"] == out["empirical"]
