@@ -132,9 +132,10 @@ def interpolate(curve_b: dict, n: int) -> float:
 
 
 def predicted_tokens_per_s(tau: float, verify_s: float, draft_s: float, loop_s: float = 0.0) -> float:
-    """The dispatcher's cost model: tokens per second of one sequence."""
+    """The dispatcher's cost model: tokens per second of one sequence (floats, or tensors with one
+    entry per candidate)."""
     step_s = verify_s + draft_s + loop_s
-    if step_s <= 0:
+    if bool((torch.as_tensor(step_s) <= 0).any()):
         raise ValueError(f"a decode step must take positive time, got verify {verify_s} + draft {draft_s} + loop {loop_s} s")
     return tau / step_s
 
