@@ -1,6 +1,6 @@
 """Notebook 04: static draft trees, the tree attention mask, positions, paths; tree steps on SmolLM2."""
 
-from build_notebooks import SETUP, code, md
+from build_notebooks import SETUP, code, exercises_cells, md
 
 NAME = "04_static_trees_and_tree_masks.ipynb"
 
@@ -20,42 +20,8 @@ CH05_ROWS = [
 ]
 
 
-def tree_exercises_cells(ch: int, rows) -> list:
-    """The exercises section for chapters whose functions are deterministic (no ``chooser``)."""
-    table = "\n        ".join(f"| {i} | `{name}` | {task} |" for i, name, task in rows)
-    from minispec.grading import chapter_module
-    module = chapter_module(ch).MODULE
-    return [
-        md(f'''
-        ## Exercises
-
-        Implement the functions in `exercises/{module}.py` (generated from `solutions/`; same
-        signatures and docstrings). These functions are deterministic: the grader runs yours on
-        many seeded random trees (and on EAGLE's and Medusa's `mc_sim_7b_63`) and compares every
-        output with minispec's own.
-
-        | exercise | function | task |
-        |---|---|---|
-        {table}
-
-        Grade from a terminal with `python -m minispec grade {ch}` or
-        `pytest tests/test_exercises.py -m ch{ch:02d} --impl exercises`; in this notebook with
-        `check("{ch}.1")` (one exercise) or `check({ch})` (the chapter). The cell below prints
-        the stub of the first exercise, then grades your file: it reports failures, it does not
-        raise, so until you fill in the stubs every line says "not implemented yet".
-        '''),
-        code(f'''
-        from minispec.grading import check, load_impl
-        
-        mine = load_impl({ch}, "exercises")
-        print(inspect.getsource(mine.{rows[0][1]}))
-        check({ch}, impl="exercises")
-        '''),
-        code(f'''
-        # What a finished chapter looks like: the reference answers in solutions/ pass every check.
-        check({ch}, impl="solutions")
-        '''),
-    ]
+TREE_NOTE = ("These functions are deterministic: the grader runs yours on many seeded random trees (and on EAGLE's "
+             "and Medusa's `mc_sim_7b_63`) and compares every output with minispec's own.")
 
 
 def cells():
@@ -463,5 +429,5 @@ def cells():
                 assert r["tv"] <= r["tv_bound"] and r["p_value"] > 1e-4, name
         print(f"{N} verifications each: one-hot tree verification emits p's law; greedy matching does not")
         '''),
-        *tree_exercises_cells(4, CH04_ROWS),
+        *exercises_cells(4, CH04_ROWS, note=TREE_NOTE),
     ]
