@@ -21,7 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import attend, check_backend
+from .attention import attend, causal_mask, check_backend
+from .linear import Linear
 
 @dataclass
 class ModelConfig:
@@ -87,8 +88,8 @@ class Attention(nn.Module):
         self.cfg, self.layer = cfg, layer
         bias = cfg.arch == "gpt2"
         H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        self.wqkv = nn.Linear(cfg.d_model, (H + 2 * Hkv) * hd, bias=bias)  # fused q, k, v
-        self.wo = nn.Linear(H * hd, cfg.d_model, bias=bias)
+        self.wqkv = Linear(cfg.d_model, (H + 2 * Hkv) * hd, bias=bias)  # fused q, k, v
+        self.wo = Linear(H * hd, cfg.d_model, bias=bias)
         self.backend = "dense"  # attention backend (chapter 6), set by Transformer.set_attention
 
     def forward(self, x, rope, mask, kv, tree_mask=None):
@@ -113,11 +114,11 @@ class MLP(nn.Module):
         super().__init__()
         self.gpt2 = cfg.arch == "gpt2"
         if self.gpt2:
-            self.fc = nn.Linear(cfg.d_model, cfg.d_ff)
-            self.proj = nn.Linear(cfg.d_ff, cfg.d_model)
+            self.fc = Linear(cfg.d_model, cfg.d_ff)
+            self.proj = Linear(cfg.d_ff, cfg.d_model)
         else:
-            self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.d_ff, bias=False)  # fused SwiGLU gate, up
-            self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+            self.gate_up = Linear(cfg.d_model, 2 * cfg.d_ff, bias=False)  # fused SwiGLU gate, up
+            self.down = Linear(cfg.d_ff, cfg.d_model, bias=False)
 
     def forward(self, x):
         if self.gpt2:
@@ -146,7 +147,7 @@ class Transformer(nn.Module):
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.arch == "gpt2" else None
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.arch == "gpt2" else RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.attention = attention
@@ -205,6 +206,8 @@ class Transformer(nn.Module):
         if int(positions.max()) >= cfg.max_seq_len:
             raise ValueError(f"position {int(positions.max())} is beyond the model's context of {cfg.max_seq_len} tokens")
         tree = None  # [B or 1, T, T] when the whole prefix is visible: the split backends' suffix mask
+        if mask is None and T > 1 and prefix and self.attention == "dense":
+            mask = causal_mask(T, prefix + T, tokens.device)  # [T, S] built once, not in every layer
         if mask is not None:
             tree = (mask if mask.dim() == 3 else mask[None]) if mask.shape[-1] == T else None
             mask = self._full_mask(mask, B, T, prefix)

@@ -1,0 +1,82 @@
+"""minispec.linear.Linear: the prepacked oneDNN path equals F.linear, and a row's result does not
+depend on how many rows are computed with it (what keeps greedy verification == vanilla)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minispec.linear import _MKLDNN, Linear
+
+needs_mkldnn = pytest.mark.skipif(not _MKLDNN, reason="needs PyTorch's oneDNN (mkldnn) CPU backend")
+
+
+def _layer(n_in, n_out, bias, seed=0):
+    torch.manual_seed(seed)
+    return Linear(n_in, n_out, bias=bias)
+
+
+@needs_mkldnn
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(576,), (5, 576), (2, 7, 576)])
+def test_packed_equals_f_linear(shape, bias):
+    layer = _layer(576, 1536, bias)
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        assert layer._use_packed(x)
+        y = layer(x)
+    assert y.shape == (*shape[:-1], 1536)
+    torch.testing.assert_close(y, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+@needs_mkldnn
+def test_non_contiguous_input():
+    layer = _layer(576, 64, False)
+    x = torch.randn(4, 1152)[:, ::2]  # every other column: a strided view
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+
+
+@needs_mkldnn
+@pytest.mark.parametrize("n_in,n_out", [(576, 960), (1536, 576), (576, 49152)])  # qkv, down, LM head of SmolLM2
+def test_row_results_do_not_depend_on_the_row_count(n_in, n_out):
+    layer = _layer(n_in, n_out, False)
+    x = torch.randn(1, 65, n_in)
+    with torch.inference_mode():
+        full = layer(x)  # [1, 65, out]
+        for m in (1, 2, 3, 5, 8, 9, 16, 17, 33, 64):
+            assert torch.equal(layer(x[:, :m]), full[:, :m]), f"rows 0..{m - 1} computed alone differ"
+            assert torch.equal(layer(x[0, m]), full[0, m]), f"row {m} computed alone differs"
+
+
+@needs_mkldnn
+def test_weight_change_repacks():
+    layer = _layer(64, 32, True)
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        before = layer(x)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)  # in place
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(layer(x), before)
+    layer.load_state_dict({"weight": torch.zeros(32, 64), "bias": torch.ones(32)})  # replaced
+    with torch.inference_mode():
+        assert torch.equal(layer(x), torch.ones(3, 32))
+
+
+def test_training_uses_autograd():
+    layer = _layer(16, 8, True)
+    x = torch.randn(4, 16, requires_grad=True)
+    assert not layer._use_packed(x)
+    layer(x).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
+
+
+def test_state_dict_is_nn_linear(monkeypatch):
+    layer = _layer(16, 8, True)
+    assert set(layer.state_dict()) == {"weight", "bias"}
+    monkeypatch.setattr(Linear, "prepack", False)
+    x = torch.randn(2, 16)
+    with torch.inference_mode():
+        assert not layer._use_packed(x)
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
