@@ -61,14 +61,15 @@ class _Totals:
                     identical=self.identical, n=self.n, new_tokens=self.tokens, seconds=self.seconds)
 
 
-def _runners(methods, model_name, k, draft_path, pld_k, tree=None, drafter_path=None, batch_size=1):
+def _runners(methods, model_name, k, draft_path, pld_k, tree=None, drafter_path=None, batch_size=1, draft_vocab=None):
     """Build one callable per method: ids, params, seed -> (new tokens, seconds, stats or None)."""
     from . import generate, load, load_hf
     from .methods import Methods
 
     target, tok = load(model_name)
     runners = {}
-    made = Methods(target, model_name, k=k, pld_k=pld_k, tree=tree, draft_path=draft_path, drafter_path=drafter_path)
+    made = Methods(target, model_name, k=k, pld_k=pld_k, tree=tree, draft_path=draft_path, drafter_path=drafter_path,
+                   draft_vocab=draft_vocab)
 
     def minispec_runner(method):
         def run(ids, params, seed):
@@ -128,7 +129,8 @@ def _runners(methods, model_name, k, draft_path, pld_k, tree=None, drafter_path=
 
 def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), model: str = "smollm2-135m",
               max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, k: int = 4, pld_k: int = 8,
-              draft_path=None, seed: int = 0, progress: bool = True, tree=None, drafter_path=None) -> dict:
+              draft_path=None, seed: int = 0, progress: bool = True, tree=None, drafter_path=None,
+              draft_vocab: int | None = None) -> dict:
     """Run every method on every question, interleaved per question.
 
     Args:
@@ -139,6 +141,7 @@ def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), mo
         draft_path: the draft checkpoint for ``sps`` / ``hf_assisted`` (default: the shipped one).
         tree: tree for branching methods listed without ``@TREE`` (default: each method's own).
         drafter_path: head checkpoint for eagle / eagle2 / eagle3 / medusa (default: the shipped ones).
+        draft_vocab: draft vocabulary of eagle / eagle2 (None: ``methods.DRAFT_VOCAB``, 0: the full vocabulary).
     Returns:
         {"summary": {method: {...}}, "by_category": {category: {method: {...}}}, "rows": [...]}.
     """
@@ -157,7 +160,7 @@ def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), mo
         raise ValueError(f"a method is listed twice: {methods}")
     if not questions:
         raise ValueError("no questions to run")
-    runners, tok, resolved = _runners(methods, model, k, draft_path, pld_k, tree, drafter_path)
+    runners, tok, resolved = _runners(methods, model, k, draft_path, pld_k, tree, drafter_path, draft_vocab=draft_vocab)
     params = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     warm = encode_prompt(tok, "Hello!")
     for m in methods:  # warm-up: first calls allocate buffers and pick kernels

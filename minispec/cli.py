@@ -39,7 +39,7 @@ def _demo(args) -> int:
         print(f"method: {method} (the tree dispatcher's choice for this machine)", flush=True)
     from .methods import Methods
 
-    drafter = Methods(model, args.model, drafter_path=args.drafter).drafter(method)
+    drafter = Methods(model, args.model, drafter_path=args.drafter, draft_vocab=args.draft_vocab).drafter(method)
     r = generate(model, tok, args.prompt, drafter=drafter, temperature=args.temperature, top_k=args.top_k,
                  top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
     print(r.text)
@@ -85,7 +85,7 @@ def _bench(args) -> int:
     result = run_bench(questions, methods=[m.strip() for m in args.methods.split(",") if m.strip()], model=args.model,
                        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, k=args.k,
                        pld_k=args.pld_k, draft_path=args.draft, seed=args.seed, tree=args.tree,
-                       drafter_path=args.drafter)
+                       drafter_path=args.drafter, draft_vocab=args.draft_vocab)
     print(format_table(result))
     if args.json:
         print(f"saved {save_json(args.json, dict(benchmark='bench', **result))}")
@@ -96,6 +96,10 @@ def _check_env(args) -> int:
     from .env import check_env
 
     return check_env()
+
+
+DRAFT_VOCAB_HELP = ("eagle/eagle2 draft over the K most frequent tokens (FR-Spec; default: minispec.methods.DRAFT_VOCAB, "
+                    "0: the full vocabulary); verification always uses the full vocabulary")
 
 
 def main(argv=None) -> int:
@@ -114,6 +118,7 @@ def main(argv=None) -> int:
     d.add_argument("--method", default="auto", help="vanilla, pld, sps, eagle, eagle2, eagle3, medusa, NAME@TREE or "
                    "auto (default: the tree dispatcher's choice, see tune)")
     d.add_argument("--drafter", default=None, help="head checkpoint for eagle/eagle2/eagle3/medusa (default: shipped)")
+    d.add_argument("--draft-vocab", type=int, default=None, help=DRAFT_VOCAB_HELP)
     d.set_defaults(func=_demo)
 
     t = sub.add_parser("tune", help="tree dispatcher: measure costs and acceptance, choose the tree for this machine")
@@ -138,6 +143,7 @@ def main(argv=None) -> int:
     b.add_argument("--tree", default=None, help="tree for branching methods without @TREE: chain:K, eagle, medusa or "
                    "DEPTH,TOP_K,TOTAL_TOKENS (EAGLE-2 dynamic)")
     b.add_argument("--drafter", default=None, help="head checkpoint for eagle/eagle2/eagle3/medusa (default: shipped)")
+    b.add_argument("--draft-vocab", type=int, default=None, help=DRAFT_VOCAB_HELP)
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--top-p", type=float, default=1.0)

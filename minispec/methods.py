@@ -5,6 +5,8 @@
     sps          the distilled draft model: chain of k (or a tree, see below)
     eagle        EAGLE-1/2 head, chain of 5
     eagle2       EAGLE-1/2 head, dynamic tree 6,10,60 (EAGLE-2's depth, top_k, total_tokens)
+                 (both draft over the 8192 most frequent tokens, ``DRAFT_VOCAB``; verification is
+                 over the full vocabulary)
     eagle3       EAGLE-3 head, chain of 5 (a dynamic tree when one is given)
     medusa       Medusa heads, Medusa's static mc_sim_7b_63 tree
     auto         the tree dispatcher's choice for this machine (``python -m minispec tune``)
@@ -20,6 +22,9 @@ from importlib import resources
 from .drafters import DraftModel, PromptLookup, TreeSpec
 
 DEFAULT_TREES = {"sps": None, "eagle": "chain:5", "eagle2": "6,10,60", "eagle3": "chain:5", "medusa": "medusa"}
+# methods that draft through the target's LM head over a frequency-ranked draft vocabulary (FR-Spec,
+# minispec.drafters.vocab) unless told otherwise: K tokens
+DRAFT_VOCAB = {"eagle": 8192, "eagle2": 8192}
 PLAIN = ("vanilla", "pld")
 METHOD_NAMES = PLAIN + tuple(DEFAULT_TREES) + ("auto",)
 HEADS = {"eagle": "eagle", "eagle2": "eagle", "eagle3": "eagle3", "medusa": "medusa"}  # method -> shipped head
@@ -55,14 +60,19 @@ class Methods:
         draft_path: draft model checkpoint for ``sps`` (default: the shipped one).
         draft_model: a loaded draft Transformer for ``sps`` instead (e.g. the tiny presets in tests).
         drafter_path: a head checkpoint (file, directory or hub id) for eagle / eagle2 / eagle3 / medusa.
+        draft_vocab: draft vocabulary of eagle / eagle2: None for ``DRAFT_VOCAB``'s default, 0 for the
+            full vocabulary, K for the K most frequent tokens.
     """
 
     def __init__(self, target, model_name: str = "smollm2-135m", k: int = 4, pld_k: int = 8, tree=None,
-                 draft_path=None, drafter_path=None, draft_model=None):
+                 draft_path=None, drafter_path=None, draft_model=None, draft_vocab: int | None = None):
         self.target, self.model_name, self.k, self.pld_k = target, model_name, k, pld_k
         self.tree = TreeSpec.parse(tree) if tree is not None else None
         self.draft_path, self.drafter_path = draft_path, drafter_path
         self._draft = draft_model
+        if draft_vocab is not None and (not isinstance(draft_vocab, int) or draft_vocab < 0):
+            raise ValueError(f"draft_vocab must be 0 (full vocabulary) or a positive number of tokens, got {draft_vocab!r}")
+        self.draft_vocab = draft_vocab
         self._heads: dict[str, object] = {}  # method -> drafter (its prefill resets it for each generation)
 
     def tree_of(self, method: str) -> TreeSpec | None:
@@ -95,5 +105,7 @@ class Methods:
             from .drafters.loader import load_drafter
 
             path = self.drafter_path or shipped_head(HEADS[base], self.model_name)
-            self._heads[method] = load_drafter(str(path), self.target, tree=spec, verbose=False)
+            vocab = DRAFT_VOCAB.get(base) if self.draft_vocab is None else self.draft_vocab
+            vocab = vocab if base in DRAFT_VOCAB and vocab and vocab < self.target.cfg.vocab_size else None
+            self._heads[method] = load_drafter(str(path), self.target, tree=spec, verbose=False, draft_vocab=vocab)
         return self._heads[method]

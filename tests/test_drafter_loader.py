@@ -199,3 +199,16 @@ def test_unknown_layouts_and_missing_checkpoints(tmp_path, target, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match="hub is not reachable"):
         load_drafter("someone/EAGLE3-model", model)
+
+
+def test_draft_vocab_applies_to_eagle1_heads_only(tmp_path, target):
+    model, _ = target
+    e1 = _write_dir(tmp_path / "e1", _eagle1(model).cfg.to_dict(), _eagle1(model).state_dict(), "safetensors")
+    e3 = _eagle3(model)
+    e3 = _write_dir(tmp_path / "e3", e3.config.to_dict(), e3.state_dict(), "safetensors")
+    with pytest.raises(ValueError, match="draft_vocab applies to EAGLE-1/2 heads"):
+        load_drafter(e3, model, verbose=False, draft_vocab=16)
+    with pytest.raises(ValueError, match="token counts cover 49152 tokens but the target's vocabulary has 256"):
+        load_drafter(e1, model, verbose=False, draft_vocab=16)  # the shipped counts are SmolLM2's
+    d = load_drafter(e1, model, verbose=False)
+    assert d.draft_vocab is None and d.lm_head is model.lm_head

@@ -183,3 +183,70 @@ def test_shipped_smollm2_head_is_lossless_and_fast():
             assert spec.tokens == vanilla.tokens
             new, forwards = new + spec.stats.new_tokens, forwards + spec.stats.target_forwards
         assert new / forwards > floor, (tree, new / forwards)
+
+
+# --- frequency-ranked draft vocabulary (FR-Spec, minispec.drafters.vocab) -------------------------------
+
+def _counts(model, tok):
+    """Token counts of the tiny target's own greedy text: what the draft vocabulary ranks by."""
+    text = [generate(model, tok, p, max_new_tokens=48, chat=False) for p in PROMPTS]
+    ids = torch.tensor([t for r in text for t in r.prompt_tokens + r.tokens])
+    return torch.bincount(ids, minlength=model.cfg.vocab_size)
+
+
+def test_top_tokens_and_reduced_lm_head(target):
+    from minispec.drafters.vocab import ReducedLMHead, top_tokens
+
+    model, _ = target
+    counts = torch.tensor([5, 0, 9, 5, 1, 9])
+    assert top_tokens(counts, 3).tolist() == [0, 2, 5]  # 9, 9, then the lower id of the two 5s
+    for bad in (0, 7, 2.5):
+        with pytest.raises(ValueError, match="draft vocabulary size"):
+            top_tokens(counts, bad)
+    ids = torch.tensor([3, 17, 42, 200])
+    head = ReducedLMHead(model.lm_head, ids)
+    g = torch.randn(2, 5, model.cfg.d_model)
+    with torch.inference_mode():
+        full, small = model.lm_head(g), head(g)  # [2, 5, V]
+    assert small.shape == full.shape
+    torch.testing.assert_close(small[..., ids], full[..., ids])
+    outside = torch.ones(model.cfg.vocab_size, dtype=torch.bool)
+    outside[ids] = False
+    assert torch.isinf(small[..., outside]).all() and (small[..., outside] < 0).all()
+    with pytest.raises(ValueError, match="draft vocabulary ids"):
+        ReducedLMHead(model.lm_head, torch.tensor([model.cfg.vocab_size]))
+
+
+@pytest.mark.parametrize("tree", ["chain:5", "4,3,10"])
+def test_reduced_vocab_greedy_equals_vanilla(target, head, tree):
+    model, tok = target
+    counts = _counts(model, tok)
+    accepted = 0
+    for prompt in PROMPTS:
+        vanilla = generate(model, tok, prompt, max_new_tokens=60)
+        d = EagleDrafter(model, head, tree=tree, draft_vocab=24, token_counts=counts)
+        spec = generate(model, tok, prompt, drafter=d, max_new_tokens=60)
+        assert spec.tokens == vanilla.tokens
+        accepted += sum(spec.stats.accepted_at_depth)
+    assert accepted > 20
+
+
+def test_reduced_vocab_sampling_has_the_target_law(target, head):
+    """A sampled chain whose q is 0 outside the draft vocabulary, which misses part of the target's
+    support: the residual max(0, p - q) restores it, so the joint law of three tokens is p's."""
+    model, tok = target
+    params = dict(temperature=0.7, top_k=3)
+    ids = tok.encode("aaaa")
+    exact = exact_law(model, ids, params)
+    first = {}
+    for seq, pr in exact.items():
+        first[seq[0]] = first.get(seq[0], 0.0) + pr
+    missing = min(first, key=first.get)  # the least likely first token: drafts can never propose it
+    kept = sorted({t for seq in exact for t in seq} - {missing})
+    counts = torch.zeros(model.cfg.vocab_size, dtype=torch.long)
+    counts[kept] = 1
+    law = sample_law(model, tok, ids, lambda: EagleDrafter(model, head, tree=TreeSpec.chain(2), draft_vocab=len(kept),
+                                                           token_counts=counts), exact, 1000, params)
+    assert law.accepted > law.n / 10
+    assert sum(n for seq, n in law.counts.items() if seq[0] == missing) > 0  # the token outside the draft vocabulary still comes out (from the residual)
+    assert_same_law(law, exact)

@@ -43,8 +43,10 @@ import torch.nn.functional as F
 
 from ..attention import causal_mask
 from ..kv import KVCache
+from ..linear import Linear
 from ..model import RMSNorm, apply_rope, rope_cos_sin
 from .tree_drafter import TreeDrafter, TreeSpec
+from .vocab import ReducedLMHead, load_counts, top_tokens
 
 DEFAULT_NAME = "smollm2-135m-eagle"
 
@@ -88,8 +90,8 @@ class _Attention(nn.Module):
         super().__init__()
         self.c = c
         H, nh, nkv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.q_proj, self.k_proj = nn.Linear(H, nh * hd, bias=False), nn.Linear(H, nkv * hd, bias=False)
-        self.v_proj, self.o_proj = nn.Linear(H, nkv * hd, bias=False), nn.Linear(nh * hd, H, bias=False)
+        self.q_proj, self.k_proj = Linear(H, nh * hd, bias=False), Linear(H, nkv * hd, bias=False)
+        self.v_proj, self.o_proj = Linear(H, nkv * hd, bias=False), Linear(nh * hd, H, bias=False)
 
     def forward(self, x, rope, mask, kv):
         B, T, _ = x.shape
@@ -106,9 +108,9 @@ class _Attention(nn.Module):
 class _MLP(nn.Module):
     def __init__(self, c: EagleConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.gate_proj = Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -133,7 +135,7 @@ class EagleHead(nn.Module):
     def __init__(self, cfg: EagleConfig):
         super().__init__()
         self.cfg = cfg
-        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
+        self.fc = Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
         self.layers = nn.ModuleList([_Layer(cfg)])
 
     def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
@@ -173,14 +175,27 @@ class EagleDrafter(TreeDrafter):
         head: an ``EagleHead`` trained for this target.
         tree: a ``TreeSpec`` or its string form ('chain:5', 'eagle', '6,10,60', ...); default a chain of 5.
         capacity: the head's KV cache size in tokens (grown on demand).
+        draft_vocab: draft over the K most frequent tokens only (FR-Spec, ``minispec.drafters.vocab``);
+            None: the full vocabulary. Verification stays over the full vocabulary (lossless).
+        token_counts: [V] counts that rank the tokens (default: the ones shipped for SmolLM2).
     """
 
     target_layers: tuple[int, ...] = ()  # EAGLE-1/2 reads only the last hidden state
 
-    def __init__(self, target, head: EagleHead, tree: "TreeSpec | str | int" = 5, capacity: int = 1024):
+    def __init__(self, target, head: EagleHead, tree: "TreeSpec | str | int" = 5, capacity: int = 1024,
+                 draft_vocab: int | None = None, token_counts: torch.Tensor | None = None):
         super().__init__(tree)
         self.check_target(target, head)
         self.target, self.head = target, head.eval()
+        self.draft_vocab = draft_vocab
+        self.lm_head = target.lm_head
+        if draft_vocab is not None:
+            counts = load_counts() if token_counts is None else torch.as_tensor(token_counts)
+            if counts.numel() != target.cfg.vocab_size:
+                raise ValueError(f"token counts cover {counts.numel()} tokens but the target's vocabulary has "
+                                 f"{target.cfg.vocab_size}: count tokens with the target's tokenizer "
+                                 "(python -m minispec.drafters.vocab)")
+            self.lm_head = ReducedLMHead(target.lm_head, top_tokens(counts, draft_vocab))
         c = head.cfg
         p = next(head.parameters())
         self.kv = KVCache(1, c.num_key_value_heads, c.head_dim, capacity, dtype=p.dtype, device=p.device)
@@ -192,7 +207,8 @@ class EagleDrafter(TreeDrafter):
         return load_eagle(path, target, **kw)
 
     def __repr__(self):
-        return f"EagleDrafter(hidden {self.head.cfg.hidden_size}, {self.spec.name})"
+        vocab = f", draft vocab {self.draft_vocab}" if self.draft_vocab else ""
+        return f"EagleDrafter(hidden {self.head.cfg.hidden_size}, {self.spec.name}{vocab})"
 
     def check_target(self, target, head: EagleHead | None = None) -> None:
         c, t = (head or self.head).cfg, target.cfg
@@ -227,7 +243,7 @@ class EagleDrafter(TreeDrafter):
         return self.head(emb, feat[None], positions.to(dev), mask, self.kv)[0]
 
     def _logits(self, g: torch.Tensor) -> torch.Tensor:
-        return self.target.lm_head(g.to(self.target.device, self.target.dtype))  # [.., V]
+        return self.lm_head(g.to(self.target.device, self.target.dtype))  # [.., V] (-inf outside a reduced vocab)
 
     def _start(self, context: list[int]) -> torch.Tensor:
         n = len(context)

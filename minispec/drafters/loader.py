@@ -127,7 +127,7 @@ def _load_strict(module, state: dict, where: Path) -> None:
     module.load_state_dict(state)
 
 
-def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True):
+def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True, draft_vocab: int | None = None):
     """Build the right drafter for ``target`` from a checkpoint of any supported layout.
 
     Args:
@@ -138,6 +138,8 @@ def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True):
         tree: the tree to draft (``TreeSpec`` or its string); default per kind (EAGLE: chain of 5,
             EAGLE-3: '5,8,32', Medusa: 'medusa' (or a chain as deep as the heads), draft model: chain of 4).
         verbose: print one line with what was inferred.
+        draft_vocab: EAGLE-1/2 heads only: draft over the K most frequent tokens (FR-Spec,
+            ``minispec.drafters.vocab``); None: the full vocabulary.
     Returns:
         EagleDrafter | Eagle3Drafter | MedusaDrafter | DraftModel, on the target's device and dtype.
     Raises:
@@ -148,6 +150,9 @@ def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True):
     weights, meta = _files(src)
     state = _read_weights(weights)
     kind = detect(state, meta)
+    if draft_vocab is not None and kind != "eagle":
+        raise ValueError(f"draft_vocab applies to EAGLE-1/2 heads (drafting through the target's LM head), not to a "
+                         f"{kind} checkpoint")
     cfg = meta.get("config", meta)
     dtype = next((v.dtype for v in state.values() if v.is_floating_point()), None)
     dev = dict(device=target.device, dtype=target.dtype)
@@ -181,7 +186,8 @@ def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True):
         bias = "fc.bias" in state  # the tensors decide; the config's "bias" (absent = True) may be missing
         head = EagleHead(EagleConfig.from_dict({**cfg, "bias": bias}))
         _load_strict(head, state, weights)
-        drafter = EagleDrafter(target, head.to(**dev).eval(), tree=tree if tree is not None else 5)
+        drafter = EagleDrafter(target, head.to(**dev).eval(), tree=tree if tree is not None else 5,
+                               draft_vocab=draft_vocab)
         info = f"EAGLE-1/2 head (hidden {H}, 1 layer, vocab {V}, fc bias {bias}"
     else:
         from .medusa import MedusaDrafter, MedusaHeads

