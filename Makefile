@@ -4,13 +4,24 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test check-env clean
+.PHONY: torch install demo test check-env clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-install: $(BIN)/python
+# torch first: on a machine without an NVIDIA GPU, PyTorch's CPU wheels (a fraction of the CUDA build's
+# size); where that index cannot be reached, PyPI's default build. An installed torch is kept.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+torch: $(BIN)/python
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then :; \
+	elif command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q "torch>=2.5"; \
+	else echo "no NVIDIA GPU: installing PyTorch's CPU build from $(TORCH_CPU_INDEX)"; \
+	  $(BIN)/pip install -q --timeout 15 --retries 1 "torch>=2.5" --index-url $(TORCH_CPU_INDEX) || \
+	  { echo "$(TORCH_CPU_INDEX) not reachable: installing torch from the default index (may be a CUDA build)"; \
+	    $(BIN)/pip install -q "torch>=2.5"; }; fi
+
+install: torch
 	$(BIN)/pip install -q -e ".[dev]"
 
 demo: install

@@ -1,6 +1,6 @@
 """Command line: ``python -m minispec <command>``.
 
-    demo        load SmolLM2-135M and generate for a prompt with the dispatcher's method, printing tokens/s
+    demo        generate for a prompt with SmolLM2-135M, a speculative method and vanilla side by side
     bench       Spec-Bench-style comparison of decoding methods
     tune        tree dispatcher: measured verify-cost curve, candidates, the choice for this machine
     exactness   exact and empirical checks that every verifier is lossless
@@ -16,49 +16,73 @@ import argparse
 import sys
 
 
-def _demo(args) -> int:
+def _threads(args) -> int:
+    """Set torch's CPU threads: --threads, else one per idle core (``minispec.env.default_threads``)."""
     import torch
 
+    from .env import default_threads
+
+    n = args.threads or default_threads()
+    torch.set_num_threads(n)
+    return n
+
+
+def _demo(args) -> int:
     from . import SamplingParams, generate, load
+    from .methods import Methods, parse_method
 
     SamplingParams(args.temperature, args.top_k, args.top_p)  # bad parameters fail before the model loads
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if not args.prompt.strip():
+        raise ValueError("the prompt is empty: give --prompt some text")
+    parse_method(args.method)
+    threads = _threads(args)
     model, tok = load(args.model)
     print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
-          f"{model.cfg.n_layer} layers, {torch.get_num_threads()} CPU threads", flush=True)
-    print(f"prompt: {args.prompt}\n", flush=True)
+          f"{model.cfg.n_layer} layers; {threads} CPU thread{'s' * (threads > 1)} (--threads N to change)", flush=True)
     method = args.method
     if method == "auto":
         from .dispatch import auto_method, tune_path
 
-        if not tune_path(args.model).exists():
-            print("no tree-dispatcher choice saved for this machine yet: running a quick tune "
-                  "(python -m minispec tune for the full one) ...", flush=True)
         method = auto_method(args.model)
-        print(f"method: {method} (the tree dispatcher's choice for this machine)", flush=True)
-    from .methods import Methods
-
+        how = ("chosen by python -m minispec tune on this machine" if tune_path(args.model).exists() else
+               "minispec's default; python -m minispec tune measures every method here and saves its choice")
+        print(f"method: {method} ({how})", flush=True)
+    print(f"prompt: {args.prompt}\n", flush=True)
     drafter = Methods(model, args.model, drafter_path=args.drafter, draft_vocab=args.draft_vocab).drafter(method)
-    r = generate(model, tok, args.prompt, drafter=drafter, temperature=args.temperature, top_k=args.top_k,
-                 top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    print(r.text)
-    s = r.stats
-    print(f"\n[{method} {'greedy' if args.temperature == 0 else 'sampling'}] {s.new_tokens} new tokens in {s.total_s:.2f} s: "
-          f"{s.tokens_per_s:.1f} tokens/s (prefill of {s.prompt_tokens} tokens {s.prefill_s * 1e3:.0f} ms), "
-          f"{s.target_forwards} target forwards, tau {s.tau:.2f}")
+    kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+              seed=args.seed)
+    r = generate(model, tok, args.prompt, drafter=drafter, **kw)
+    print(r.text, flush=True)
+    runs = [(method, r)]
+    if drafter is not None and not args.no_compare:
+        print("\n(vanilla decoding of the same prompt, for comparison ...)", flush=True)
+        runs.insert(0, ("vanilla", generate(model, tok, args.prompt, **kw)))
+    print(demo_table(runs, sampled=args.temperature > 0))
     return 0
 
 
-def _tune(args) -> int:
-    import torch
+def demo_table(runs, sampled: bool) -> str:
+    """method | tokens/s | speedup | tau | identical output, for (name, GenerationResult) pairs, vanilla first."""
+    base = runs[0][1] if runs[0][0] == "vanilla" else None
+    lines = [f"\n{'method':<16} {'tokens/s':>9} {'speedup':>8} {'tau':>5}  identical output"]
+    for name, r in runs:
+        s = r.stats
+        speedup = f"{s.tokens_per_s / base.stats.tokens_per_s:.2f}x" if base is not None else "-"
+        same = "-" if r is base or base is None else (
+            "- (sampled: same law, other draws)" if sampled else ("yes" if r.tokens == base.tokens else "NO"))
+        lines.append(f"{name:<16} {s.tokens_per_s:>9.1f} {speedup:>8} {s.tau:>5.2f}  {same}")
+    s = runs[-1][1].stats
+    lines.append(f"({s.new_tokens} new tokens, prompt of {s.prompt_tokens} tokens, {'sampling' if sampled else 'greedy'}; "
+                 "tau = tokens per target forward)")
+    return "\n".join(lines)
 
+
+def _tune(args) -> int:
     from . import load
     from .benchinfo import save_json
     from .dispatch import calibration_prompts, format_tune, save_choice, tune
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _threads(args)
     target, tok = load(args.model)
     prompts = calibration_prompts(args.limit, args.questions)
     cands = [c.strip() for c in args.candidates.split(",") if c.strip()] if args.candidates else None
@@ -72,14 +96,11 @@ def _tune(args) -> int:
 
 
 def _bench(args) -> int:
-    import torch
-
     from .bench import format_table, run_bench
     from .benchinfo import save_json
     from .prompts import spec_bench
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _threads(args)
     cats = args.categories.split(",") if args.categories else None
     questions = spec_bench(args.questions, limit=args.limit, categories=cats)
     result = run_bench(questions, methods=[m.strip() for m in args.methods.split(",") if m.strip()], model=args.model,
@@ -98,6 +119,8 @@ def _check_env(args) -> int:
     return check_env()
 
 
+THREADS_HELP = ("torch CPU threads (default: one per idle core, i.e. cores minus the load average: a thread more "
+                "than the free cores makes decoding several times slower)")
 DRAFT_VOCAB_HELP = ("eagle/eagle2 draft over the K most frequent tokens (FR-Spec; default: minispec.methods.DRAFT_VOCAB, "
                     "0: the full vocabulary); verification always uses the full vocabulary")
 
@@ -114,7 +137,8 @@ def main(argv=None) -> int:
     d.add_argument("--top-k", type=int, default=0)
     d.add_argument("--top-p", type=float, default=1.0)
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    d.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
+    d.add_argument("--no-compare", action="store_true", help="skip the vanilla run that the speedup is measured against")
     d.add_argument("--method", default="auto", help="vanilla, pld, sps, eagle, eagle2, eagle3, medusa, NAME@TREE or "
                    "auto (default: the tree dispatcher's choice, see tune)")
     d.add_argument("--drafter", default=None, help="head checkpoint for eagle/eagle2/eagle3/medusa (default: shipped)")
@@ -128,7 +152,7 @@ def main(argv=None) -> int:
     t.add_argument("--max-new-tokens", type=int, default=64)
     t.add_argument("--batch-size", type=int, default=1, help="choose for this batch size")
     t.add_argument("--candidates", default=None, help="comma list of methods (default: minispec.dispatch.DEFAULT_CANDIDATES)")
-    t.add_argument("--threads", type=int, default=0)
+    t.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     t.add_argument("--json", default=None, help="also write the full result (with device and versions) here")
     t.set_defaults(func=_tune)
 
@@ -151,7 +175,7 @@ def main(argv=None) -> int:
     b.add_argument("--pld-k", type=int, default=8, help="draft length of pld / hf_pld")
     b.add_argument("--draft", default=None, help="draft checkpoint for sps / hf_assisted (default: the shipped one)")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--threads", type=int, default=0)
+    b.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     b.add_argument("--json", default=None, help="write the results (with device and versions) here")
     b.set_defaults(func=_bench)
 

@@ -258,19 +258,20 @@ def save_choice(r: TuneResult):
     return path
 
 
-def auto_method(model_name: str = "smollm2-135m", batch_size: int = 1, tune_if_missing: bool = True) -> str:
-    """The method ``tune`` chose on this machine. Without a saved result, a quick tune runs first
-    (4 Spec-Bench or own prompts, 32 tokens each) and is saved, unless ``tune_if_missing`` is False."""
+def auto_method(model_name: str = "smollm2-135m", batch_size: int = 1, strict: bool = False) -> str:
+    """The method ``tune`` chose on this machine; without a saved result, ``methods.DEFAULT_AUTO``.
+
+    Nothing is measured here (``python -m minispec tune`` does that, and saves its choice), so
+    ``auto`` never starts a long calibration unannounced. ``strict``: raise FileNotFoundError
+    instead of falling back to the default."""
+    from .methods import DEFAULT_AUTO
+
     path = tune_path(model_name, batch_size)
     if not path.exists():
-        if not tune_if_missing:
+        if strict:
             raise FileNotFoundError(f"no tuning result for {model_name} at batch {batch_size} on this machine ({path}); "
                                     f"run: python -m minispec tune --model {model_name} --batch-size {batch_size}")
-        from . import load
-
-        target, tok = load(model_name)
-        r = tune(target, tok, calibration_prompts(4), model_name, batch_size=batch_size, max_new_tokens=32)
-        save_choice(r)
+        return DEFAULT_AUTO
     return json.loads(path.read_text())["choice"]
 
 

@@ -15,6 +15,26 @@ REQUIRED = ["torch", "numpy", "transformers", "safetensors", "gguf", "accelerate
             "matplotlib", "ipywidgets", "jupyterlab", "nbmake", "pytest"]
 
 
+def default_threads(cores: int | None = None, load: float | None = None) -> int:
+    """Torch CPU threads to use unless told (``--threads``): the cores that are idle now.
+
+    torch's threads wait for each other at every matrix product, so one more thread than there
+    are free cores makes decoding collapse (``benchmarks/threads.py``: several times slower on a
+    2-core machine beside one busy process). Idle cores = cores - the 1-minute load average,
+    rounded; at least 1.
+
+    Args:
+        cores: CPU cores (default ``os.cpu_count()``); load: the load average (default ``os.getloadavg()[0]``).
+    """
+    cores = cores or os.cpu_count() or 1
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # not on every platform
+            load = 0.0
+    return max(1, min(cores, round(cores - load)))
+
+
 def _version(mod) -> str:
     return getattr(mod, "__version__", "") or "installed"
 
@@ -40,6 +60,10 @@ def check_env(out=sys.stdout) -> int:
             print(f"[INFO] CUDA available: {torch.cuda.get_device_name(0)} (torch CUDA {torch.version.cuda})", file=out)
         else:
             print("[INFO] CUDA not available: GPU chapters (CUDA graphs, GPU timings) will skip; everything else runs on CPU", file=out)
+            if torch.version.cuda:
+                print(f"[WARN] torch {torch.__version__} is a CUDA {torch.version.cuda} build but no GPU is visible: the CPU "
+                      "build is a fraction of its size (pip install torch --index-url "
+                      "https://download.pytorch.org/whl/cpu, or make install on a machine without nvidia-smi)", file=out)
         print(f"[INFO] torch threads: {torch.get_num_threads()}", file=out)
     except Exception:
         pass

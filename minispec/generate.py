@@ -108,6 +108,8 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
     params = SamplingParams(temperature, top_k, top_p)  # validates
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if isinstance(prompt, str) and not prompt.strip():
+        raise ValueError("the prompt is empty (a chat template alone is no prompt)")
     ids = encode_prompt(tokenizer, prompt, chat)
     ctx = target.cfg.max_seq_len
     if not ids:

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from .config import cache_dir
+from .linear import prepack
 from .model import ModelConfig, Transformer
 from .tokenizer import ByteTokenizer
 
@@ -60,19 +61,20 @@ def load(name: str, dtype: torch.dtype = torch.float32, device: str | torch.devi
         name: "smollm2-135m", a tiny preset, a Hugging Face hub id or a local checkpoint dir.
         dtype, device: where the minispec model lives.
     Returns:
-        (Transformer, tokenizer).
+        (Transformer, tokenizer), with CPU fp32 weights prepacked (``minispec.linear``).
     """
     name = ALIASES.get(name.lower(), name) if isinstance(name, str) else name
     if name in TINY:
         hf = _tiny_hf(name)
         model = from_hf_state_dict(config_from_hf(hf.config, name), hf.state_dict())
-        return model.to(device=device, dtype=dtype).eval(), ByteTokenizer()
+        return prepack(model.to(device=device, dtype=dtype).eval()), ByteTokenizer()
     path = ensure_smollm2() if name == SMOLLM2 else name
     if Path(path).is_dir() and (Path(path) / "config.json").exists():
-        return _load_dir(Path(path), name, dtype, device)
+        model, tok = _load_dir(Path(path), name, dtype, device)
+        return prepack(model), tok
     hf, tok = _hf_from_hub(name)
     model = from_hf_state_dict(config_from_hf(hf.config, name), hf.state_dict())
-    return model.to(device=device, dtype=dtype).eval(), tok
+    return prepack(model.to(device=device, dtype=dtype).eval()), tok
 
 
 def load_hf(name: str, dtype: torch.dtype = torch.float32):

@@ -44,10 +44,19 @@ def spec_bench(path: str | Path | None = None, limit: int | None = None, categor
         raise FileNotFoundError(f"Spec-Bench questions not found at {path}; pass a path in Spec-Bench's JSONL layout "
                                 "(question_id, category, turns) or set MINISPEC_SPEC_BENCH")
     rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
             q = json.loads(line)
-            rows.append(dict(question_id=q["question_id"], category=q["category"], prompt=q["turns"][0]))
+            turns = q["turns"]
+            if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():
+                raise ValueError("'turns' must be a non-empty list whose first turn is a non-empty string")
+            rows.append(dict(question_id=q["question_id"], category=q["category"], prompt=turns[0]))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            what = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+            raise ValueError(f"{path}, line {n}: not a Spec-Bench question (JSON with question_id, category, turns): "
+                             f"{what}") from None
     if categories:
         unknown = set(categories) - {r["category"] for r in rows}
         if unknown:

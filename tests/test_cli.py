@@ -28,15 +28,65 @@ def test_check_env_fails_on_missing_dependency(monkeypatch):
 def test_demo_on_tiny_model_prints_tokens_per_second():
     r = _run("demo", "--model", "tiny-llama", "--max-new-tokens", "8", "--prompt", "hi", "--method", "vanilla")
     assert r.returncode == 0, r.stderr
-    assert "tokens/s" in r.stdout and "8 new tokens" in r.stdout and "[vanilla greedy]" in r.stdout
+    row = next(line for line in r.stdout.splitlines() if line.startswith("vanilla "))
+    assert "tokens/s" in r.stdout and "(8 new tokens" in r.stdout and row.split()[2:4] == ["1.00x", "1.00"]
+    assert "for comparison" not in r.stdout  # vanilla is not run twice
 
 
-def test_demo_runs_a_speculative_method():
+def test_demo_shows_the_method_beside_vanilla():
     r = _run("demo", "--model", "tiny-llama", "--max-new-tokens", "12", "--prompt", "abcabcabc", "--method", "pld")
     assert r.returncode == 0, r.stderr
-    assert "[pld greedy] 12 new tokens" in r.stdout
+    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.split()[:1] in (["vanilla"], ["pld"])}
+    assert set(rows) == {"vanilla", "pld"} and rows["pld"][-1] == "yes"  # greedy: identical output
+    assert "(12 new tokens" in r.stdout
+
+
+def test_demo_auto_without_a_tune_uses_the_default_and_measures_nothing(tmp_path):
+    import os
+
+    from minispec.methods import DEFAULT_AUTO
+
+    env = dict(os.environ, MINISPEC_CACHE=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "minispec", "demo", "--model", "tiny-llama", "--method", "auto",
+                        "--max-new-tokens", "4", "--prompt", "hi", "--drafter", "none-such", "--no-compare"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert f"method: {DEFAULT_AUTO} (minispec's default" in r.stdout
+    assert not (tmp_path / "tune").exists()
+
+
+def test_demo_rejects_an_empty_prompt():
+    r = _run("demo", "--model", "tiny-llama", "--prompt", "   ")
+    assert r.returncode == 2 and "the prompt is empty" in r.stderr
 
 
 def test_demo_rejects_bad_sampling_parameters():
     r = _run("demo", "--model", "tiny-llama", "--top-p", "0")
     assert r.returncode == 2 and "top_p" in r.stderr
+
+
+def test_check_env_flags_a_cuda_build_without_a_gpu(monkeypatch):
+    import io
+
+    import torch
+
+    from minispec import env
+
+    monkeypatch.setattr(env, "REQUIRED", ["torch"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    out = io.StringIO()
+    assert env.check_env(out) == 0
+    assert "[WARN] torch" in out.getvalue() and "CUDA 12.8 build but no GPU" in out.getvalue()
+    monkeypatch.setattr(torch.version, "cuda", None)  # a CPU build: nothing to flag
+    out = io.StringIO()
+    env.check_env(out)
+    assert "[WARN]" not in out.getvalue()
+
+
+def test_default_threads_leave_busy_cores_alone():
+    from minispec.env import default_threads
+
+    assert default_threads(cores=2, load=0.0) == 2
+    assert default_threads(cores=2, load=1.0) == 1  # one busy process beside it: one thread, not a collapse
+    assert default_threads(cores=2, load=5.0) == 1
+    assert default_threads(cores=8, load=2.2) == 6

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from minispec import dispatch, load
-from minispec.methods import Methods, parse_method
+from minispec.methods import DEFAULT_AUTO, Methods, parse_method
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,9 @@ def test_tune_chooses_the_best_predicted_candidate(tiny):
 def test_auto_reads_the_saved_choice(tmp_path, monkeypatch):
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="minispec tune"):
-        dispatch.auto_method("tiny-llama", tune_if_missing=False)
+        dispatch.auto_method("tiny-llama", strict=True)
+    assert dispatch.auto_method("tiny-llama") == DEFAULT_AUTO  # no saved tune: the shipped default, nothing measured
+    assert not dispatch.tune_path("tiny-llama").exists()
     path = dispatch.tune_path("tiny-llama")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"choice": "pld"}))

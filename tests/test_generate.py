@@ -69,7 +69,8 @@ def test_stops_at_eos():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_k=-3), "top_k"),
-    (dict(max_new_tokens=0), "max_new_tokens"), (dict(prompt=""), "empty"),
+    (dict(max_new_tokens=0), "max_new_tokens"), (dict(prompt=""), "empty"), (dict(prompt=" \n "), "empty"),
+    (dict(prompt=[]), "empty"),
     (dict(prompt="x" * 500), "exceeds the model's context of 512"),
     (dict(prompt=[1, 2, 999]), r"token ids must be in \[0, 256\)"),
 ])

@@ -80,3 +80,15 @@ def test_state_dict_is_nn_linear(monkeypatch):
     with torch.inference_mode():
         assert not layer._use_packed(x)
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+@needs_mkldnn
+def test_prepack_packs_every_linear_of_a_loaded_model():
+    from minispec import load
+
+    model, _ = load("tiny-llama")  # load() prepacks
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    assert len(layers) == 4 * model.cfg.n_layer + 1  # qkv, out, gate_up, down per layer + LM head
+    assert all(getattr(m, "_packed_key", None) is not None for m in layers)
+    fresh = Linear(8, 4)
+    assert getattr(fresh, "_packed_key", None) is None

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ..attention import causal_mask
 from ..kv import KVCache
-from ..linear import Linear
+from ..linear import Linear, prepack
 from ..model import RMSNorm, apply_rope, rope_cos_sin
 from .tree_drafter import TreeDrafter, TreeSpec
 from .vocab import ReducedLMHead, load_counts, top_tokens
@@ -196,6 +196,7 @@ class EagleDrafter(TreeDrafter):
                                  f"{target.cfg.vocab_size}: count tokens with the target's tokenizer "
                                  "(python -m minispec.drafters.vocab)")
             self.lm_head = ReducedLMHead(target.lm_head, top_tokens(counts, draft_vocab))
+        prepack(self.head), prepack(self.lm_head)  # not on the first timed draft
         c = head.cfg
         p = next(head.parameters())
         self.kv = KVCache(1, c.num_key_value_heads, c.head_dim, capacity, dtype=p.dtype, device=p.device)
