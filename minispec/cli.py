@@ -3,6 +3,7 @@
     demo        generate for a prompt with SmolLM2-135M, a speculative method and vanilla side by side
     bench       Spec-Bench-style comparison of decoding methods
     tune        tree dispatcher: measured verify-cost curve, candidates, the choice for this machine
+    profile     per-method decode-step breakdown (draft, target, verify, commit, hand-off), bandwidth floor
     exactness   exact and empirical checks that every verifier is lossless
     grade N     per-exercise PASS/FAIL table of chapter N
     train draft distill the small SmolLM2 draft model on target-generated ShareGPT answers
@@ -182,6 +183,8 @@ def main(argv=None) -> int:
     sub.add_parser("train", help="train draft|eagle|eagle3|medusa: train a drafter for SmolLM2 (see train NAME --help)",
                    add_help=False)
     sub.add_parser("grade", help="grade a chapter's exercises: grade N [--impl exercises|solutions|minispec]", add_help=False)
+    sub.add_parser("profile", help="where a decode step's time goes, per method, and the memory-bandwidth floor",
+                   add_help=False)
     e = sub.add_parser("exactness", help="exact and empirical checks that every verifier is lossless", add_help=False)
     e.set_defaults(func=None)
 
@@ -202,6 +205,10 @@ def main(argv=None) -> int:
         from .grading import grade_main
 
         return grade_main(argv[1:])
+    if argv[:1] == ["profile"]:  # python -m minispec profile --help
+        from .profile import main as profile_main
+
+        return profile_main(argv[1:])
     if argv[:1] == ["exactness"]:  # its own parser: python -m minispec exactness --help
         from .exactness_report import main as exactness_main
 

@@ -24,6 +24,12 @@ from .tree import Tree
 from .verify import verify_tree
 
 
+PHASES = ("draft", "target", "verify", "commit", "hand_off", "other")
+"""Where a decode step's time goes (``GenerationStats.phase_s``): the drafter's proposal, the target
+forward over root + nodes, sampling and verification, the KV commit, the feature hand-off to the
+drafter, and the rest of the loop (Python bookkeeping)."""
+
+
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
@@ -35,6 +41,8 @@ class GenerationStats:
     tested_at_depth: list[int] = field(default_factory=list)  # [d]: steps that verified a node at depth d + 1
     accepted_at_depth: list[int] = field(default_factory=list)  # [d]: steps that accepted a node at depth d + 1
     draft_forwards: int = 0
+    nodes: list[int] = field(default_factory=list)  # draft nodes verified by each decode step
+    phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))  # decode time by phase
 
     def record(self, tree, path: list[int]) -> None:
         """Per-depth acceptance of one verified tree: depth d + 1 is tested when the tree reaches it
@@ -70,7 +78,8 @@ class GenerationStats:
     def as_dict(self) -> dict:
         return dict(prompt_tokens=self.prompt_tokens, new_tokens=self.new_tokens, target_forwards=self.target_forwards,
                     prefill_s=self.prefill_s, decode_s=self.decode_s, tokens_per_s=self.tokens_per_s, tau=self.tau,
-                    draft_forwards=self.draft_forwards, acceptance_by_position=self.acceptance_by_position)
+                    draft_forwards=self.draft_forwards, acceptance_by_position=self.acceptance_by_position,
+                    phase_s=dict(self.phase_s))
 
 
 @dataclass
@@ -153,9 +162,18 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
     stats.tokens_per_step.append(1)
 
     t0 = time.perf_counter()
+    phase, clock = stats.phase_s, [t0]
+
+    def lap(name):  # time since the last lap goes to phase ``name``
+        now = time.perf_counter()
+        phase[name] += now - clock[0]
+        clock[0] = now
+
     while len(new) < max_new_tokens and x not in eos:
         budget = max_new_tokens - len(new) - 1  # drafts beyond this could never be emitted
+        lap("other")
         tree = drafter.propose(ids + new, params, budget, gen) if drafter is not None else EMPTY
+        lap("draft")
         if len(tree) > max_nodes:
             raise ValueError(f"{drafter!r} proposed {len(tree)} nodes but declared max_nodes={max_nodes}")
         if len(tree):
@@ -166,13 +184,18 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
         else:
             out = target(tokens, positions=tree.positions(kv.length).to(target.device), mask=tree.mask().to(target.device),
                          kv=kv, hidden_layers=layers)
+        lap("target")
         logits = out.logits[0]  # [N + 1, V]
         p = logits if params.greedy else probs(logits, params)
         res = verify_tree(tree.parents, tree.tokens, p, tree.q, mode=mode if len(tree) else plain, generator=gen)
         rows = [0] + [i + 1 for i in res.path]  # the root and the accepted path
+        lap("verify")
         kv.commit(rows)
+        lap("commit")
         hand_off(out, rows)
+        lap("hand_off")
         stats.record(tree, res.path)
+        stats.nodes.append(len(tree))
         emitted = res.emitted[: max_new_tokens - len(new)]
         for j, t in enumerate(emitted):
             if t in eos:
@@ -182,7 +205,8 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
         x = new[-1]
         stats.target_forwards += 1
         stats.tokens_per_step.append(len(emitted))
-    stats.decode_s = time.perf_counter() - t0
+    lap("other")
+    stats.decode_s = clock[0] - t0  # the sum of the phases
     stats.new_tokens = len(new)
     stats.draft_forwards = getattr(drafter, "forwards", 0) if drafter is not None else 0
     text = tokenizer.decode(new, skip_special_tokens=True)

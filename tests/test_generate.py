@@ -79,3 +79,34 @@ def test_bad_input_raises_clear_errors(tiny, kwargs, match):
     kwargs = {"prompt": "hello", **kwargs}
     with pytest.raises(ValueError, match=match):
         generate(model, tok, kwargs.pop("prompt"), max_new_tokens=kwargs.pop("max_new_tokens", 16), **kwargs)
+
+
+def test_decode_time_is_split_into_phases(tiny):
+    """GenerationStats.phase_s accounts for the whole decode time, and each step's node count is kept."""
+    from minispec.drafters import PromptLookup
+    from minispec.generate import PHASES
+
+    model, tok = tiny
+    for drafter in (None, PromptLookup(k=4)):
+        s = generate(model, tok, "abcabcabcabc", drafter=drafter, max_new_tokens=24, chat=False).stats
+        assert set(s.phase_s) == set(PHASES) and all(v >= 0 for v in s.phase_s.values())
+        assert abs(sum(s.phase_s.values()) - s.decode_s) < 1e-9
+        assert s.phase_s["target"] > 0 and len(s.nodes) == s.target_forwards - 1
+        assert (sum(s.nodes) > 0) == (drafter is not None)
+        assert (s.phase_s["draft"] > 0) == (drafter is not None)
+
+
+def test_profile_command_on_a_tiny_model(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "p.json"
+    r = subprocess.run([sys.executable, "-m", "minispec", "profile", "--model", "tiny-llama", "--methods", "vanilla,pld",
+                        "--prompts", "2", "--max-new-tokens", "16", "--sizes", "0,2", "--reps", "1", "--threads", "1",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["copy_bandwidth_gb_s"] > 0 and res["weight_bytes"] > 0 and set(res["verify_ms"]) == {"0", "2"}
+    assert set(res["methods"]) == {"vanilla", "pld"} and res["methods"]["vanilla"]["tau"] == 1.0
+    assert res["device"]["cpu"] and "vanilla" in r.stdout and "floor" in r.stdout

@@ -1,0 +1,141 @@
+"""``python -m minispec profile``: where a decode step's time goes, per method, next to the hardware floor.
+
+For each method the decode loop's own clock (``GenerationStats.phase_s``) splits the decode time
+into draft, target forward, verify (sampling + acceptance), KV commit, feature hand-off and the
+rest of the loop; dividing by the number of steps gives milliseconds per step. In the same run:
+
+  bandwidth   the machine's memory copy bandwidth (read + write bytes of a large tensor copy);
+  floor       the target's weight bytes read per forward / that bandwidth: what a single-token
+              forward cannot beat when decoding is memory-bound;
+  verify      a target forward over N + 1 tokens against N (``dispatch.verify_cost_curve``),
+              as a ratio to N = 0: how much verifying N drafts costs beyond decoding one token.
+
+The speedup model of chapter 1 reads off the same numbers: per step a method pays
+draft + target(N) + verify + commit + hand-off + other and commits tau tokens; vanilla pays the
+same with N = 0 and tau = 1.
+
+Shapes: N draft nodes per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from .generate import PHASES
+
+
+def copy_bandwidth(mib: int = 256, reps: int = 5) -> float:
+    """Memory bandwidth in GB/s of copying a ``mib`` MiB fp32 tensor (bytes read + written), best of ``reps``."""
+    src = torch.ones(mib * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = min(_timed(lambda: dst.copy_(src)) for _ in range(reps))
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the weights one forward reads: every linear layer's weight (the LM head included; the
+    embedding table is read one row per token and not counted)."""
+    from .linear import Linear
+
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, (Linear, torch.nn.Linear)))
+
+
+def step_breakdown(target, tok, prompts: list[str], drafter, max_new_tokens: int) -> dict:
+    """Mean ms per decode step of each phase (``generate.PHASES``), over ``prompts``, with tau and nodes."""
+    from . import generate
+
+    total = dict.fromkeys(PHASES, 0.0)
+    steps = new = forwards = nodes = 0
+    for p in prompts:
+        s = generate(target, tok, p, drafter=drafter, max_new_tokens=max_new_tokens).stats
+        for k, v in s.phase_s.items():
+            total[k] += v
+        steps += len(s.nodes)
+        nodes += sum(s.nodes)
+        new, forwards = new + s.new_tokens, forwards + s.target_forwards
+    ms = {k: v / steps * 1e3 for k, v in total.items()}
+    return dict(step_ms=sum(ms.values()), phase_ms=ms, steps=steps, mean_nodes=nodes / steps, tau=new / forwards)
+
+
+def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new_tokens: int, sizes, context: int,
+                reps: int, draft_vocab=None) -> dict:
+    """Everything ``python -m minispec profile`` reports, as one dict."""
+    from . import load
+    from .dispatch import verify_cost_curve
+    from .methods import Methods
+
+    target, tok = load(model_name)
+    bw = copy_bandwidth()
+    wb = weight_bytes(target)
+    with torch.inference_mode():
+        curve = verify_cost_curve(target, sizes=sizes, context=context, reps=reps)[1]
+    t0 = curve[min(curve)]
+    made = Methods(target, model_name, draft_vocab=draft_vocab)
+    generate_warm = prompts[0]
+    rows = {}
+    for m in methods:
+        d = made.drafter(m)
+        step_breakdown(target, tok, [generate_warm], d, 8)  # warm-up
+        rows[m] = step_breakdown(target, tok, prompts, d, max_new_tokens)
+    base = rows.get("vanilla")
+    for r in rows.values():
+        r["ms_per_token"] = r["step_ms"] / r["tau"]
+        if base:
+            r["speedup_vs_vanilla"] = base["ms_per_token"] / r["ms_per_token"]
+    return dict(model=model_name, copy_bandwidth_gb_s=bw, weight_bytes=wb, weight_floor_ms=wb / (bw * 1e9) * 1e3,
+                verify_ms={n: t * 1e3 for n, t in curve.items()}, verify_ratio={n: t / t0 for n, t in curve.items()},
+                context=context, methods=rows, prompts=len(prompts), max_new_tokens=max_new_tokens)
+
+
+def format_profile(r: dict) -> str:
+    lines = [f"memory copy bandwidth {r['copy_bandwidth_gb_s']:.1f} GB/s; target weights {r['weight_bytes'] / 2**20:.0f} MiB "
+             f"-> floor {r['weight_floor_ms']:.1f} ms per forward",
+             "target forward over N + 1 tokens (context %d): " % r["context"] + ", ".join(
+                 f"N={n} {ms:.1f} ms ({r['verify_ratio'][n]:.2f}x)" for n, ms in r["verify_ms"].items()),
+             "",
+             f"{'method':<16} {'nodes':>5} {'tau':>5} {'step ms':>8} " + " ".join(f"{p:>8}" for p in PHASES)
+             + f" {'ms/token':>8} {'vs vanilla':>10}"]
+    for m, x in r["methods"].items():
+        sp = f"{x['speedup_vs_vanilla']:.2f}x" if "speedup_vs_vanilla" in x else "-"
+        lines.append(f"{m:<16} {x['mean_nodes']:>5.1f} {x['tau']:>5.2f} {x['step_ms']:>8.1f} "
+                     + " ".join(f"{x['phase_ms'][p]:>8.2f}" for p in PHASES) + f" {x['ms_per_token']:>8.1f} {sp:>10}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    from .benchinfo import save_json
+    from .config import fast
+    from .env import default_threads
+    from .prompts import own_prompts
+
+    ap = argparse.ArgumentParser(prog="python -m minispec profile", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--methods", default="vanilla,pld,eagle,eagle2@5/6/16,eagle2")
+    ap.add_argument("--prompts", type=int, default=4, help="minispec's own prompts (never Spec-Bench)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--sizes", default="0,1,2,4,8,16,32,64", help="N of the verify-cost curve")
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--draft-vocab", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: one per idle core)")
+    ap.add_argument("--json", default=None, help="write the result (device, versions, settings) here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads or default_threads())
+    n_prompts, tokens = (1, 8) if fast() else (args.prompts, args.max_new_tokens)
+    prompts = [p["prompt"] for p in own_prompts()][:n_prompts]
+    r = run_profile(args.model, [m.strip() for m in args.methods.split(",") if m.strip()], prompts, tokens,
+                    [int(s) for s in args.sizes.split(",")], args.context, args.reps, args.draft_vocab)
+    print(format_profile(r))
+    if args.json:
+        print(f"saved {save_json(args.json, dict(benchmark='profile', threads=torch.get_num_threads(), **r))}")
+    return 0
