@@ -173,7 +173,7 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
         budget = max_new_tokens - len(new) - 1  # drafts beyond this could never be emitted
         lap("other")
         tree = drafter.propose(ids + new, params, budget, gen) if drafter is not None else EMPTY
-        lap("draft")
+        lap("draft" if drafter is not None else "other")
         if len(tree) > max_nodes:
             raise ValueError(f"{drafter!r} proposed {len(tree)} nodes but declared max_nodes={max_nodes}")
         if len(tree):
