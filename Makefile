@@ -30,11 +30,15 @@ demo: install
 check-env: install
 	$(BIN)/python -m minispec check-env
 
+# JOBS parallel pytest workers (pytest-xdist), each test file on one worker; the model is fetched
+# and converted once before they start
+JOBS ?= 2
 test: install
 	$(BIN)/python -m minispec check-env
 	$(BIN)/python tools/make_exercises.py --check
-	$(BIN)/python -m pytest
-	MINISPEC_FAST=1 $(BIN)/python -m pytest --nbmake notebooks
+	$(BIN)/python -c "from minispec.models import ensure_smollm2; ensure_smollm2()"
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile
+	MINISPEC_FAST=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) --nbmake notebooks
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -8,6 +8,7 @@
     grade N     per-exercise PASS/FAIL table of chapter N
     train draft distill the small SmolLM2 draft model on target-generated ShareGPT answers
     train eagle|eagle3|medusa   train an EAGLE-1/2 head, an EAGLE-3 head or Medusa heads
+    export      a trained EAGLE-1/2 or EAGLE-3 head in the official layout (vLLM, SGLang)
     check-env   one [OK]/[FAIL] line per dependency
 """
 
@@ -183,6 +184,8 @@ def main(argv=None) -> int:
     sub.add_parser("train", help="train draft|eagle|eagle3|medusa: train a drafter for SmolLM2 (see train NAME --help)",
                    add_help=False)
     sub.add_parser("grade", help="grade a chapter's exercises: grade N [--impl exercises|solutions|minispec]", add_help=False)
+    sub.add_parser("export", help="write a head in the official EAGLE layout (config.json + model.safetensors) for "
+                   "vLLM / SGLang", add_help=False)
     sub.add_parser("profile", help="where a decode step's time goes, per method, and the memory-bandwidth floor",
                    add_help=False)
     e = sub.add_parser("exactness", help="exact and empirical checks that every verifier is lossless", add_help=False)
@@ -205,6 +208,10 @@ def main(argv=None) -> int:
         from .grading import grade_main
 
         return grade_main(argv[1:])
+    if argv[:1] == ["export"]:  # python -m minispec export eagle|eagle3 --out DIR
+        from .export import main as export_main
+
+        return export_main(argv[1:])
     if argv[:1] == ["profile"]:  # python -m minispec profile --help
         from .profile import main as profile_main
 

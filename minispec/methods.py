@@ -26,7 +26,7 @@ DEFAULT_TREES = {"sps": None, "eagle": "chain:5", "eagle2": "6,10,60", "eagle3":
 # minispec.drafters.vocab) unless told otherwise: K tokens
 DRAFT_VOCAB = {"eagle": 8192, "eagle2": 8192}
 # what ``auto`` means on a machine where ``python -m minispec tune`` has not run (minispec.dispatch.auto_method)
-DEFAULT_AUTO = "eagle"
+DEFAULT_AUTO = "eagle@chain:2"
 PLAIN = ("vanilla", "pld")
 METHOD_NAMES = PLAIN + tuple(DEFAULT_TREES) + ("auto",)
 HEADS = {"eagle": "eagle", "eagle2": "eagle", "eagle3": "eagle3", "medusa": "medusa"}  # method -> shipped head

@@ -50,21 +50,34 @@ def weight_bytes(model) -> int:
     return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, (Linear, torch.nn.Linear)))
 
 
-def step_breakdown(target, tok, prompts: list[str], drafter, max_new_tokens: int) -> dict:
-    """Mean ms per decode step of each phase (``generate.PHASES``), over ``prompts``, with tau and nodes."""
+def step_breakdown(target, tok, prompts: list[str], drafters: dict, max_new_tokens: int) -> dict:
+    """Mean ms per decode step of each phase (``generate.PHASES``) with tau and nodes, per method.
+
+    Methods are interleaved per prompt (so drift of a shared machine hits all alike), after one
+    short warm-up generation each.
+
+    Args:
+        drafters: method name -> drafter (None for vanilla).
+    """
     from . import generate
 
-    total = dict.fromkeys(PHASES, 0.0)
-    steps = new = forwards = nodes = 0
+    acc = {m: dict(phase=dict.fromkeys(PHASES, 0.0), steps=0, nodes=0, new=0, forwards=0) for m in drafters}
+    for m, d in drafters.items():
+        generate(target, tok, prompts[0], drafter=d, max_new_tokens=8)  # warm-up
     for p in prompts:
-        s = generate(target, tok, p, drafter=drafter, max_new_tokens=max_new_tokens).stats
-        for k, v in s.phase_s.items():
-            total[k] += v
-        steps += len(s.nodes)
-        nodes += sum(s.nodes)
-        new, forwards = new + s.new_tokens, forwards + s.target_forwards
-    ms = {k: v / steps * 1e3 for k, v in total.items()}
-    return dict(step_ms=sum(ms.values()), phase_ms=ms, steps=steps, mean_nodes=nodes / steps, tau=new / forwards)
+        for m, d in drafters.items():
+            s, a = generate(target, tok, p, drafter=d, max_new_tokens=max_new_tokens).stats, acc[m]
+            for k, v in s.phase_s.items():
+                a["phase"][k] += v
+            a["steps"] += len(s.nodes)
+            a["nodes"] += sum(s.nodes)
+            a["new"], a["forwards"] = a["new"] + s.new_tokens, a["forwards"] + s.target_forwards
+    out = {}
+    for m, a in acc.items():
+        ms = {k: v / a["steps"] * 1e3 for k, v in a["phase"].items()}
+        out[m] = dict(step_ms=sum(ms.values()), phase_ms=ms, steps=a["steps"], mean_nodes=a["nodes"] / a["steps"],
+                      tau=a["new"] / a["forwards"])
+    return out
 
 
 def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new_tokens: int, sizes, context: int,
@@ -81,12 +94,7 @@ def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new
         curve = verify_cost_curve(target, sizes=sizes, context=context, reps=reps)[1]
     t0 = curve[min(curve)]
     made = Methods(target, model_name, draft_vocab=draft_vocab)
-    generate_warm = prompts[0]
-    rows = {}
-    for m in methods:
-        d = made.drafter(m)
-        step_breakdown(target, tok, [generate_warm], d, 8)  # warm-up
-        rows[m] = step_breakdown(target, tok, prompts, d, max_new_tokens)
+    rows = step_breakdown(target, tok, prompts, {m: made.drafter(m) for m in methods}, max_new_tokens)
     base = rows.get("vanilla")
     for r in rows.values():
         r["ms_per_token"] = r["step_ms"] / r["tau"]
@@ -127,15 +135,20 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--draft-vocab", type=int, default=None)
+    ap.add_argument("--no-prepack", action="store_true", help="F.linear instead of prepacked weights (the before figure)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: one per idle core)")
     ap.add_argument("--json", default=None, help="write the result (device, versions, settings) here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads or default_threads())
+    if args.no_prepack:
+        from .linear import Linear
+
+        Linear.prepack = False
     n_prompts, tokens = (1, 8) if fast() else (args.prompts, args.max_new_tokens)
     prompts = [p["prompt"] for p in own_prompts()][:n_prompts]
     r = run_profile(args.model, [m.strip() for m in args.methods.split(",") if m.strip()], prompts, tokens,
                     [int(s) for s in args.sizes.split(",")], args.context, args.reps, args.draft_vocab)
     print(format_profile(r))
     if args.json:
-        print(f"saved {save_json(args.json, dict(benchmark='profile', threads=torch.get_num_threads(), **r))}")
+        print(f"saved {save_json(args.json, dict(benchmark='profile', threads=torch.get_num_threads(), prepacked=not args.no_prepack, **r))}")
     return 0

@@ -13,7 +13,10 @@ if not torch.cuda.is_available():  # Triton kernels run on CPU through the inter
 
 from minispec.models import load, load_hf
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# pytest-xdist workers share the cores: one more torch thread than there are free cores makes every
+# matrix product wait (benchmarks/threads.py), so each worker gets its share
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _workers)))
 
 
 @pytest.fixture(scope="session")

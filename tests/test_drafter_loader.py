@@ -212,3 +212,33 @@ def test_draft_vocab_applies_to_eagle1_heads_only(tmp_path, target):
         load_drafter(e1, model, verbose=False, draft_vocab=16)  # the shipped counts are SmolLM2's
     d = load_drafter(e1, model, verbose=False)
     assert d.draft_vocab is None and d.lm_head is model.lm_head
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_export_round_trip(tmp_path, target, kind):
+    """export_head writes the official layout; load_drafter reads it back and drafts the same trees."""
+    from minispec.export import export_head
+
+    model, tok = target
+    head = _eagle1(model) if kind == "eagle" else _eagle3(model)
+    out = export_head(head, tmp_path / kind, max_position_embeddings=model.cfg.max_seq_len, dtype=torch.float32)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 1 and cfg["max_position_embeddings"] == model.cfg.max_seq_len
+    assert cfg["architectures"] == (["LlamaForCausalLM"] if kind == "eagle" else ["LlamaForCausalLMEagle3"])
+    d = load_drafter(out, model, verbose=False, tree="4,3,8")
+    assert type(d) is (EagleDrafter if kind == "eagle" else Eagle3Drafter)
+    for k, v in head.state_dict().items():
+        assert torch.equal(d.head.state_dict()[k], v), k
+    ref = (EagleDrafter if kind == "eagle" else Eagle3Drafter)(model, head, tree="4,3,8")
+    assert _proposals(d, model, tok) == _proposals(ref, model, tok)
+    half = export_head(head, tmp_path / "half", dtype=torch.float16)
+    from safetensors.torch import load_file
+    tensors = load_file(str(half / "model.safetensors"))
+    assert all(v.dtype == torch.float16 for k, v in tensors.items() if k not in ("d2t", "t2d"))
+
+
+def test_export_refuses_other_modules(tmp_path):
+    from minispec.export import export_head
+
+    with pytest.raises(TypeError, match="EAGLE-1/2 and EAGLE-3 heads"):
+        export_head(torch.nn.Linear(2, 2), tmp_path)

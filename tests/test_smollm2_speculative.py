@@ -61,3 +61,27 @@ def test_tree_greedy_equals_vanilla(smollm2, vanilla, method):
     methods = Methods(smollm2[0])
     tau = _check(smollm2, vanilla, lambda: methods.drafter(method))
     assert tau > TREE_METHODS[method], tau
+
+
+@pytest.fixture(scope="module")
+def long_vanilla(smollm2):
+    model, tok = smollm2
+    prompts = [p["prompt"] for p in own_prompts()[:2]]
+    return {p: generate(model, tok, p, max_new_tokens=384, stop_at_eos=False).tokens for p in prompts}
+
+
+@pytest.mark.slow
+@pytest.mark.ch04
+@pytest.mark.parametrize("method", ["eagle@chain:2", "eagle2@4/4/8"])
+def test_long_generations_equal_vanilla(smollm2, long_vanilla, method):
+    """384 new tokens past any end-of-sequence, so verification forwards over N + 1 rows run at long
+    contexts: the prepacked linear layers compute each row as vanilla's single-row forward does
+    (tests/test_linear.py), and the greedy tokens stay vanilla's all the way."""
+    from minispec.methods import Methods
+
+    model, tok = smollm2
+    methods = Methods(model)
+    for prompt, ref in long_vanilla.items():
+        r = generate(model, tok, prompt, drafter=methods.drafter(method), max_new_tokens=384, stop_at_eos=False)
+        assert len(r.tokens) == 384 and r.tokens == ref, prompt
+        assert r.stats.tau > 1.1

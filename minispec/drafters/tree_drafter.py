@@ -20,6 +20,12 @@ and ``TreeDrafter.propose`` turns them into a ``Tree`` of one of three shapes (`
              best nodes of all levels form the tree. A child never scores above its parent, so
              picking by (score, then depth) keeps the tree connected. Verified as one-hot q.
 
+             Parameters: minispec's ``D,K,N`` (depth, top_k, total_tokens) count DRAFT nodes only:
+             D levels below the root, N drafted nodes. Upstream EAGLE's ``depth``, ``top_k`` and
+             ``total_token`` count the root as a token and expand ``depth`` times after the root's
+             children, so minispec's D,K,N is upstream's depth = D - 1, top_k = K,
+             total_token = N + 1 (upstream's default 5 / 10 / 60 is minispec's 6,10,59).
+
 References: Miao et al., "SpecInfer" (2023) and Cai et al., "Medusa" (2024) for token trees;
 Li et al., "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees" (2024).
 """

@@ -242,6 +242,38 @@ def cells():
         print(dispatch.format_tune(r))
         '''),
         md('''
+        ### Where a step's time goes
+
+        The cost model needs three numbers per candidate: verify, draft and the rest of the loop.
+        `python -m minispec profile` measures them from the decode loop's own clock
+        (`GenerationStats.phase_s`: draft, target forward, verify, KV commit, feature hand-off,
+        other), next to the machine's memory bandwidth and the floor it puts under one target
+        forward (weight bytes / bandwidth). The committed result file, plotted: a method pays off
+        when its step costs less than tau vanilla steps.
+        '''),
+        code('''
+        prof_file = results / "profile_cpu.json"
+        prof = json.loads(prof_file.read_text())
+        phases = list(next(iter(prof["methods"].values()))["phase_ms"])
+        names = list(prof["methods"])
+        fig, ax = plt.subplots(figsize=(7, 4))
+        bottom = [0.0] * len(names)
+        for ph in phases:
+            vals = [prof["methods"][m]["phase_ms"][ph] for m in names]
+            ax.bar(names, vals, bottom=bottom, label=ph)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        van = prof["methods"]["vanilla"]["step_ms"]
+        for i, m in enumerate(names):  # the break-even step time: tau vanilla steps
+            ax.plot([i - 0.4, i + 0.4], [prof["methods"][m]["tau"] * van] * 2, "k--", lw=1)
+        ax.axhline(prof["weight_floor_ms"], color="gray", lw=1)
+        ax.text(len(names) - 0.5, prof["weight_floor_ms"], " weight floor", va="bottom", ha="right", color="gray")
+        ax.set_ylabel("ms per decode step"); ax.legend(fontsize=8)
+        ax.set_title(f"{prof['device'].get('cpu_model', 'CPU')}, {prof['threads']} threads (dashes: tau x vanilla step)")
+        plt.xticks(rotation=20); plt.show()
+        print(f"copy bandwidth {prof['copy_bandwidth_gb_s']:.1f} GB/s, weight floor {prof['weight_floor_ms']:.1f} ms; "
+              f"verify t(N)/t(0): " + ", ".join(f"N={n}: {r:.2f}" for n, r in prof["verify_ratio"].items()))
+        '''),
+        md('''
         ## 5. Exactness with a dynamic tree (GPT-2, TV distance)
 
         Dynamic trees hold deterministic top-k drafts, so minispec verifies them as one-hot q
