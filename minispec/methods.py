@@ -9,7 +9,7 @@
                  over the full vocabulary)
     eagle3       EAGLE-3 head, chain of 5 (a dynamic tree when one is given)
     medusa       Medusa heads, Medusa's static mc_sim_7b_63 tree
-    auto         the tree dispatcher's choice for this machine (``python -m minispec tune``)
+    auto         the method ``python -m minispec tune`` saved for this machine, else ``DEFAULT_AUTO``
 
 A branching method takes another tree as ``NAME@TREE``: ``sps@eagle`` (the EAGLE static tree),
 ``eagle2@5/8/32`` (a dynamic tree; '/' keeps commas free for method lists), ``eagle@chain:4``.
