@@ -163,3 +163,38 @@ def test_validation_errors():
     Tree([], []).check_depth(0)
     with pytest.raises(ValueError, match="exceeds the limit 1"):
         Tree.chain([1, 2]).check_depth(1)
+
+
+@st.composite
+def _levels(draw):
+    """A tree given level by level, as TreeDrafter hands it to a drafter: lists of parents (-1 = root)."""
+    levels, n = [], 0
+    for d in range(draw(st.integers(1, 5))):
+        prev = list(range(n - len(levels[-1]), n)) if levels else [-1]
+        level = draw(st.lists(st.sampled_from(prev), min_size=1, max_size=4))
+        levels.append(level)
+        n += len(level)
+    return levels
+
+
+@settings(max_examples=60, deadline=None)
+@given(_levels(), st.integers(1, 6))
+def test_growing_tree_matches_the_tree_mask(levels, committed):
+    """The drafters' incremental builder gives every node the ancestors Tree.mask() gives it, the
+    position committed - 1 + depth, and calls it a chain only when it is one."""
+    from minispec.drafters.tree_drafter import GrowingTree
+
+    g, parents = GrowingTree(), []
+    for level in levels:
+        done = len(parents)
+        positions, mask = g.add(level, committed)
+        parents += level
+        assert mask.shape == (len(level), committed + len(parents))
+        assert mask[:, :committed].all()  # every node sees the committed context
+        full = Tree([0] * len(parents), parents)
+        want = full.mask()[1 + done:, 1:]  # new nodes' rows over the nodes, without the root column
+        assert torch.equal(mask[:, committed:], want)
+        assert positions.tolist() == [committed - 1 + d for d in full.depths()[done:]]
+    assert g.is_chain == (parents == list(range(-1, len(parents) - 1)))
+    with pytest.raises(ValueError, match="must index"):
+        g.add([len(parents)], committed)

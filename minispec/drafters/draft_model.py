@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..kv import KVCache
-from .tree_drafter import TreeDrafter, TreeSpec
+from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
 
 
 class DraftModel(TreeDrafter):
@@ -33,10 +33,8 @@ class DraftModel(TreeDrafter):
         self.model = model
         self.kv = KVCache.for_model(model, capacity)
         self.cached: list[int] = []  # tokens whose keys/values are committed in self.kv
-        self._depths: list[int] = []  # depth of each node added since _start
-        self._anc: list[list[int]] = []  # ancestors (indices among added nodes) of each added node
-        self._tokens: list[int] = []  # tokens of the nodes added since _start
-        self._chain_only = True
+        self._tree = GrowingTree()  # the nodes added since _start
+        self._tokens: list[int] = []  # their tokens
 
     @property
     def k(self) -> int:
@@ -69,37 +67,25 @@ class DraftModel(TreeDrafter):
         self.kv.commit()
         self.cached += new
         self.forwards += 1
-        self._depths, self._anc, self._tokens, self._chain_only = [], [], [], True
+        self._tree, self._tokens = GrowingTree(), []
         return out.logits[0, -1]
 
     def _extend(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
-        n, done = len(tokens), len(self._depths)
-        L = len(self.cached)  # the root sits at position L - 1
-        chain = n == 1 and parents[0] == done - 1 and self._chain_only
         self._tokens += tokens
-        for p in parents:
-            self._depths.append(1 if p < 0 else self._depths[p] + 1)
-            self._anc.append([] if p < 0 else self._anc[p] + [p])
-        positions = torch.tensor(self._depths[done:], device=self.model.device) + L - 1  # [n] prefix + depth
-        if chain:  # a path: the causal mask is the tree mask
-            out = self.model(torch.tensor([tokens], device=self.model.device), positions=positions, kv=self.kv)
+        # [n] root position + depth, [n, S] context + earlier nodes + new (the root sits at len(cached) - 1)
+        positions, mask = self._tree.add(parents, len(self.cached), self.model.device)
+        x = torch.tensor([tokens], device=self.model.device)
+        if self._tree.is_chain:  # a path: the causal mask is the tree mask
+            out = self.model(x, positions=positions, kv=self.kv)
         else:
-            self._chain_only = False
-            mask = torch.zeros(n, L + done + n, dtype=torch.bool)  # [n, S]: context + earlier nodes + new
-            mask[:, :L] = True
-            for j in range(n):
-                mask[j, [L + a for a in self._anc[done + j]]] = True
-                mask[j, L + done + j] = True
-            out = self.model(torch.tensor([tokens], device=self.model.device), positions=positions,
-                             mask=mask.to(self.model.device), kv=self.kv)
+            out = self.model(x, positions=positions, mask=mask, kv=self.kv)
         self.kv.commit()
         self.forwards += 1
         return out.logits[0]  # [n, V]
 
     def _end(self) -> None:
-        n = len(self._depths)
-        if self._chain_only:  # a chain's drafts stay cached: the next _start keeps the accepted ones
+        if self._tree.is_chain:  # a chain's drafts stay cached: the next _start keeps the accepted ones
             self.cached += self._tokens
         else:
-            self.kv.rollback(n)
-        self._depths, self._anc, self._tokens = [], [], []
+            self.kv.rollback(len(self._tree))
+        self._tree, self._tokens = GrowingTree(), []

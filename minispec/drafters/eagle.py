@@ -45,7 +45,7 @@ from ..attention import causal_mask
 from ..kv import KVCache
 from ..linear import Linear, prepack
 from ..model import RMSNorm, apply_rope, rope_cos_sin
-from .tree_drafter import TreeDrafter, TreeSpec
+from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
 from .vocab import ReducedLMHead, load_counts, top_tokens
 
 DEFAULT_NAME = "smollm2-135m-eagle"
@@ -261,33 +261,21 @@ class EagleDrafter(TreeDrafter):
         self.kv.commit()
         self.pairs = list(context[1:])
         self.root_g, self.node_g = g[-1], []  # predicted features of the root and of added nodes
-        self.depths, self.anc, self.chain_only = [], [], True
+        self.tree = GrowingTree()
         return self._logits(g[-1])  # [V]
 
     def _extend(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
-        n, done, L = len(tokens), len(self.depths), len(self.pairs)  # the root's pair sits at position L - 1
-        chain = n == 1 and parents[0] == done - 1 and self.chain_only
-        for p in parents:
-            self.depths.append(1 if p < 0 else self.depths[p] + 1)
-            self.anc.append([] if p < 0 else self.anc[p] + [p])
         feat = torch.stack([self.root_g if p < 0 else self.node_g[p] for p in parents])  # [n, H] parents' g
-        positions = torch.tensor(self.depths[done:]) + L - 1  # [n] root position + depth
-        mask = None  # a path: causal after the cache
-        if not chain:
-            self.chain_only = False
-            mask = torch.zeros(n, L + done + n, dtype=torch.bool, device=self.feats.device)  # [n, S]
-            mask[:, :L] = True  # the committed pairs
-            for j in range(n):
-                mask[j, [L + a for a in self.anc[done + j]]] = True  # its ancestors
-                mask[j, L + done + j] = True  # itself
-        g = self._head(tokens, feat, positions, mask)  # [n, H]
+        # the root's pair sits at position len(pairs) - 1: [n] root position + depth, [n, S] pairs + ancestors + self
+        positions, mask = self.tree.add(parents, len(self.pairs), self.feats.device)
+        g = self._head(tokens, feat, positions, None if self.tree.is_chain else mask)  # [n, H]; a path: causal
         self.kv.commit()
         self.node_g += list(g)
         return self._logits(g)  # [n, V]
 
     def _end(self) -> None:
-        self.kv.rollback(len(self.depths))  # tree pairs hold predicted features: never keep them
-        self.depths, self.anc, self.node_g = [], [], []
+        self.kv.rollback(len(self.tree))  # tree pairs hold predicted features: never keep them
+        self.tree, self.node_g = GrowingTree(), []
 
 
 def load_eagle(path: str | Path | None, target, tree: "TreeSpec | str | int" = 5, **kw) -> EagleDrafter:

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from ..kv import KVCache
 from ..model import RMSNorm, apply_rope, rope_cos_sin
-from .tree_drafter import TreeDrafter, TreeSpec
+from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
 
 
 @dataclass
@@ -267,21 +267,14 @@ class Eagle3Drafter(TreeDrafter):
         self.kv.commit()
         self.forwards += 1
         self._root_hidden = out[0, -1]  # [H] the root's output: the hidden input of depth-1 nodes
-        self._hidden, self._depths, self._anc = [], [], []
+        self._hidden, self._tree = [], GrowingTree()
         return self.head.to_target_logits(self.head.draft_logits(out[0, -1]))
 
     def _extend(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
-        n, done, L = len(tokens), len(self._depths), self.kv.length - len(self._depths)  # L committed positions
-        for p in parents:
-            self._depths.append(1 if p < 0 else self._depths[p] + 1)
-            self._anc.append([] if p < 0 else self._anc[p] + [p])
+        L = self.kv.length - len(self._tree)  # committed positions; the root at L - 1
         h = torch.stack([self._root_hidden if p < 0 else self._hidden[p] for p in parents])[None]  # [1, n, H]
-        positions = torch.tensor(self._depths[done:], device=h.device)[None] + L - 1  # root at L - 1
-        mask = torch.zeros(n, L + done + n, dtype=torch.bool, device=h.device)  # [n, S]
-        mask[:, :L] = True
-        for j in range(n):
-            mask[j, [L + a for a in self._anc[done + j]]] = True
-            mask[j, L + done + j] = True
+        positions, mask = self._tree.add(parents, L, h.device)  # [n], [n, S]
+        positions = positions[None]  # [1, n]
         out = self.head(self._emb(tokens), h, positions, self.kv, mask)  # [1, n, H]
         self.kv.commit()
         self.forwards += 1
@@ -289,5 +282,5 @@ class Eagle3Drafter(TreeDrafter):
         return self.head.to_target_logits(self.head.draft_logits(out[0]))  # [n, V]
 
     def _end(self) -> None:
-        self.kv.rollback(len(self._depths))  # keep only the committed positions
-        self._hidden, self._depths, self._anc = [], [], []
+        self.kv.rollback(len(self._tree))  # keep only the committed positions
+        self._hidden, self._tree = [], GrowingTree()

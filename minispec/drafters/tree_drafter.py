@@ -105,6 +105,53 @@ class TreeSpec:
         return {"chain": self.depth, "static": len(self.choices), "dynamic": self.total_tokens}[self.kind]
 
 
+class GrowingTree:
+    """The nodes one proposal has drafted so far, grown level by level: the one place where every
+    branching drafter (draft model, EAGLE heads) gets the positions and the attention mask of
+    the next level's nodes. Vectorised: one ancestor-or-self matrix, no loop over nodes.
+
+    The drafter's cache holds L committed positions (the root is the last, at position L - 1)
+    followed by the ``len(self)`` nodes added so far, in the order they were added; a new node
+    attends to the L committed positions, its ancestors and itself.
+    """
+
+    def __init__(self):
+        self.depth = torch.zeros(0, dtype=torch.long)  # [m] depth of each added node (root children: 1)
+        self.anc = torch.zeros(0, 0, dtype=torch.bool)  # [m, m] anc[i, j]: node j is node i or an ancestor of it
+        self.is_chain = True  # every level so far was one node, the child of the one before
+
+    def __len__(self) -> int:
+        return len(self.depth)
+
+    def add(self, parents: list[int], committed: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add n nodes with ``parents`` (indices of added nodes, -1 = the root).
+
+        Args:
+            parents: [n] parent of each new node.
+            committed: L, the committed positions in the drafter's cache before the tree.
+        Returns:
+            positions [n] (L - 1 + depth) and mask [n, L + m + n] over committed positions, the m
+            nodes added before, and the new ones (True = may attend).
+        """
+        done, n = len(self), len(parents)
+        par = torch.tensor(parents, dtype=torch.long)  # [n]
+        if ((par < -1) | (par >= done)).any():
+            raise ValueError(f"parents {parents} must index the {done} nodes added before (-1 = the root)")
+        self.is_chain = self.is_chain and n == 1 and parents[0] == done - 1
+        has = par >= 0
+        depth = torch.ones(n, dtype=torch.long)
+        depth[has] = self.depth[par[has]] + 1  # [n]
+        rows = torch.zeros(n, done + n, dtype=torch.bool)  # [n, m + n]: ancestor-or-self of each new node
+        rows[has, :done] = self.anc[par[has]]  # the parent's row: its ancestors and itself
+        rows[torch.arange(n), done + torch.arange(n)] = True  # itself
+        anc = torch.zeros(done + n, done + n, dtype=torch.bool)
+        anc[:done, :done] = self.anc
+        anc[done:] = rows
+        self.anc, self.depth = anc, torch.cat([self.depth, depth])
+        mask = torch.cat([torch.ones(n, committed, dtype=torch.bool), rows], dim=1)  # [n, L + m + n]
+        return (depth + committed - 1).to(device), mask.to(device)
+
+
 class TreeDrafter:
     """Base class: ``propose`` for chains, static and dynamic trees on top of three hooks."""
 
