@@ -45,9 +45,7 @@ def _timed(fn) -> float:
 def weight_bytes(model) -> int:
     """Bytes of the weights one forward reads: every linear layer's weight (the LM head included; the
     embedding table is read one row per token and not counted)."""
-    from .linear import Linear
-
-    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, (Linear, torch.nn.Linear)))
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
 def step_breakdown(target, tok, prompts: list[str], drafters: dict, max_new_tokens: int) -> dict:
