@@ -40,5 +40,10 @@ test: install
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile
 	MINISPEC_FAST=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) --nbmake notebooks
 
+# the course as HTML with outputs and figures (fast mode): build/book/index.html
+.PHONY: book
+book: install
+	$(BIN)/python tools/book.py --out build/book
+
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
