@@ -46,7 +46,7 @@ from ..benchinfo import device_info, versions
 from ..config import cache_dir
 from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from ..sampling import GREEDY
-from .data import TARGET, target_features, training_sequences
+from .data import TARGET, eagle_features, training_sequences
 from .distill_draft import lr_at
 from .eagle3 import record_measurement
 
@@ -151,6 +151,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m minispec train eagle", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="head .safetensors path (the .json goes beside it)")
     ap.add_argument("--extra-sharegpt", type=int, default=600, help="extra ShareGPT conversations (own replies)")
+    ap.add_argument("--distill-prompts", type=int, default=576, help="self-distilled training examples (target answers)")
     ap.add_argument("--heldout", type=int, default=32, help="held-out examples of the distill cache")
     ap.add_argument("--max-len", type=int, default=320, help="tokens per sequence (prompt + response)")
     ap.add_argument("--topk", type=int, default=32, help="target log-probs kept per position (soft CE)")
@@ -226,16 +227,11 @@ def main(argv=None) -> dict:
     target, tok = load(TARGET)
     target.requires_grad_(False)
     train, held = training_sequences(tok, heldout=args.heldout, extra_sharegpt=args.extra_sharegpt,
-                                     max_len=args.max_len, seed=args.seed)
+                                     max_len=args.max_len, seed=args.seed, distill_prompts=args.distill_prompts)
     if args.measure_only:
         return run_measure(args, target, tok, held, json.loads(args.out.with_suffix(".json").read_text()))
     t0 = time.perf_counter()
-    ftrain = []  # per source, so adding ShareGPT conversations does not recompute the distill features
-    for src, name in (("distill", "train"), ("sharegpt", "train-sharegpt")):
-        part = [s for s in train if s.source == src]
-        ftrain += target_features(target, part, topk=args.topk, name=f"{TARGET}-{name}") if part else []
-    train = [s for s in train if s.source == "distill"] + [s for s in train if s.source == "sharegpt"]
-    fheld = target_features(target, held, topk=args.topk, name=f"{TARGET}-heldout")
+    ftrain, fheld = eagle_features(target, train, held, args.topk)
     features_s = time.perf_counter() - t0
 
     head = EagleHead(EagleConfig.for_target(target.cfg))

@@ -276,6 +276,7 @@ def parse_args(argv=None):
     ap.add_argument("--decay", type=float, default=0.8, help="loss weight of unroll step j: decay**j")
     ap.add_argument("--extra-sharegpt", type=int, default=256, help="ShareGPT conversations added to the distill cache")
     ap.add_argument("--max-len", type=int, default=320, help="tokens per training sequence")
+    ap.add_argument("--distill-prompts", type=int, default=576, help="self-distilled training examples (target answers)")
     ap.add_argument("--heldout", type=int, default=32)
     ap.add_argument("--topk", type=int, default=32, help="target log-probs kept per position (soft labels)")
     ap.add_argument("--steps", type=int, default=600, help="optimizer steps (at most)")
@@ -298,12 +299,12 @@ def parse_args(argv=None):
 
 def load_data(args, target, tok):
     """Train / held-out sequences and their cached target features (fused layers, top-k)."""
-    from .data import target_features, training_sequences
+    from .data import eagle_features, training_sequences
 
-    train, held = training_sequences(tok, heldout=args.heldout, extra_sharegpt=args.extra_sharegpt, max_len=args.max_len)
-    layers = eagle3_layers(target.cfg.n_layer)
-    feats = target_features(target, train + held, layers=layers, topk=args.topk, name=f"{TARGET}-eagle3")
-    return train, held, feats[:len(train)], feats[len(train):], layers
+    train, held = training_sequences(tok, heldout=args.heldout, extra_sharegpt=args.extra_sharegpt, max_len=args.max_len,
+                                     distill_prompts=args.distill_prompts)
+    ftrain, fheld = eagle_features(target, train, held, args.topk)
+    return train, held, ftrain, fheld, eagle3_layers(target.cfg.n_layer)
 
 
 def record_measurement(args, target, tok, held, record: dict, name: str, default_out: Path, drafters: dict) -> dict:
