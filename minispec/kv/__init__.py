@@ -1,5 +1,6 @@
-"""KV caches: contiguous (chapters 1-6); the paged cache of chapter 7 joins behind the same interface."""
+"""KV caches: contiguous (chapters 1-6) and paged (chapter 7), behind one interface."""
 
 from .contiguous import KVCache, KVCacheOverflow
+from .paged import KVPoolExhausted, PagedKVCache
 
-__all__ = ["KVCache", "KVCacheOverflow"]
+__all__ = ["KVCache", "KVCacheOverflow", "KVPoolExhausted", "PagedKVCache"]
