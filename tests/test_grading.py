@@ -239,17 +239,46 @@ def test_make_exercises_rejects_malformed_markers(copy):
     assert r.returncode == 1 and "BEGIN SOLUTION without an '# EXERCISE N.M: task' line" in r.stderr
 
 
-def test_notebooks_are_built_from_the_script_without_outputs():
+def _build_notebooks(*args):
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "build_notebooks.py"), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_build_notebooks_check_passes_and_notebooks_have_no_outputs():
     nbformat = pytest.importorskip("nbformat")
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_notebooks.py"), "--check"],
-                       capture_output=True, text=True, timeout=120)
+    pytest.importorskip("jupytext")
+    r = _build_notebooks("--check")
     assert r.returncode == 0, r.stderr
+    sources = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+    assert [p.stem for p in sources] == [p.stem for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))]
     for name in ("01_rejection_sampling.ipynb", "02_multi_round_speculative_sampling.ipynb"):
         nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
         assert code and all(not c.outputs and c.execution_count is None for c in code)
         assert "FAST" in code[0].source and "minispec.__version__" in code[0].source
         assert any("check(" in c.source and 'impl="exercises"' in c.source for c in code)
+
+
+def test_build_notebooks_check_names_a_notebook_out_of_sync_with_its_source(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("jupytext")
+    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    src = tmp_path / "notebooks" / "03_eagle_feature_drafting.py"
+    text = src.read_text(encoding="utf-8")
+    assert text.count("\n# # Chapter 3 ") == 1
+    src.write_text(text.replace("\n# # Chapter 3 ", "\n# # Chapter 3 (edited) ", 1), encoding="utf-8")
+    r = _build_notebooks("--check", "--root", str(tmp_path))
+    assert r.returncode == 1 and "notebooks/03_eagle_feature_drafting.ipynb differs" in r.stderr, r.stderr
+    assert "python tools/build_notebooks.py" in r.stderr and "01_rejection" not in r.stderr
+    r = _build_notebooks("--root", str(tmp_path))  # the writer brings the .ipynb back in sync
+    assert r.returncode == 0 and "wrote notebooks/03_eagle_feature_drafting.ipynb" in r.stdout, r.stderr
+    assert _build_notebooks("--check", "--root", str(tmp_path)).returncode == 0
+    nb_path = tmp_path / "notebooks" / "01_rejection_sampling.ipynb"  # a notebook saved with outputs fails
+    nb = nbformat.read(nb_path, as_version=4)
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", text="hi\n")]
+    nbformat.write(nb, nb_path)
+    r = _build_notebooks("--check", "--root", str(tmp_path))
+    assert r.returncode == 1 and "notebooks/01_rejection_sampling.ipynb has outputs" in r.stderr, r.stderr
 
 
 # --------------------------------------------------------------------------- chapters 4-5 (trees): the checks have teeth

@@ -1,0 +1,429 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 3 — EAGLE: drafting at the feature level
+#
+# Chapters 1–2 drafted with a small *model*. EAGLE (Li et al. 2024, "EAGLE: Speculative
+# Sampling Requires Rethinking Feature Uncertainty") drafts with a **one-layer head** that
+# reads the target's own **features** — its last hidden state $f_t$ after the final norm —
+# and predicts the next feature; the target's frozen LM head turns predicted features into
+# draft tokens. Two observations make it work:
+#
+# 1. **Features are easier to extrapolate than tokens**: $f_{t+1}$ is a smooth function of the
+#    past features, and the LM head on top is shared, so a single decoder layer suffices.
+# 2. **Feature uncertainty**: $f_{t+1}$ depends on which token was *sampled* at $t+1$, which
+#    $f_t$ alone does not know. So the head also reads the embedding of that token — the
+#    **shifted token** $x_{t+1}$ — and its input is $\mathrm{fc}(\mathrm{cat}[e(x_{t+1}), f_t])$,
+#    embedding first.
+#
+# EAGLE-2 keeps the head and grows a *dynamic tree* from its (calibrated) confidence
+# (chapter 5). **EAGLE-3** (Li et al. 2025) fuses low, middle and high target layers instead
+# of the last hidden state, drops the feature-regression loss, drafts over a reduced
+# vocabulary, and trains the head on its *own* outputs ("training-time test"). **Medusa**
+# (Cai et al. 2024), for comparison, puts $K$ independent heads on $f_t$ that never see the
+# drafted tokens.
+#
+# **Learning objectives**
+# 1. Explain feature uncertainty and the one-token shift of EAGLE's input pairs.
+# 2. Read the heads' architectures and their sizes next to a 2-layer draft model.
+# 3. Train an EAGLE head for a few steps on CPU with SmoothL1 + 0.1 × cross-entropy.
+# 4. Measure acceptance per draft position for SpS, Medusa, EAGLE-1 and EAGLE-3 on SmolLM2.
+# 5. Check that the draft's confidence is calibrated (EAGLE-2's premise) and that decoding
+#    with an EAGLE head at temperature 1 keeps the target's distribution.
+# 6. Implement exercises 3.1–3.4 and grade them.
+#
+# Library code: `minispec/drafters/eagle.py`, `eagle3.py`, `medusa.py`, `loader.py`;
+# training: `minispec/train/eagle.py`, `eagle3.py`, `medusa.py`.
+
+# %%
+# Versions and FAST mode.
+import os, platform
+
+import torch
+import minispec
+from minispec import config
+
+FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
+print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
+print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
+print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
+
+# %%
+import inspect
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from minispec import generate
+from minispec.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
+from minispec.drafters.loader import load_drafter
+from minispec.methods import Methods, shipped_head
+from minispec.tokenizer import encode_prompt
+
+smol, smol_tok = minispec.load("smollm2-135m")
+print(f"target: SmolLM2-135M-Instruct, {smol.cfg.n_layer} layers, hidden {smol.cfg.d_model}, vocab {smol.cfg.vocab_size}")
+
+# The heads shipped with minispec for SmolLM2-135M (python -m minispec train eagle | eagle3 | medusa).
+HEADS = {kind: Path(str(shipped_head(kind))) for kind in ("eagle", "eagle3", "medusa")}
+missing = [f"{p} (+ {p.with_suffix('.json').name})" for p in HEADS.values()
+           if not (p.is_file() and p.with_suffix(".json").is_file())]
+if missing:
+    raise FileNotFoundError("this notebook needs the heads shipped in minispec/checkpoints; missing: "
+                            + "; ".join(missing) + ". Train them with `python -m minispec train eagle` "
+                            "(and eagle3, medusa), or reinstall minispec with its checkpoints.")
+for kind, p in HEADS.items():
+    print(f"{kind:>7}: {p.name} ({p.stat().st_size / 2**20:.1f} MiB)")
+
+# %% [markdown]
+# ## 1. Why features, and why the shifted token
+#
+# Feature uncertainty, measured: take a prompt, the target's two most likely next tokens $a$
+# and $b$, and the feature the target computes *after* each of them. If the two branches lead
+# to very different features, no function of $f_t$ alone can predict $f_{t+1}$: it would have
+# to average two distant targets. Given the token actually taken, the next feature is
+# determined. We compare that gap with how far the feature moves in one ordinary step.
+
+# %%
+prompt_ids = encode_prompt(smol_tok, "Write a short poem about the sea.")
+with torch.inference_mode():
+    out = smol(torch.tensor([prompt_ids]))
+    f_t = out.hidden[0, -1]  # [H] the feature at the last prompt position
+    top2 = out.logits[0, -1].softmax(-1).topk(2)
+    nxt = {}
+    for tok_id in top2.indices.tolist():  # the feature after each branch
+        nxt[tok_id] = smol(torch.tensor([prompt_ids + [tok_id]])).hidden[0, -1]
+    steps = (out.hidden[0, 1:] - out.hidden[0, :-1]).norm(dim=-1)  # [T-1] ordinary one-step moves
+a, b = top2.indices.tolist()
+gap = (nxt[a] - nxt[b]).norm().item()
+print(f"the target's two most likely next tokens: {smol_tok.decode([a])!r} (p={top2.values[0]:.2f}), "
+      f"{smol_tok.decode([b])!r} (p={top2.values[1]:.2f})")
+print(f"||f_t+1(a) - f_t+1(b)|| = {gap:.1f}; ||f_t+1(a) - f_t|| = {(nxt[a] - f_t).norm():.1f}; "
+      f"median one-step move ||f_j+1 - f_j|| in the prompt = {steps.median():.1f}; ||f_t|| = {f_t.norm():.1f}")
+print(f"the two branches' next features are {gap / steps.median().item():.0%} of an ordinary step apart: a head "
+      f"that sees f_t but not the sampled token must aim between them; given the token, the target is one point")
+
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 3.6), gridspec_kw=dict(width_ratios=[1, 1.4]))
+ax1.bar(["f(a) vs f(b)\n(two branches)", "f(a) vs f_t\n(one step)", "median step\nin the prompt"],
+        [gap, (nxt[a] - f_t).norm().item(), steps.median().item()], color=["tab:red", "tab:blue", "0.6"])
+ax1.set_ylabel("L2 distance"); ax1.set_title("feature uncertainty: the sampled token decides f_t+1")
+# the shifted pairs the head reads: position j = (embedding of x_j+1, feature f_j) -> g_j+1
+n = 5
+for j in range(n):
+    ax2.text(j, 2, f"x{j}", ha="center", va="center", bbox=dict(boxstyle="round", fc="w"))
+    if j < n - 1:
+        ax2.text(j, 1, f"f{j}", ha="center", va="center", bbox=dict(boxstyle="round", fc="lightblue"))
+        ax2.text(j, 0, f"g{j + 1}", ha="center", va="center", bbox=dict(boxstyle="round", fc="moccasin"))
+        ax2.annotate("", (j + 0.05, 1.2), (j + 0.95, 1.8), arrowprops=dict(arrowstyle="->", color="tab:red"))
+        ax2.annotate("", (j, 0.2), (j, 0.8), arrowprops=dict(arrowstyle="->"))
+ax2.text(n - 0.6, 1, "head input at j:\ncat[e(x_j+1), f_j]\n(red: the shift)", fontsize=9)
+ax2.set_xlim(-0.6, n + 0.8); ax2.set_ylim(-0.5, 2.5); ax2.axis("off")
+ax2.set_title("EAGLE's pairs: token x_j+1 with feature f_j; output g_j+1 predicts f_j+1")
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# The head itself (`EagleHead.forward`): `fc` on the concatenation, then one Llama decoder
+# layer without its input norm (the features are already normed) and no final norm; its
+# output is a predicted feature, scored by the target's own LM head.
+
+# %%
+print(inspect.getsource(EagleHead.forward))
+
+# %% [markdown]
+# ## 2. The heads, their sizes, and the 2-layer draft model
+#
+# `load_drafter` detects a checkpoint's kind from its tensor names (EAGLE-1/2, EAGLE-3,
+# Medusa, minispec's draft model) and says what it inferred. All heads share the target's
+# token embedding and LM head (frozen), so they store only what is theirs; so does the
+# distilled 2-layer draft model of chapters 1–2. Counts below are each drafter's **own**
+# parameters; EAGLE-3 also carries its own small LM head over the draft vocabulary.
+
+# %%
+drafters = {kind: load_drafter(str(p), smol) for kind, p in HEADS.items()}
+heads = {"EAGLE-1/2": drafters["eagle"].head, "EAGLE-3": drafters["eagle3"].head, "Medusa": drafters["medusa"].heads}
+print(heads["EAGLE-1/2"])
+print(heads["EAGLE-3"])
+print(heads["Medusa"])
+
+# %% [markdown]
+# What EAGLE-3 changes, visible in its modules: `fc` takes $3H$ inputs (the hidden states
+# entering three target layers, low / middle / high, instead of the last one); the layer's
+# attention reads $2H$ = `cat[input_layernorm(embedding), hidden_norm(h)]`; it has its own
+# final `norm` and an `lm_head` over a **draft vocabulary** of the most frequent training
+# tokens, mapped back to target ids by `d2t` (exercises 3.3–3.4). At its next drafting step the
+# head is fed its *own* output hidden state, not a target feature, and it is trained that way
+# too (**training-time test**: `minispec.train.eagle3.unroll` runs the head on its own
+# outputs for several steps and sums the cross-entropies with weights $\text{decay}^j$), so
+# there is no feature-regression loss. Medusa's heads are one residual block each on $f_t$;
+# head $i$ guesses the token $i+1$ positions ahead without seeing the drafts in between.
+
+# %%
+from minispec.drafters.draft_checkpoint import load_draft_model
+
+draft_model = load_draft_model(smol)
+shared = {id(smol.tok_emb.weight), id(smol.lm_head.weight)}
+count = lambda m: sum(p.numel() for p in m.parameters() if id(p) not in shared)  # noqa: E731  own params only
+sizes = {**{k: count(h) for k, h in heads.items()}, "2-layer draft model": count(draft_model)}
+target_n = sum(p.numel() for p in smol.parameters())
+for name, n in sizes.items():
+    print(f"{name:<20} {n / 1e6:6.2f} M own parameters ({n / target_n:.1%} of the target's {target_n / 1e6:.1f} M)")
+e3 = heads["EAGLE-3"].config
+print(f"EAGLE-3 drafts over {e3.draft_vocab_size} of {e3.vocab_size} target tokens; fused target layers "
+      f"{drafters['eagle3'].target_layers} (inputs of layers 2, L//2, L-3 for L = {smol.cfg.n_layer})")
+plt.figure(figsize=(6, 3))
+plt.barh(list(sizes), [n / 1e6 for n in sizes.values()], color=["tab:blue", "tab:green", "tab:orange", "0.5"])
+plt.xlabel("own parameters (millions)"); plt.title("drafter sizes for SmolLM2-135M"); plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# ## 3. Training an EAGLE head, in miniature
+#
+# The shipped head was trained by `python -m minispec train eagle` (recipe below, from its
+# JSON record). Here we run the same loss, `minispec.train.eagle.eagle_loss`, from a random
+# head for a few dozen steps on a handful of SmolLM2's own greedy answers:
+#
+# $$\mathcal{L} = \mathrm{SmoothL1}(g_{t+1}, f_{t+1}) + 0.1 \cdot \mathrm{CE}\big(\mathrm{softmax}(\mathrm{LM}(g_{t+1})),\ p_{t+1}\big)$$
+#
+# with the target's distribution $p_{t+1}$ kept as its top-32, and EAGLE's uniform noise on the
+# input features (the head must cope with its own imperfect features when it drafts). Four
+# sequences are far too few to generalise: this shows the mechanics and the loss falling,
+# not a useful head.
+
+# %%
+import time
+from minispec.prompts import own_prompts
+from minispec.train import eagle as train_eagle
+from minispec.train.data import Sequence, target_features
+
+n_seq, n_tok, n_steps = (4, 32, 40) if FAST else (8, 96, 200)
+seqs = []
+for p in [x["prompt"] for x in own_prompts()][:n_seq]:  # the target's own greedy answers (self-distillation)
+    r = generate(smol, smol_tok, p, max_new_tokens=n_tok)
+    seqs.append(Sequence(torch.tensor(r.prompt_tokens + r.tokens), len(r.prompt_tokens), "own"))
+feats = target_features(smol, seqs, topk=32, cache=False)  # one frozen target forward per sequence
+
+torch.manual_seed(0)
+head = EagleHead(EagleConfig.for_target(smol.cfg))
+opt = torch.optim.AdamW(head.parameters(), lr=1e-3, betas=(0.9, 0.95))
+batch = train_eagle.make_batch(seqs, feats, list(range(len(seqs))))
+gen = torch.Generator().manual_seed(0)
+hist = []
+t0 = time.perf_counter()
+for step in range(n_steps):
+    loss, l1, ce, acc = train_eagle.eagle_loss(head, smol, batch, ce_weight=0.1, ce_frac=0.25, noise=0.1, generator=gen)
+    opt.zero_grad(); loss.backward()
+    torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0); opt.step()
+    hist.append((loss.item(), l1.item(), ce.item(), acc.item()))
+hist = np.array(hist)
+print(f"{n_steps} steps on {len(seqs)} sequences ({int(batch[-1].sum())} loss positions) in "
+      f"{time.perf_counter() - t0:.0f} s; loss {hist[0, 0]:.2f} -> {hist[-1, 0]:.2f}, "
+      f"top-1 agreement with the target on the CE positions {hist[0, 3]:.2f} -> {hist[-1, 3]:.2f} (training data)")
+fig, axs = plt.subplots(1, 3, figsize=(13, 3.2))
+for ax, col, name in zip(axs, (1, 2, 3), ("SmoothL1 (features)", "soft CE (tokens)", "top-1 agreement")):
+    ax.plot(hist[:, col]); ax.set_title(name); ax.set_xlabel("step")
+plt.tight_layout(); plt.show()
+
+# %%
+# How the shipped heads were trained: their JSON records (written by the training commands).
+for kind, p in HEADS.items():
+    rec = json.loads(p.with_suffix(".json").read_text())
+    tr = rec.get("training", {})
+    print(f"{kind}: {rec.get('command', '(no command recorded)')}")
+    print(f"    steps {tr.get('steps', '?')}, loss: {tr.get('loss', '?')}, train time {tr.get('train_s', '?')} s, "
+          f"data {rec.get('data', {}).get('train_sequences', '?')} sequences")
+    ev = rec.get("eval", {}).get("heldout")
+    if ev is not None:
+        print(f"    held-out (teacher-forced) eval: {ev}")
+
+# %% [markdown]
+# ## 4. Acceptance per draft position: SpS vs Medusa vs EAGLE-1 vs EAGLE-3
+#
+# Greedy decoding on SmolLM2 with a chain from each drafter. $\alpha_d$ = (steps that accepted
+# the depth-$d$ draft) / (steps that tested it, i.e. accepted depths $1..d-1$): the acceptance
+# of the $d$-th draft token given the earlier ones were right, as in EAGLE's "0-α … n-α" plots
+# (the $d$-th EAGLE draft is made from $d-1$ of the head's own features). Every output is checked
+# against vanilla greedy: speculative decoding must not change it. A rate rests on the number of
+# tests printed beside it (a handful at the deep positions, fewer still in FAST mode); "-" and a
+# missing bar mean that depth was never reached.
+
+# %%
+methods = Methods(smol)
+medusa_depth = min(4, drafters["medusa"].heads.num_heads)
+make = {
+    "SpS (2-layer draft), chain 5": lambda: methods.drafter("sps@chain:5"),
+    f"Medusa, chain {medusa_depth}": lambda: load_drafter(str(HEADS["medusa"]), smol, tree=f"chain:{medusa_depth}", verbose=False),
+    "EAGLE-1, chain 5": lambda: load_drafter(str(HEADS["eagle"]), smol, tree="chain:5", verbose=False),
+    "EAGLE-3, chain 5": lambda: load_drafter(str(HEADS["eagle3"]), smol, tree="chain:5", verbose=False),
+}
+n_new = 32 if FAST else 128
+prompts = [p["prompt"] for p in own_prompts()][-2:] if FAST else [p["prompt"] for p in own_prompts()][-6:]
+refs = {pr: generate(smol, smol_tok, pr, max_new_tokens=n_new) for pr in prompts}  # vanilla greedy
+rows = {}
+for name, mk in make.items():
+    d = mk()
+    tested, accepted, new, fwd = np.zeros(5), np.zeros(5), 0, 0
+    for pr, ref in refs.items():
+        r = generate(smol, smol_tok, pr, drafter=d, max_new_tokens=n_new)
+        assert r.tokens == ref.tokens, f"{name}: output differs from vanilla greedy on {pr!r}"
+        s = r.stats
+        tested[:len(s.tested_at_depth)] += s.tested_at_depth
+        accepted[:len(s.accepted_at_depth)] += s.accepted_at_depth
+        new, fwd = new + s.new_tokens, fwd + s.target_forwards
+    rows[name] = (np.divide(accepted, tested, out=np.full(5, np.nan), where=tested > 0), new / fwd, tested)
+print(f"greedy, {len(prompts)} prompts x {n_new} new tokens; every output equals vanilla greedy")
+print(f"{'drafter':<30} {'tau':>5} " + " ".join(f"{'a_' + str(d):>6}" for d in range(1, 6)))
+for name, (alpha, tau, tested) in rows.items():
+    print(f"{name:<30} {tau:>5.2f} " + " ".join(f"{'-':>6}" if np.isnan(a) else f"{a:6.2f}" for a in alpha)
+          + f"   tests per depth {tested.astype(int).tolist()}")
+emitted = torch.tensor([t for r in refs.values() for t in r.tokens])
+inside = drafters["eagle3"].head.t2d[emitted].float().mean().item()
+print(f"EAGLE-3's draft vocabulary holds {inside:.1%} of the {len(emitted)} tokens the target emitted here; "
+      f"the rest can never be drafted (q = 0), only emitted by the target itself")
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 3.8))
+w = 0.8 / len(rows)
+for i, (name, (alpha, tau, _)) in enumerate(rows.items()):
+    ax.bar(np.arange(1, 6) + (i - (len(rows) - 1) / 2) * w, np.nan_to_num(alpha), w, label=f"{name} (tau {tau:.2f})")
+ax.set_xlabel("draft position d"); ax.set_ylabel("acceptance alpha_d (given d-1 accepted)")
+ax.set_xticks(range(1, 6)); ax.set_ylim(0, 1); ax.legend(fontsize=8)
+ax.set_title("acceptance per draft position, SmolLM2-135M, greedy"); plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# ## 5. Is the EAGLE head calibrated? (EAGLE-2's premise)
+#
+# EAGLE-2 grows its tree where the head is confident, which pays only if confidence predicts
+# acceptance. Measured on the vanilla greedy answers of section 4's prompts, teacher-forced
+# (the head reads the target's true features, as for the first draft position): for every
+# position, the head's top probability and whether its top token is the target's greedy token.
+
+# %%
+eagle_head = drafters["eagle"].head
+conf, hit = [], []
+with torch.inference_mode():
+    for r in refs.values():  # section 4's vanilla greedy answers
+        seq = torch.tensor([r.prompt_tokens + r.tokens])  # [1, T]
+        o = smol(seq)
+        g = eagle_head(smol.tok_emb(seq[:, 1:]), o.hidden[:, :-1], torch.arange(seq.shape[1] - 1))  # [1, T-1, H]
+        q = smol.lm_head(g)[0, :-1].float().softmax(-1)  # [T-2, V] head position j drafts x_j+2
+        greedy = o.logits[0, 1:-1].argmax(-1)  # [T-2] the target's greedy token after x_0..x_j+1
+        P = len(r.prompt_tokens)
+        c, t = q.max(-1)
+        conf += c[P - 2:].tolist(); hit += (t == greedy)[P - 2:].tolist()  # answer positions only
+conf, hit = np.array(conf), np.array(hit, dtype=float)
+bins = np.linspace(0, 1, 6)
+idx = np.clip(np.digitize(conf, bins) - 1, 0, 4)
+xs = [conf[idx == b].mean() for b in range(5) if (idx == b).any()]
+ys = [hit[idx == b].mean() for b in range(5) if (idx == b).any()]
+ns = [int((idx == b).sum()) for b in range(5) if (idx == b).any()]
+plt.figure(figsize=(5, 4)); plt.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
+plt.plot(xs, ys, "o-", label=f"EAGLE head ({len(conf)} positions)")
+for x, y, n in zip(xs, ys, ns):
+    plt.annotate(str(n), (x, y), xytext=(4, -10), textcoords="offset points", fontsize=8)
+plt.xlabel("head confidence (top probability)"); plt.ylabel("acceptance (top token = target greedy)")
+plt.legend(); plt.title("confidence vs acceptance, SmolLM2-135M"); plt.show()
+print(f"{len(conf)} positions: acceptance {hit.mean():.2f}, mean confidence {conf.mean():.2f}; "
+      f"acceptance when confidence > 0.8: {hit[conf > 0.8].mean() if (conf > 0.8).any() else float('nan'):.2f} "
+      f"({int((conf > 0.8).sum())} positions), when < 0.4: "
+      f"{hit[conf < 0.4].mean() if (conf < 0.4).any() else float('nan'):.2f} ({int((conf < 0.4).sum())} positions)")
+
+# %% [markdown]
+# ## 6. Exactness with an EAGLE head in the loop (temperature 1)
+#
+# Greedy equality (section 4) says nothing about sampling. On the seeded tiny Llama preset we
+# train a small EAGLE head for a few steps (so that drafts are often accepted and the
+# verification rule matters), then sample many times at temperature 1 (top-k 4) and compare
+# the law of the **second** new token — the first token emitted by a speculative step, after
+# the prefill's — with the target's exact law, for a sampled chain (real q, Leviathan/Chen
+# rejection sampling) and a dynamic tree (one-hot q, chapter 2).
+
+# %%
+import torch.nn.functional as F
+from minispec import exactness as ex
+from minispec.sampling import SamplingParams, probs
+
+tiny, tiny_tok = minispec.load("tiny-llama")
+torch.manual_seed(0)
+tiny_head = EagleHead(EagleConfig.for_target(tiny.cfg))
+opt = torch.optim.Adam(tiny_head.parameters(), lr=3e-3)
+texts = []
+with torch.no_grad():
+    for s in range(8):  # the tiny target's own sampled text
+        r = generate(tiny, tiny_tok, "abc", max_new_tokens=32, chat=False, temperature=1.0, top_k=4, seed=s)
+        texts.append(torch.tensor(r.prompt_tokens + r.tokens))
+for step in range(60 if FAST else 200):
+    s = texts[step % len(texts)]
+    with torch.no_grad():
+        f = tiny(s[None]).hidden  # [1, T, H]
+    g = tiny_head(tiny.tok_emb(s[None, 1:]), f[:, :-1], torch.arange(len(s) - 1))
+    loss = F.smooth_l1_loss(g, f[:, 1:]) + 0.1 * F.cross_entropy(tiny.lm_head(g)[0], tiny.lm_head(f[0, 1:]).argmax(-1))
+    opt.zero_grad(); loss.backward(); opt.step()
+tiny_head.eval()
+
+ids = tiny_tok.encode("abc")
+params4 = SamplingParams(temperature=1.0, top_k=4)
+with torch.inference_mode():
+    p1 = probs(tiny(torch.tensor([ids])).logits[0, -1].double(), params4)
+    law = torch.zeros_like(p1)  # exact law of the 2nd new token: sum over the 1st
+    for a in p1.nonzero().flatten().tolist():
+        law += p1[a] * probs(tiny(torch.tensor([ids + [a]])).logits[0, -1].double(), params4)
+N = 1000 if FAST else 8000
+sup = int((law > 0).sum())
+for tree in ("chain:3", "2,2,3"):
+    counts, acc = torch.zeros(len(law), dtype=torch.float64), 0
+    with torch.inference_mode():
+        for s in range(N):
+            r = generate(tiny, tiny_tok, ids, drafter=EagleDrafter(tiny, tiny_head, tree=tree), max_new_tokens=4,
+                         chat=False, temperature=1.0, top_k=4, seed=s)
+            counts[r.tokens[1]] += 1
+            acc += r.stats.accepted_at_depth[0] if r.stats.accepted_at_depth else 0
+    tv = 0.5 * (counts / N - law).abs().sum().item()
+    bound = ex.tv_bound(N, sup)
+    print(f"tiny-llama + EAGLE head, {tree:>8} ({'real q' if tree.startswith('chain') else 'one-hot q'}), temperature 1, "
+          f"top-k 4: TV = {tv:.4f} over {N} samples, |support| = {sup}, bound {bound:.4f}; "
+          f"the first draft was accepted in {acc / N:.0%} of the steps")
+    assert tv <= bound, f"{tree}: TV {tv:.4f} above the bound {bound:.4f}"
+
+# %% [markdown]
+# ## Exercises
+#
+# Implement the functions in `exercises/ch03_eagle.py` (generated from `solutions/`; same
+# signatures and docstrings). The checks compare your functions with minispec's own code (`EagleDrafter`'s head input, `minispec.train.eagle.eagle_loss`, `minispec.drafters.eagle3`) on seeded random tensors.
+#
+# | exercise | function | task |
+# |---|---|---|
+# | 3.1 | `eagle_input` | the head's input rows $\mathrm{cat}[e(x_{j+1}), f_j]$: the shifted pairs, embedding first |
+# | 3.2 | `eagle_loss` | SmoothL1 on features + $w_{cls}$ × soft cross-entropy against the target's top-$K$ |
+# | 3.3 | `build_vocab_map` | EAGLE-3's draft vocabulary: `d2t` offsets and the `t2d` mask |
+# | 3.4 | `to_target_logits` | draft-vocabulary logits into the target vocabulary, $-\infty$ elsewhere |
+#
+# Grade from a terminal with `python -m minispec grade 3` or
+# `pytest tests/test_exercises.py -m ch03 --impl exercises`; in this notebook with
+# `check("3.1")` (one exercise) or `check(3)` (the chapter). The cell below prints
+# the stub of the first exercise, then grades your file: it reports failures, it does not
+# raise, so until you fill in the stubs every line says "not implemented yet".
+
+# %%
+import inspect
+from minispec.grading import check, load_impl
+
+mine = load_impl(3, "exercises")
+print(inspect.getsource(mine.eagle_input))
+check(3, impl="exercises")
+
+# %%
+# What a finished chapter looks like: the reference answers in solutions/ pass every check.
+check(3, impl="solutions")

@@ -1,0 +1,464 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
+# Versions and FAST mode.
+import os, platform
+
+import torch
+import minispec
+from minispec import config
+
+FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
+print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
+print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
+print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
+
+# %% [markdown]
+# # Chapter 4 — Static trees: one target forward for many draft paths
+#
+# A chain offers the target one guess per position. A **draft tree** offers several: the
+# root's top-3 children, their top-2 children, and so on. The target scores the whole tree
+# in **one forward**, each node attending only to the committed prefix and its own
+# ancestors, thanks to a **tree attention mask** (SpecInfer, Miao et al. 2023). Medusa
+# (Cai et al. 2024) and EAGLE (Li et al. 2024) ship fixed tree shapes, lists of "choices"
+# named `mc_sim_7b_63`; chapter 2's `verify_tree` then keeps the longest accepted path.
+#
+# **Learning objectives**
+# 1. Turn a choices list into a tree (parents in topological order, sibling ranks).
+# 2. Build the tree attention mask, the position ids and the root-to-leaf paths
+#    (`retrieve_indices`), and see a chain as the tree whose mask is causal.
+# 3. Run one real tree step on SmolLM2-135M: draft EAGLE's tree with the distilled draft
+#    model, score it with the target in one masked forward, verify it greedily.
+# 4. Compare a chain ($k$ = 4) with EAGLE's static tree: $\tau$ and tokens/s, output
+#    identical to plain greedy decoding.
+# 5. Check that tree verification with one-hot $q$ is lossless when sampling (total variation).
+# 6. Implement exercises 4.1–4.5 and grade them.
+#
+# **Layout** (the same everywhere in minispec): a tree of $N$ nodes has `tokens[i]` and
+# `parents[i]`, in topological order: `parents[i]` is $-1$ (a child of the **root**, the
+# last committed token) or an earlier node. The target's forward runs over $N+1$ new tokens,
+# the root at row 0 and node $i$ at row $i+1$ ("row = node + 1").
+
+# %%
+import inspect
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from minispec import exactness as ex
+from minispec import generate
+from minispec import verify as vf
+from minispec.drafters import DraftModel, TreeSpec
+from minispec.drafters.draft_checkpoint import load_draft_model
+from minispec.kv import KVCache
+from minispec.sampling import GREEDY, SamplingParams, probs
+from minispec.tokenizer import encode_prompt
+from minispec.tree import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63, Tree, parse_choices
+
+def show(obj):
+    """Print the source of a minispec function (the notebook never redefines library code)."""
+    print(inspect.getsource(obj))
+
+
+# %% [markdown]
+# ## 1. From choices to a tree
+#
+# A static tree is written as **choices**: one tuple per node, the ranks of the candidates on
+# the way down from the root. `(0,)` is the root's most likely child, `(1,)` its second,
+# `(0, 1)` the second most likely child of `(0,)`. `parse_choices` sorts them by depth, then
+# lexicographically (as Medusa and EAGLE do), which puts every parent before its children;
+# node $i$'s parent is the index of `choices[i][:-1]`, and its **rank** `choices[i][-1]` tells
+# the drafter which candidate to put there. EAGLE's default tree has 25 nodes and depth 5,
+# Medusa's 63 nodes and depth 4.
+
+# %%
+show(parse_choices)
+
+small = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+ct = parse_choices(small)
+print(f"{'node':>4}  {'choice':<10} {'parent':>6} {'rank':>4}")
+for i, (c, j, r) in enumerate(zip(ct.choices, ct.parents, ct.ranks)):
+    print(f"{i:>4}  {str(c):<10} {j:>6} {r:>4}")
+for name, cs in (("EAGLE", EAGLE_MC_SIM_7B_63), ("Medusa", MEDUSA_MC_SIM_7B_63)):
+    t = Tree.from_choices(cs)
+    print(f"{name} mc_sim_7b_63: {len(t)} nodes, depth {t.depth}, {len(t.leaves())} leaves, "
+          f"nodes per depth {np.bincount(t.depths())[1:].tolist()}")
+
+
+# %% [markdown]
+# ## 2. The tree attention mask
+#
+# The target sees $N+1$ new tokens at once. Row $a$ of the mask (a query) may attend to
+# column $b$ (a key) exactly when $b$ is $a$ itself or one of $a$'s ancestors; the root
+# (row 0) is everyone's ancestor. The committed prefix in the KV cache is visible to every
+# row and is not part of this mask. So a node's logits are exactly those of a causal forward
+# over prefix + its own path: siblings never see each other.
+#
+# Below, a naive version written for teaching (walk up the parents of every row), then an
+# assert that it matches the library's `Tree.mask` on the small tree, both `mc_sim_7b_63`
+# trees and random trees, and that a chain's mask is the causal (lower-triangular) mask.
+
+# %%
+def naive_mask(parents):
+    n = len(parents) + 1
+    m = [[False] * n for _ in range(n)]
+    for a in range(n):  # row a = the root (a = 0) or node a - 1
+        m[a][0] = True  # everyone sees the root
+        i = a - 1
+        while i >= 0:  # the node itself, then its parent, grandparent, ...
+            m[a][i + 1] = True
+            i = parents[i]
+    return torch.tensor(m)
+
+show(Tree.mask)
+rng = np.random.default_rng(0)
+examples = [ct.parents, Tree.from_choices(EAGLE_MC_SIM_7B_63).parents, Tree.from_choices(MEDUSA_MC_SIM_7B_63).parents]
+examples += [[int(rng.integers(-1, i)) if i else -1 for i in range(n)] for n in rng.integers(1, 40, size=50)]
+for parents in examples:
+    assert torch.equal(naive_mask(parents), Tree([0] * len(parents), parents).mask())
+chain = Tree.chain([0] * 6)
+assert torch.equal(chain.mask(), torch.ones(7, 7, dtype=torch.bool).tril())
+print(f"naive mask == Tree.mask on {len(examples)} trees; a chain's mask is causal")
+
+# %% [markdown]
+# ### Drawing trees with real tokens
+#
+# To see real tokens we need a drafter. Load SmolLM2-135M-Instruct (the target) and
+# minispec's distilled draft model (a few Transformer blocks sharing the target's
+# embeddings), prefill the prompt, take the target's first greedy token as the **root**, and
+# let the draft model fill in the small tree and EAGLE's tree: node $i$ gets the
+# `ranks[i]`-th most likely token under its parent, one draft forward per level, with the
+# same tree mask. Left: the tree (x = depth, siblings stacked by rank, labels = decoded
+# tokens, prefixed by the node index); right: its mask (white = may attend).
+
+# %%
+smol, tok = minispec.load("smollm2-135m")
+draft = load_draft_model(smol)
+prompt = "Who wrote Romeo and Juliet?"
+ids = encode_prompt(tok, prompt)
+kv = KVCache.for_model(smol, capacity=len(ids) + 256)
+with torch.inference_mode():
+    out = smol(torch.tensor([ids]), kv=kv, last_logits_only=True)  # prefill
+kv.commit()
+root = int(out.logits[0, -1].argmax())  # the first new token: the root of the first tree
+print(f"prompt: {len(ids)} tokens (chat template), root token {tok.decode([root])!r}")
+
+def label(t):
+    """A decoded token for a plot (spaces and newlines visible, no matplotlib math mode)."""
+    return repr(tok.decode([t]))[1:-1].replace("$", r"\$") or "<empty>"
+
+def layout(tree):
+    """(x, y) of every row: x = depth, y = leaves one per line, a parent at its children's mean."""
+    kids, ys, nxt = tree.children(), {}, [0]
+    def place(row):
+        if not kids[row]:
+            ys[row] = nxt[0]; nxt[0] += 1
+            return
+        for c in kids[row]:
+            place(c + 1)
+        ys[row] = np.mean([ys[c + 1] for c in kids[row]])
+    place(0)
+    return [0] + tree.depths(), [ys[r] for r in range(len(tree) + 1)]
+
+def draw_tree(ax, tree, root_token, notes=None, path=(), title=""):
+    """Tree as a graph: node labels = decoded tokens (+ optional notes), the accepted path in green."""
+    xs, ys = layout(tree)
+    on_path = {0} | {i + 1 for i in path}
+    for i, j in enumerate(tree.parents):
+        a, b = j + 1, i + 1
+        ax.plot([xs[a], xs[b]], [ys[a], ys[b]], color="tab:green" if b in on_path else "0.75",
+                lw=2.5 if b in on_path else 1, zorder=1)
+    for r in range(len(tree) + 1):
+        text = f"root: {label(root_token)}" if r == 0 else f"{r - 1}: {label(tree.tokens[r - 1])}"
+        if notes is not None and r > 0:
+            text += f"\n{notes[r - 1]}"
+        color = "0.85" if r == 0 else ("tab:green" if r in on_path else "white")
+        ax.text(xs[r], ys[r], text, ha="center", va="center", fontsize=7, zorder=2,
+                bbox=dict(boxstyle="round,pad=0.2", fc=color, ec="0.4"))
+    ax.set_xlim(-0.5, max(xs) + 0.5); ax.set_ylim(max(ys) + 0.7, -0.7)
+    ax.set_xticks(range(max(xs) + 1)); ax.set_yticks([]); ax.set_xlabel("depth")
+    ax.set_title(title, fontsize=10)
+
+def draw_mask(ax, tree, title="tree mask"):
+    ax.imshow(tree.mask().numpy(), cmap="gray", interpolation="nearest")
+    ax.set_xlabel("key row (0 = root, i + 1 = node i)"); ax.set_ylabel("query row"); ax.set_title(title, fontsize=10)
+
+trees = {}
+for name, spec in (("small", TreeSpec.static(small, name="small")), ("eagle", TreeSpec.parse("eagle"))):
+    drafter = DraftModel(draft, tree=spec)
+    drafter.prefill(ids)
+    trees[name] = drafter.propose(ids + [root], GREEDY, budget=8)
+
+for name, size in (("small", (11, 3.2)), ("eagle", (15, 6.5))):
+    t = trees[name]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=size, gridspec_kw=dict(width_ratios=[2.2, 1]))
+    draw_tree(a1, t, root, title=f"{name} tree: {len(t)} nodes, depth {t.depth} (root = {label(root)})")
+    draw_mask(a2, t, f"{name} tree mask [{len(t) + 1} x {len(t) + 1}]")
+    plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# ## 3. Positions and paths
+#
+# **Positions.** Siblings are alternatives for the same slot, so they share a position:
+# a node at depth $d$ sits at prefix length + $d$, where the prefix is what the KV cache
+# holds before the root (the root is at the prefix length itself). With RoPE this makes
+# each node's query and keys exactly those of a causal forward over its own path.
+#
+# **Paths.** `retrieve_indices` (Medusa / EAGLE) lists the root-to-leaf paths as node
+# indices, one row per leaf, padded with $-1$ to the tree's depth. Every path a
+# verifier can accept is a prefix of one of these rows.
+
+# %%
+t = trees["eagle"]
+pos = t.positions(kv.length)
+print(f"KV cache holds {kv.length} tokens; positions of root + nodes (prefix + depth):\n{pos.tolist()}")
+ri = t.retrieve_indices()
+print(f"\nretrieve_indices: [{ri.shape[0]} leaves, depth {ri.shape[1]}]\n{ri}")
+print("\nthe paths as text (root first):")
+for row in ri.tolist():
+    path = [i for i in row if i >= 0]
+    print(f"  {str(path):<18} {tok.decode([root] + [t.tokens[i] for i in path])!r}")
+assert all(p == [i for i in row if i >= 0] for p, row in zip(t.paths(), ri.tolist()))
+
+
+# %% [markdown]
+# ## 4. One real tree step on SmolLM2
+#
+# The step of `minispec.generate`, written out: the target runs once over
+# `[root] + tree.tokens` with the tree's positions and mask on top of the KV cache,
+# `verify_tree` (greedy) walks down from the root accepting the child whose token is the
+# target's argmax, and the cache keeps the rows of the root and the accepted path
+# (`kv.commit(rows)`), dropping the rest. Each node shows $p$ = the target's probability of
+# its token given its path (from its parent's row).
+
+# %%
+def tree_step(drafter, context, kv):
+    """Draft, score in one masked forward, verify greedily, commit. Returns what happened."""
+    tree = drafter.propose(context, GREEDY, budget=8)
+    tokens = torch.tensor([[context[-1]] + tree.tokens])  # [1, N + 1]: root + nodes
+    with torch.inference_mode():
+        logits = smol(tokens, positions=tree.positions(kv.length), mask=tree.mask(), kv=kv).logits[0]  # [N + 1, V]
+    res = vf.verify_tree(tree.parents, tree.tokens, logits, mode="greedy")
+    kv.commit([0] + [i + 1 for i in res.path])  # keep the root's and the accepted nodes' keys / values
+    p = torch.softmax(logits.double(), -1)  # [N + 1, V]
+    p_node = [p[j + 1, x].item() for x, j in zip(tree.tokens, tree.parents)]  # p(token | its path)
+    return dict(root=context[-1], tree=tree, logits=logits, p_node=p_node, res=res)
+
+eagle = DraftModel(draft, tree="eagle")
+eagle.prefill(ids)
+kv_before = kv.length
+step = tree_step(eagle, ids + [root], kv)
+t, res = step["tree"], step["res"]
+fig, ax = plt.subplots(figsize=(15, 6.5))
+draw_tree(ax, t, root, notes=[f"p={x:.2f}" for x in step["p_node"]], path=res.path,
+          title=f"EAGLE tree scored by the target: accepted {len(res.path)} drafts, then {label(res.next_token)}")
+plt.tight_layout(); plt.show()
+print(f"accepted path {res.path}: {tok.decode([t.tokens[i] for i in res.path])!r}; "
+      f"next token {tok.decode([res.next_token])!r}; this step committed {len(res.emitted)} tokens")
+print(f"KV cache: {kv_before} -> {kv.length} tokens (root + {len(res.path)} accepted nodes kept, "
+      f"{len(t) - len(res.path)} rejected nodes dropped)")
+
+# %% [markdown]
+# **The mask at work.** Each leaf's path, run through the target causally from scratch
+# (prompt + root + path, no tree, no cache), must give the same logits as the tree forward
+# gave that path's rows: one masked forward really is many causal forwards at once.
+
+# %%
+worst = 0.0
+with torch.inference_mode():
+    for path in t.paths():
+        seq = ids + [root] + [t.tokens[i] for i in path]
+        full = smol(torch.tensor([seq])).logits[0, -len(path) - 1:]  # rows of the root and the path
+        tree_rows = step["logits"][[0] + [i + 1 for i in path]]
+        worst = max(worst, (full - tree_rows).abs().max().item())
+print(f"{len(t.paths())} root-to-leaf paths: max |causal logits - tree logits| = {worst:.2e}")
+assert worst < 1e-3
+
+# %% [markdown]
+# ### Explorer: a few steps of drafting and verification
+#
+# The same step, repeated from the prompt. The slider picks a step; "drafted" shows the
+# tree as the draft model proposed it, "verified" adds the target's probabilities and the
+# accepted path. The cell first asserts that the tokens these steps commit are exactly
+# plain greedy decoding's.
+
+# %%
+import ipywidgets as widgets
+from IPython.display import display
+
+n_steps = 3 if FAST else 6
+kv2 = KVCache.for_model(smol, capacity=len(ids) + 256)
+with torch.inference_mode():
+    first = int(smol(torch.tensor([ids]), kv=kv2, last_logits_only=True).logits[0, -1].argmax())
+kv2.commit()
+explorer_drafter = DraftModel(draft, tree="eagle")
+explorer_drafter.prefill(ids)
+new, steps = [first], []
+for _ in range(n_steps):
+    steps.append(tree_step(explorer_drafter, ids + new, kv2))
+    new += steps[-1]["res"].emitted
+vanilla = generate(smol, tok, prompt, max_new_tokens=len(new))
+assert new == vanilla.tokens, "the tree steps must commit exactly the greedy tokens"
+print(f"{n_steps} tree steps committed {len(new)} tokens (= plain greedy decoding): {tok.decode(new)!r}")
+
+step_w = widgets.IntSlider(value=0, min=0, max=n_steps - 1, description="step")
+stage_w = widgets.ToggleButtons(options=["drafted", "verified"], value="verified")
+view = widgets.Output()
+
+def update(*_):
+    s = steps[step_w.value]
+    tree, res = s["tree"], s["res"]
+    verified = stage_w.value == "verified"
+    with view:
+        view.clear_output(wait=True)
+        fig, ax = plt.subplots(figsize=(15, 6))
+        draw_tree(ax, tree, s["root"], notes=[f"p={x:.2f}" for x in s["p_node"]] if verified else None,
+                  path=res.path if verified else (),
+                  title=(f"step {step_w.value}: accepted {len(res.path)}, next {label(res.next_token)}" if verified
+                         else f"step {step_w.value}: the draft's EAGLE tree after {label(s['root'])}"))
+        plt.tight_layout(); plt.show()
+        if verified:
+            print(f"committed {tok.decode(res.emitted)!r} ({len(res.emitted)} tokens)")
+
+step_w.observe(update, "value")
+stage_w.observe(update, "value")
+display(widgets.VBox([widgets.HBox([step_w, stage_w]), view]))
+update()  # draw once now (also when the notebook runs without a browser, e.g. under nbmake)
+
+# %% [markdown]
+# ## 5. Chain vs static tree on SmolLM2 (on this CPU)
+#
+# Greedy decoding with the distilled draft as a chain ($k$ = 4: 4 draft tokens, 4 draft
+# forwards per step) and as EAGLE's static tree (25 draft tokens, 4 draft forwards per step:
+# one per level that has children). The tree gives the target more chances per step, so
+# $\tau$ rises; whether tokens/s rises too depends on how much more the wider target forward
+# and draft forwards cost on this hardware (on a GPU a 26-token forward costs about as much
+# as a 5-token one; on a CPU it does not). Every run must emit exactly the vanilla tokens.
+
+# %%
+prompts = ["Who wrote Romeo and Juliet? Answer in two sentences.",
+           "Write a Python function that returns the n-th Fibonacci number.",
+           "List three tips for staying focused while studying."]
+prompts, n_new = (prompts[:2], 32) if FAST else (prompts, 64)
+generate(smol, tok, prompts[0], max_new_tokens=4)  # warm-up
+methods = {"vanilla": None, "chain k=4": lambda: DraftModel(draft, k=4), "eagle static tree": lambda: DraftModel(draft, tree="eagle")}
+rows = {m: [] for m in methods}
+for pr in prompts:
+    ref = None
+    for m, make in methods.items():
+        r = generate(smol, tok, pr, drafter=make() if make else None, max_new_tokens=n_new)
+        ref = ref or r.tokens
+        assert r.tokens == ref, f"{m}: greedy output differs from vanilla on {pr!r}"
+        rows[m].append(r.stats)
+print(f"CPU, torch threads {torch.get_num_threads()}, greedy, {len(prompts)} prompts x {n_new} new tokens")
+print(f"{'method':<20} {'tau':>5} {'tokens/s':>9} {'target fwd':>10} {'draft fwd':>9}  acceptance by depth (prompt 1)")
+for m, stats in rows.items():
+    tau = sum(s.new_tokens for s in stats) / sum(s.target_forwards for s in stats)
+    tps = sum(s.new_tokens for s in stats) / sum(s.total_s for s in stats)
+    acc = " ".join(f"{a:.2f}" for a in stats[0].acceptance_by_position)
+    print(f"{m:<20} {tau:>5.2f} {tps:>9.1f} {sum(s.target_forwards for s in stats):>10} "
+          f"{sum(s.draft_forwards for s in stats):>9}  {acc}")
+print("every run emitted exactly the vanilla greedy tokens")
+
+# %% [markdown]
+# ## 6. Sampling: a static tree is lossless (one-hot $q$)
+#
+# When sampling, a static tree's drafts are still deterministic (the top-ranked tokens of
+# the draft), so `verify_tree` treats them as drawn from a **one-hot $q$** (chapter 2):
+# accept child $x$ with probability $p_i(x)$, else remove $x$ from $p$ and renormalise. The
+# first emitted token must then have exactly the target's law $p$ at the root, whatever the
+# draft proposed. Here: the tiny GPT-2 presets (`tiny-gpt2` target, `tiny-gpt2-draft`
+# draft, seeded random weights, vocabulary 256) at temperature 1 with top-$k$ 8 (the random
+# models are close to uniform over 256 tokens; top-$k$ gives them something to agree on),
+# EAGLE's tree, many verifications of the same tree, compared with $p$ by total variation
+# (TV) and its high-probability bound (`minispec.exactness.tv_bound`, over the support of
+# $p$). Rows: the tiny draft; the target as its own draft (its top-ranked tokens, so deep
+# paths get accepted and exercised); and a control that verifies the tree greedily (argmax
+# matching), which is *not* a sample from $p$ and must fail the bound.
+
+# %%
+(tiny, tiny_tok), (tiny_draft, _) = minispec.load("tiny-gpt2"), minispec.load("tiny-gpt2-draft")
+params = SamplingParams(temperature=1.0, top_k=8)  # processed the same way for every row of p
+ctx = encode_prompt(tiny_tok, "The quick brown fox", chat=False)
+
+def scored_tree(draft_model):
+    # (tree, P [N + 1, V]): EAGLE's tree drafted after ctx (root = ctx[-1]), scored by the tiny target
+    d = DraftModel(draft_model, tree="eagle")
+    d.prefill(ctx)
+    tree = d.propose(ctx, params, budget=8)
+    kv3 = KVCache.for_model(tiny, capacity=len(ctx) + 32)
+    with torch.inference_mode():
+        tiny(torch.tensor([ctx[:-1]]), kv=kv3); kv3.commit()
+        logits = tiny(torch.tensor([[ctx[-1]] + tree.tokens]), positions=tree.positions(kv3.length),
+                      mask=tree.mask(), kv=kv3).logits[0]
+    return tree, probs(logits.double(), params)
+
+N = 4_000 if FAST else 40_000
+g = torch.Generator().manual_seed(0)
+cases = {"tiny-gpt2-draft, onehot": (tiny_draft, "onehot"), "target as draft, onehot": (tiny, "onehot"),
+         "greedy (control)": (tiny_draft, "greedy")}
+print(f"{'draft, verification':<26} {'TV':>7} {'bound':>7} {'chi2 p':>7}  accepted path length (share of draws)")
+results = {}
+for name, (dm, mode) in cases.items():
+    tree, P = scored_tree(dm)
+    lengths = []
+    def draw(p, q, g, tree=tree, mode=mode):
+        r = vf.verify_tree(tree.parents, tree.tokens, p, mode=mode, generator=g)
+        lengths.append(len(r.path))
+        return r.emitted[0]
+    r = results[name] = ex.empirical_check(draw, P, None, N, g, target=P[0])
+    r["tv_bound"] = ex.tv_bound(N, int((P[0] > 0).sum()))  # the bound over the support of p (8 tokens)
+    share = np.bincount(lengths, minlength=tree.depth + 1) / N
+    print(f"{name:<26} {r['tv']:>7.4f} {r['tv_bound']:>7.4f} {r['p_value']:>7.3f}  "
+          + " ".join(f"{d}:{s:.2f}" for d, s in enumerate(share)))
+for name, r in results.items():
+    if "control" in name:
+        assert r["tv"] > r["tv_bound"], name
+    else:
+        assert r["tv"] <= r["tv_bound"] and r["p_value"] > 1e-4, name
+print(f"{N} verifications each: one-hot tree verification emits p's law; greedy matching does not")
+
+# %% [markdown]
+# ## Exercises
+#
+# Implement the functions in `exercises/ch04_static_trees.py` (generated from `solutions/`; same
+# signatures and docstrings). These functions are deterministic: the grader runs yours on many seeded random trees (and on EAGLE's and Medusa's `mc_sim_7b_63`) and compares every output with minispec's own.
+#
+# | exercise | function | task |
+# |---|---|---|
+# | 4.1 | `tree_mask` | the $[N+1, N+1]$ ancestor mask: a node's row is its parent's row plus itself |
+# | 4.2 | `tree_positions` | position ids: prefix length + depth (the root at the prefix length) |
+# | 4.3 | `retrieve_indices` | root-to-leaf paths of node indices, padded with $-1$ |
+# | 4.4 | `choices_to_parents` | a choices list $\to$ parents and sibling ranks (and its errors) |
+# | 4.5 | `greedy_verify` | the accepted path of a tree under greedy verification |
+#
+# Grade from a terminal with `python -m minispec grade 4` or
+# `pytest tests/test_exercises.py -m ch04 --impl exercises`; in this notebook with
+# `check("4.1")` (one exercise) or `check(4)` (the chapter). The cell below prints
+# the stub of the first exercise, then grades your file: it reports failures, it does not
+# raise, so until you fill in the stubs every line says "not implemented yet".
+
+# %%
+import inspect
+from minispec.grading import check, load_impl
+
+mine = load_impl(4, "exercises")
+print(inspect.getsource(mine.tree_mask))
+check(4, impl="exercises")
+
+# %%
+# What a finished chapter looks like: the reference answers in solutions/ pass every check.
+check(4, impl="solutions")

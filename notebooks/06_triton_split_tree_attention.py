@@ -1,0 +1,283 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
+# No GPU: run the Triton kernels in Triton's interpreter (numpy on CPU). This must happen before
+# anything imports triton, so it is the very first thing the notebook does.
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Versions and FAST mode.
+import os, platform
+
+import torch
+import minispec
+from minispec import config
+
+FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
+print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
+print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
+print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
+
+# %% [markdown]
+# # Chapter 6 — Split tree attention in Triton: a mask-free prefix, a masked tree, one merge
+#
+# In a verify step the target scores $T$ tree tokens (chapter 4) in one forward. Each tree
+# token attends to the **committed prefix** of $P$ tokens in the KV cache, all of it, and to
+# its **ancestors in the tree**. With a long context almost all of the work is reading the
+# prefix's keys and values; the tree part is a tiny $T \times T$ block. A dense kernel with
+# one $T \times (P+T)$ boolean mask pays for the mask over the whole prefix and cannot
+# use the layout of the problem.
+#
+# **Split attention** computes the two parts separately and merges them exactly:
+# the prefix with no mask (split along the keys over many GPU programs, as in
+# Flash-Decoding), the suffix with the tree mask, then a log-sum-exp merge.
+#
+# **Learning objectives**
+# 1. Derive the log-sum-exp merge of two partial softmaxes, and why it is exact and stable.
+# 2. See the mask split: prefix all-visible, tree block masked.
+# 3. Read the Triton kernels: split-k prefix with the online softmax, masked suffix, merge;
+#    check them against the PyTorch references (on CPU through the Triton interpreter).
+# 4. Switch the model's attention backend and check greedy decoding is unchanged.
+# 5. Read a decode-attention roofline: attention at verify time is bound by memory bandwidth.
+# 6. Implement exercises 6.1–6.4 and grade them.
+#
+# References: Dao et al., *FlashAttention* (2022) — online softmax; Dao et al.,
+# *Flash-Decoding for long-context inference* (2023) — split-k + merge; Meta's EAGLE serving
+# work, *Efficient LLM inference with speculative decoding* (2025) — tree attention as prefix +
+# tree; Miao et al., *SpecInfer* (2023) — tree masks.
+
+# %% [markdown]
+# ## 1. The log-sum-exp merge
+#
+# For one query, scores $s_j = q \cdot k_j / \sqrt{d}$ over keys $j \in A \cup B$ (disjoint).
+# Attention over a key set $X$ is $o_X = \sum_{j \in X} e^{s_j} v_j \,/\, Z_X$ with
+# $Z_X = \sum_{j \in X} e^{s_j}$; write $\ell_X = \log Z_X$ (the log-sum-exp). Then
+#
+# $$Z_{A\cup B} = Z_A + Z_B \quad\Rightarrow\quad \ell = \operatorname{logaddexp}(\ell_A, \ell_B),$$
+# $$o_{A \cup B} = \frac{Z_A o_A + Z_B o_B}{Z_A + Z_B} = o_A\, e^{\ell_A - \ell} + o_B\, e^{\ell_B - \ell}.$$
+#
+# Exact, not an approximation. The weights $e^{\ell_X - \ell} \le 1$ never overflow, however
+# large the scores. An empty part ($P = 0$) has $Z = 0$, $\ell = -\infty$ and weight 0.
+# Merging $n$ parts is the same formula with a sum, and can run *online*: the merge kernel
+# below keeps a running max, exactly like FlashAttention's softmax over key tiles.
+
+# %%
+import inspect
+import math
+
+import matplotlib.pyplot as plt
+from minispec.attention import attention_with_lse, merge
+
+g = torch.Generator().manual_seed(0)
+q, k, v = torch.randn(4, 16, generator=g), torch.randn(50, 16, generator=g), torch.randn(50, 16, generator=g)
+whole, lse = attention_with_lse(q, k, v)                   # softmax over all 50 keys
+a, b = attention_with_lse(q, k[:30], v[:30]), attention_with_lse(q, k[30:], v[30:])
+merged, merged_lse = merge(*a, *b, return_lse=True)
+print(f"max |merged - whole| = {(merged - whole).abs().max():.2e}, "
+      f"max |lse diff| = {(merged_lse - lse).abs().max():.2e}")
+print(inspect.getsource(merge))
+
+# %% [markdown]
+# ## 2. The picture: a tree after a prefix
+#
+# A tree of $T$ tokens after $P$ committed tokens. Row $i$ of the mask is what tree token $i$
+# sees: every prefix column, and its ancestors and itself among the tree columns. The prefix
+# block needs no mask at all; only the $T \times T$ block does.
+
+# %%
+from minispec.tree import Tree
+
+tree = Tree(tokens=[0] * 7, parents=[-1, -1, 0, 0, 1, 2, 4])  # N = 7 nodes; T = N + 1 with the root
+tm = tree.mask()                                             # [T, T] ancestor mask among the tree tokens
+P, T = 12, tm.shape[0]
+full = torch.cat([torch.ones(T, P, dtype=torch.bool), tm], 1)  # [T, P + T]: what dense attention gets
+
+fig, ax = plt.subplots(figsize=(9, 3.2))
+img = torch.zeros(T, P + T, 3)
+img[:, :P] = torch.tensor([0.55, 0.75, 0.95])                  # prefix: all visible, no mask
+img[:, P:][tm] = torch.tensor([0.95, 0.6, 0.3])                # tree: visible
+img[:, P:][~tm] = torch.tensor([0.97, 0.97, 0.97])             # tree: masked
+ax.imshow(img.numpy(), aspect="auto")
+ax.axvline(P - 0.5, color="k", lw=2)
+ax.set_xlabel("key index: committed prefix | tree tokens"); ax.set_ylabel("tree token (query)")
+ax.set_title(f"prefix (blue): split-k, mask-free  |  suffix (orange = visible): {T}x{T} tree mask")
+plt.show()
+print(f"mask entries: dense {full.numel()}, split needs only the tree block's {tm.numel()}")
+
+# %% [markdown]
+# ## 3. PyTorch references: dense, prefix, suffix, merge
+#
+# `minispec.attention.reference` has the twin of every kernel. `dense_attention` is one SDPA
+# call with the full mask; `split_attention` = `prefix_attention` (no mask) +
+# `suffix_attention` (tree mask) + `merge`. Grouped-query attention: query head $h$ uses KV
+# head $h // G$; the references stack the $G$ query heads of a KV head as rows, so the keys
+# are never copied $G$ times.
+
+# %%
+from minispec.attention import dense_attention, split_attention
+from minispec.attention import reference
+
+print(inspect.getsource(reference.split_attention))
+B, H, Hkv, hd = 2, 8, 2, 32
+for P in (0, 1, 37, 100):
+    qq = torch.randn(B, H, T, hd, generator=g)
+    kk, vv = torch.randn(B, Hkv, P + T, hd, generator=g), torch.randn(B, Hkv, P + T, hd, generator=g)
+    fm = torch.cat([torch.ones(T, P, dtype=torch.bool), tm], 1)
+    err = (split_attention(qq, kk, vv, P, tm) - dense_attention(qq, kk, vv, fm)).abs().max().item()
+    print(f"P={P:>3}: max |split - dense| = {err:.2e}")
+    assert err < 1e-5
+
+# %% [markdown]
+# ## 4. The Triton kernels
+#
+# Three launches (`minispec/attention/triton_split.py`):
+#
+# * **prefix** — grid (batch x KV head, row blocks, splits). A program takes the $G$ query
+#   heads of one KV head for all tree tokens (rows $(g, t)$), so each key/value tile is read
+#   once for $G$ heads, and walks its chunk of the prefix in `BLOCK_N` tiles with the online
+#   softmax. Only the last tile's tail past $P$ is masked (`mask=` loads + `tl.where`), so any
+#   $P$ works. Each split writes a partial (out, lse).
+# * **suffix** — the same loop over the $T$ tree keys with the tree mask; its (out, lse) is
+#   one more "split".
+# * **merge** — the online log-sum-exp merge of all partials.
+#
+# Keys and values are read straight from the KV cache's layout `[B, Hkv, S, hd]` through
+# strides; the prefix addressing is one function, ready to become a block-table lookup for the
+# paged cache of chapter 7.
+
+# %%
+from minispec.attention import triton_available
+from minispec.attention import triton_split as ts
+
+print("Triton kernels can run here:", triton_available(),
+      "(interpreter)" if os.environ.get("TRITON_INTERPRET") == "1" else "(GPU)")
+for f in (ts._prefix_kv_rows, ts._online_softmax_step, ts._prefix_kernel, ts._merge_kernel):
+    print(inspect.getsource(f.fn))
+
+# %%
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+cases = [(1, 4, 4, 1, 0, 16), (2, 8, 2, 8, 37, 32), (1, 8, 1, 16, 100, 16)]  # (B, H, Hkv, T, P, hd)
+for B, H, Hkv, T_, P, hd in cases:
+    qq = torch.randn(B, H, T_, hd, generator=g)
+    kk, vv = torch.randn(B, Hkv, P + T_, hd, generator=g), torch.randn(B, Hkv, P + T_, hd, generator=g)
+    m = torch.ones(T_, T_, dtype=torch.bool).tril()                 # a chain: causal
+    ref = split_attention(qq, kk, vv, P, m)
+    out = ts.split_attention_triton(qq.to(dev), kk.to(dev), vv.to(dev), P, m.to(dev)).cpu()
+    err = (out - ref).abs().max().item()
+    print(f"B={B} H={H} Hkv={Hkv} T={T_:>2} P={P:>3}: max |triton - torch split| = {err:.2e}")
+    assert err < 1e-4
+
+# %% [markdown]
+# ## 5. The model's attention backend
+#
+# `Transformer.attention` (or `set_attention`) picks `"dense"`, `"split_torch"` or
+# `"split_triton"` for every layer. The split backends apply when every new token sees the
+# whole prefix — a causal step or a tree mask given among the new tokens, which is what
+# `generate` passes; a general mask over prefix + tree falls back to dense. Greedy decoding
+# must not change by a single token.
+
+# %%
+from minispec import generate, load
+from minispec.drafters import PromptLookup
+
+tiny, tok = load("tiny-llama")
+n_new = 12 if FAST else 32
+runs = {}
+for backend in ("dense", "split_torch", "split_triton"):
+    tiny.set_attention(backend)
+    runs[backend] = generate(tiny, tok, "abcabcabc abc", drafter=PromptLookup(k=4), max_new_tokens=n_new).tokens
+tiny.set_attention("dense")
+print(runs["dense"])
+assert runs["split_torch"] == runs["dense"] and runs["split_triton"] == runs["dense"]
+print("greedy tokens identical with all three backends")
+
+# %% [markdown]
+# ## 6. A decode-attention roofline
+#
+# Per query row and key, attention does about $4\,d$ flops (two dot products) on a key and a
+# value that are read once for all $G \cdot T$ rows of a KV head: arithmetic intensity
+# $\approx G T$ flops per byte in bf16 — far below a GPU's ~300 flops/byte. So verify-time
+# attention is **bound by memory bandwidth**; the yardstick is GB/s of KV read against what a
+# plain copy achieves on the same device. `benchmarks/bench_attention.py` measures that for
+# dense SDPA with a mask, the two splits, FlexAttention with a block mask and plain causal
+# attention of the same shape; the plot reads its committed JSON (a GPU file when one is in
+# `benchmarks/results/`, else the CPU one — the title says which).
+
+# %%
+import json
+from pathlib import Path
+
+results = Path(minispec.__file__).resolve().parent.parent / "benchmarks" / "results"
+files = sorted(results.glob("attention_*.json"))
+gpu_files = [f for f in files if f.name != "attention_cpu.json"]
+path = (gpu_files or files or [None])[0]
+if path is None:
+    print("no benchmarks/results/attention_*.json yet: run python benchmarks/bench_attention.py")
+else:
+    bench = json.loads(path.read_text())
+    devname = bench["device"].get("gpu") or bench["device"].get("cpu_model", "CPU")
+    bw = bench["copy_bandwidth_GBps"]
+    rows = [r for r in bench["results"] if r["batch"] == max(x["batch"] for x in bench["results"])]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for T_, ax in zip(sorted({r["tree"] for r in rows})[-2:], axes):
+        sel = sorted((r for r in rows if r["tree"] == T_), key=lambda r: r["ctx"])
+        for name in ("dense", "split_torch", "split_triton", "flex", "causal"):
+            pts = [(r["ctx"], r["kv_GBps"][name]) for r in sel if name in r["kv_GBps"]]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=name)
+        ax.axhline(bw, color="k", ls="--", label=f"copy {bw:.0f} GB/s")
+        ax.set_xscale("log", base=2); ax.set_xlabel("prefix length (tokens)"); ax.set_ylabel("KV read GB/s")
+        ax.set_title(f"T={T_}, batch {sel[0]['batch']}"); ax.legend(fontsize=8)
+    fig.suptitle(f"{path.name}: {devname} ({sel[0]['dtype']}, heads {sel[0]['heads']}/{sel[0]['kv_heads']}, "
+                 f"hd {sel[0]['head_dim']})")
+    plt.show()
+    for n in bench["notes"]:
+        print("note:", n)
+
+# %% [markdown]
+# ## Exercises
+#
+# Implement the functions in `exercises/ch06_split_attention.py` (generated from
+# `solutions/`; same signatures and docstrings). The grader runs your functions on random
+# float64 inputs and compares with attention computed directly over all keys, to 1e-9:
+# the split is exact, so only rounding may differ.
+#
+# | exercise | function | task |
+# |---|---|---|
+# | 6.1 | `merge_partials` | log-sum-exp merge of two partial results; stable; empty parts |
+# | 6.2 | `masked_attention_lse` | masked attention that returns the row log-sum-exps (the tree suffix) |
+# | 6.3 | `tiled_attention` | the online softmax over key tiles (the prefix) |
+# | 6.4 | `split_tree_attention` | 6.3 + 6.2 + 6.1 with grouped-query heads |
+#
+# Grade from a terminal with `python -m minispec grade 6` or
+# `pytest tests/test_exercises.py -m ch06 --impl exercises`; here with `check("6.1")` or
+# `check(6)`. The cell below prints the first stub, then grades your file (it reports, never
+# raises: until you fill in the stubs every line says "not implemented yet").
+
+# %%
+from minispec.grading import check, load_impl
+
+mine = load_impl(6, "exercises")
+print(inspect.getsource(mine.merge_partials))
+check(6, impl="exercises")
+
+# %%
+# What a finished chapter looks like: the reference answers in solutions/ pass every check.
+check(6, impl="solutions")
