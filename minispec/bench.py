@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .methods import METHOD_NAMES
+
 HF_METHODS = ("hf", "hf_assisted", "hf_pld")
-METHODS = HF_METHODS + ("vanilla", "sps", "pld", "eagle", "eagle2", "eagle3", "medusa", "auto")
+METHODS = HF_METHODS + METHOD_NAMES  # minispec.methods: the one list of minispec's methods
 
 
 @dataclass

@@ -20,8 +20,8 @@ from __future__ import annotations
 from importlib import resources
 
 from .drafters import DraftModel, PromptLookup, TreeSpec
+from .drafters.registry import DEFAULT_TREES  # noqa: F401  (re-exported: the one table of default trees)
 
-DEFAULT_TREES = {"sps": None, "eagle": "chain:5", "eagle2": "6,10,60", "eagle3": "chain:5", "medusa": "medusa"}
 # methods that draft through the target's LM head over a frequency-ranked draft vocabulary (FR-Spec,
 # minispec.drafters.vocab) unless told otherwise: K tokens
 DRAFT_VOCAB = {"eagle": 8192, "eagle2": 8192}
@@ -85,7 +85,7 @@ class Methods:
             return TreeSpec.parse(tree)
         if self.tree is not None:
             return self.tree
-        return TreeSpec.parse(DEFAULT_TREES[base] or self.k)
+        return TreeSpec.parse(self.k if base == "sps" else DEFAULT_TREES[base])
 
     def drafter(self, method: str):
         """The drafter of ``method`` (None for vanilla); heads are loaded once and reused."""

@@ -31,7 +31,6 @@ Shapes: B batch, T new positions, S cached + new keys, H hidden, nh / nkv heads,
 
 from __future__ import annotations
 
-import json
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -46,6 +45,7 @@ from ..kv import KVCache
 from ..linear import Linear, prepack
 from ..model import RMSNorm, apply_rope, rope_cos_sin
 from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
+from .registry import default_tree
 from .vocab import ReducedLMHead, load_counts, top_tokens
 
 DEFAULT_NAME = "smollm2-135m-eagle"
@@ -173,7 +173,8 @@ class EagleDrafter(TreeDrafter):
     """Args:
         target: the minispec Transformer whose features the head reads (its tok_emb and lm_head are used).
         head: an ``EagleHead`` trained for this target.
-        tree: a ``TreeSpec`` or its string form ('chain:5', 'eagle', '6,10,60', ...); default a chain of 5.
+        tree: a ``TreeSpec`` or its string form ('chain:5', 'eagle', '6,10,60', ...);
+            default ``registry.DEFAULT_TREES['eagle']``.
         capacity: the head's KV cache size in tokens (grown on demand).
         draft_vocab: draft over the K most frequent tokens only (FR-Spec, ``minispec.drafters.vocab``);
             None: the full vocabulary. Verification stays over the full vocabulary (lossless).
@@ -182,9 +183,9 @@ class EagleDrafter(TreeDrafter):
 
     target_layers: tuple[int, ...] = ()  # EAGLE-1/2 reads only the last hidden state
 
-    def __init__(self, target, head: EagleHead, tree: "TreeSpec | str | int" = 5, capacity: int = 1024,
+    def __init__(self, target, head: EagleHead, tree: "TreeSpec | str | int | None" = None, capacity: int = 1024,
                  draft_vocab: int | None = None, token_counts: torch.Tensor | None = None):
-        super().__init__(tree)
+        super().__init__(tree if tree is not None else default_tree("eagle"))
         self.check_target(target, head)
         self.target, self.head = target, head.eval()
         self.draft_vocab = draft_vocab
@@ -278,7 +279,7 @@ class EagleDrafter(TreeDrafter):
         self.tree, self.node_g = GrowingTree(), []
 
 
-def load_eagle(path: str | Path | None, target, tree: "TreeSpec | str | int" = 5, **kw) -> EagleDrafter:
+def load_eagle(path: str | Path | None, target, tree: "TreeSpec | str | int | None" = None, **kw) -> EagleDrafter:
     """Build an ``EagleDrafter`` for ``target`` from a checkpoint.
 
     Args:
@@ -286,35 +287,23 @@ def load_eagle(path: str | Path | None, target, tree: "TreeSpec | str | int" = 5
             Llama-style head config), or an official EAGLE-1/2 directory (``config.json`` +
             ``model.safetensors``); None: the head shipped for SmolLM2-135M.
         target: the minispec Transformer the head was trained on.
-        tree, kw: passed to ``EagleDrafter``.
+        tree, kw: passed to ``EagleDrafter``. The one loader of every layout, ``load_drafter``,
+            reads the checkpoint; this checks that it is an EAGLE-1/2 head.
     Returns:
         The drafter; the head on the target's device and dtype.
     Raises:
         FileNotFoundError, ValueError (the head does not fit the target or its own config).
     """
-    from safetensors.torch import load_file
+    from .loader import load_drafter
 
     with ExitStack() as stack:
         if path is None:
             ref = resources.files("minispec").joinpath("checkpoints", DEFAULT_NAME + ".safetensors")
             path = stack.enter_context(resources.as_file(ref))
-        path = Path(path)
-        if path.is_dir():
-            cfg_path, weights = path / "config.json", path / "model.safetensors"
-        else:
-            cfg_path, weights = path.with_suffix(".json"), path
-        if not cfg_path.exists() or not weights.exists():
-            raise FileNotFoundError(f"an EAGLE checkpoint needs {weights} and {cfg_path} (pickled .bin files are not read)")
-        meta = json.loads(cfg_path.read_text())
-        state = load_file(str(weights))
-    cfg = EagleConfig.from_dict(meta.get("config", meta))
-    head = EagleHead(cfg)
-    state.pop("embed_tokens.weight", None)  # some official heads carry a copy of the target's embedding
-    want = {k: tuple(v.shape) for k, v in head.state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in state.items()}
-    if want != got:
-        raise ValueError(f"{weights}: tensors do not match the head's config: missing {sorted(want.keys() - got.keys())}, "
-                         f"unexpected {sorted(got.keys() - want.keys())}, "
-                         f"wrong shape {sorted(k for k in want.keys() & got.keys() if want[k] != got[k])}")
-    head.load_state_dict(state)
-    return EagleDrafter(target, head.to(device=target.device, dtype=target.dtype), tree=tree, **kw)
+        drafter = load_drafter(str(path), target, tree=tree, verbose=False, draft_vocab=kw.pop("draft_vocab", None))
+    if not isinstance(drafter, EagleDrafter):
+        raise ValueError(f"{path} holds a {type(drafter).__name__}'s checkpoint, not an EAGLE-1/2 head "
+                         "(minispec.drafters.load_drafter reads every layout)")
+    if kw:  # capacity, token_counts: rebuild around the loaded head
+        drafter = EagleDrafter(target, drafter.head, tree=drafter.spec, draft_vocab=drafter.draft_vocab, **kw)
+    return drafter

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from ..kv import KVCache
 from ..model import RMSNorm, apply_rope, rope_cos_sin
 from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
+from .registry import default_tree
 
 
 @dataclass
@@ -214,12 +215,13 @@ class Eagle3Drafter(TreeDrafter):
     Args:
         target: the target Transformer (its token embedding is used; its features arrive via ``observe``).
         head: a trained ``Eagle3Head``.
-        tree: a ``TreeSpec`` or its string form ('chain:5', 'eagle', '5,8,32', ...).
+        tree: a ``TreeSpec`` or its string form ('chain:5', 'eagle', '5,8,32', ...); default
+            ``registry.DEFAULT_TREES['eagle3']``.
         capacity: the head's KV cache size in tokens (grown on demand).
     """
 
-    def __init__(self, target, head: Eagle3Head, tree: "TreeSpec | str | int" = "5,8,32", capacity: int = 1024):
-        super().__init__(tree)
+    def __init__(self, target, head: Eagle3Head, tree: "TreeSpec | str | int | None" = None, capacity: int = 1024):
+        super().__init__(tree if tree is not None else default_tree("eagle3"))
         self.head, self.embed = head, target.tok_emb
         self.target_layers = eagle3_layers(target.cfg.n_layer)
         c = head.config

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from .registry import default_tree
+
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "medusa_lm_head.safetensors", "medusa_lm_head.pt")
 _MEDUSA = re.compile(r"^(\d+)\.0\.linear\.weight$")
 
@@ -135,8 +137,9 @@ def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True, draft_
             minispec's ``.json`` beside it, or ``.bin`` / ``.pt`` with a ``config.json`` beside it),
             or a Hugging Face hub id (downloaded only when the hub is reachable).
         target: the minispec Transformer the drafter serves.
-        tree: the tree to draft (``TreeSpec`` or its string); default per kind (EAGLE: chain of 5,
-            EAGLE-3: '5,8,32', Medusa: 'medusa' (or a chain as deep as the heads), draft model: chain of 4).
+        tree: the tree to draft (``TreeSpec`` or its string); default: the kind's method's tree in
+            ``registry.DEFAULT_TREES`` (Medusa: a chain as deep as the heads when they are fewer
+            than the 'medusa' tree needs).
         verbose: print one line with what was inferred.
         draft_vocab: EAGLE-1/2 heads only: draft over the K most frequent tokens (FR-Spec,
             ``minispec.drafters.vocab``); None: the full vocabulary.
@@ -162,7 +165,7 @@ def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True, draft_
 
         c = meta["config"]
         _fit("draft model", c["d_model"], c["vocab_size"], target)
-        drafter = DraftModel(load_draft_model(target, weights), tree=tree if tree is not None else 4)
+        drafter = DraftModel(load_draft_model(target, weights), tree=tree if tree is not None else default_tree("draft"))
         info = f"draft model (hidden {c['d_model']}, {c['n_layer']} layers, vocab {c['vocab_size']}"
     elif kind == "eagle3":
         from .eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
@@ -174,7 +177,7 @@ def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True, draft_
         c = Eagle3Config.from_dict({**cfg, "draft_vocab_size": cfg.get("draft_vocab_size", Vd)})
         head = Eagle3Head(c)
         _load_strict(head, state, weights)
-        drafter = Eagle3Drafter(target, head.to(**dev).eval(), tree=tree if tree is not None else "5,8,32")
+        drafter = Eagle3Drafter(target, head.to(**dev).eval(), tree=tree if tree is not None else default_tree("eagle3"))
         info = (f"EAGLE-3 head (hidden {H}, 1 layer on target layers {drafter.target_layers}, vocab {V}, draft vocab {Vd}, "
                 f"rope_theta {c.rope_theta}{' (default: absent)' if 'rope_theta' not in cfg else ''}, no fc bias")
     elif kind == "eagle":
@@ -186,7 +189,7 @@ def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True, draft_
         bias = "fc.bias" in state  # the tensors decide; the config's "bias" (absent = True) may be missing
         head = EagleHead(EagleConfig.from_dict({**cfg, "bias": bias}))
         _load_strict(head, state, weights)
-        drafter = EagleDrafter(target, head.to(**dev).eval(), tree=tree if tree is not None else 5,
+        drafter = EagleDrafter(target, head.to(**dev).eval(), tree=tree if tree is not None else default_tree("eagle"),
                                draft_vocab=draft_vocab)
         info = f"EAGLE-1/2 head (hidden {H}, 1 layer, vocab {V}, fc bias {bias}"
     else:

@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .tree_drafter import TreeDrafter, TreeSpec
+from .registry import default_tree
 
 
 class ResBlock(nn.Module):
@@ -82,8 +83,8 @@ class MedusaDrafter(TreeDrafter):
 
     target_layers = ()
 
-    def __init__(self, target, heads: MedusaHeads, tree: "TreeSpec | str | int" = "medusa"):
-        super().__init__(tree)
+    def __init__(self, target, heads: MedusaHeads, tree: "TreeSpec | str | int | None" = None):
+        super().__init__(tree if tree is not None else default_tree("medusa"))
         if self.spec.depth > heads.num_heads:
             raise ValueError(f"a tree of depth {self.spec.depth} needs {self.spec.depth} Medusa heads, "
                              f"these have {heads.num_heads}")
