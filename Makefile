@@ -30,14 +30,15 @@ demo: install
 check-env: install
 	$(BIN)/python -m minispec check-env
 
-# JOBS parallel pytest workers (pytest-xdist), each test file on one worker; the model is fetched
+# JOBS parallel pytest workers (pytest-xdist); a worker that runs out of tests steals from the
+# other (worksteal), so the slow SmolLM2 tests spread over both; the model is fetched
 # and converted once before they start
 JOBS ?= 2
 test: install
 	$(BIN)/python -m minispec check-env
 	$(BIN)/python tools/make_exercises.py --check
 	$(BIN)/python -c "from minispec.models import ensure_smollm2; ensure_smollm2()"
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile
+	$(BIN)/python -m pytest -n $(JOBS) --dist worksteal
 	MINISPEC_FAST=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) --nbmake notebooks
 
 # the course as HTML with outputs and figures (fast mode): build/book/index.html
