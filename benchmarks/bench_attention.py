@@ -15,19 +15,16 @@ Reported per shape and method: median time; achieved bandwidth of the KV read
 bandwidth measured in the same run (a large torch copy, read + write); ratios to every peer.
 On GPU the inputs rotate among several copies whose total exceeds the L2 cache (cold L2).
 
-Results: benchmarks/results/attention_<device>.json (via minispec.benchinfo.save_json).
+Results: benchmarks/results/attention_<device>.json (via minispec.benchinfo.save_json). The grid
+itself lives in ``minispec.attention_grid`` (also run by ``python -m minispec gpu-suite``).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
-import statistics
 import sys
-import time
-import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,122 +53,9 @@ if ARGS is not None and ARGS.interpret:
 
 import torch  # noqa: E402
 
-from minispec.attention import dense_attention, split_attention, triton_available  # noqa: E402
+from minispec.attention import triton_available  # noqa: E402
+from minispec.attention_grid import copy_bandwidth, run_grid  # noqa: E402
 from minispec.benchinfo import save_json  # noqa: E402
-
-L2_BYTES = 50 * 2**20  # H100: 50 MiB; rotating inputs past 2x this keeps each call's KV cold
-
-
-def tree_mask(T: int, B: int, g: torch.Generator) -> torch.Tensor:
-    """[B, T, T] ancestor masks of random trees (each node: itself and its ancestors)."""
-    out = torch.zeros(B, T, T, dtype=torch.bool)
-    for b in range(B):
-        parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]
-        for i in range(T):
-            j = i
-            while j >= 0:
-                out[b, i, j] = True
-                j = parents[j]
-    return out
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """GB/s of a large device copy (bytes read + bytes written over time), median of 10."""
-    n = (1 << 30 if device.type == "cuda" else 1 << 28) // 4
-    src, dst = torch.randn(n, device=device), torch.empty(n, device=device)
-    times = [timed(lambda: dst.copy_(src), device) for _ in range(12)][2:]
-    return 2 * n * 4 / statistics.median(times) / 1e9
-
-
-def timed(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def make_flex(device: torch.device):
-    """(flex_attention callable, create_block_mask) or (None, reason)."""
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    except ImportError as e:
-        return None, f"FlexAttention unavailable: {e}"
-    if device.type == "cuda":
-        return (torch.compile(flex_attention, dynamic=False), create_block_mask), None
-    warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-    return (flex_attention, create_block_mask), "FlexAttention on CPU runs eagerly (unfused reference path)"
-
-
-def lower_right_causal(T: int, S: int):
-    try:
-        from torch.nn.attention.bias import causal_lower_right
-        return causal_lower_right(T, S)
-    except ImportError:
-        return torch.ones(T, S, dtype=torch.bool).tril(S - T)
-
-
-def run_shape(B, H, Hkv, hd, P, T, device, dtype, reps, methods_ok, flex, max_gb, notes):
-    S = P + T
-    g = torch.Generator().manual_seed(P * 131 + T * 7 + B)
-    kv_bytes = 2 * B * Hkv * S * hd * torch.finfo(dtype).bits // 8
-    copies = max(1, min(16, math.ceil(2 * L2_BYTES / kv_bytes))) if device.type == "cuda" else 1
-    mask = tree_mask(T, B, g).to(device)  # [B, T, T]
-    full = torch.cat([torch.ones(B, T, P, dtype=torch.bool, device=device), mask], -1)[:, None]  # [B, 1, T, S]
-    inputs = [tuple(torch.randn(*shape, generator=g).to(device, dtype)
-                    for shape in ((B, H, T, hd), (B, Hkv, S, hd), (B, Hkv, S, hd))) for _ in range(copies)]
-    causal = lower_right_causal(T, S)
-    fns = {"dense": lambda q, k, v: dense_attention(q, k, v, full),
-           "causal": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
-               q, k, v, attn_mask=causal, enable_gqa=H != Hkv)}
-    score_gb = B * H * T * P * 4 * 3 / 1e9  # fp32 scores, probabilities, a temporary
-    if score_gb <= max_gb:
-        fns["split_torch"] = lambda q, k, v: split_attention(q, k, v, P, mask)
-    else:
-        notes.add(f"split_torch skipped where its fp32 score matrices exceed {max_gb} GB (--max-gb)")
-    if methods_ok["split_triton"]:
-        from minispec.attention.triton_split import split_attention_triton
-        fns["split_triton"] = lambda q, k, v: split_attention_triton(q, k, v, P, mask)
-    if flex is not None:
-        flex_attention, create_block_mask = flex
-        tm = mask
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            return (kv_idx < P) | tm[b, q_idx, (kv_idx - P).clamp(min=0)]
-
-        try:
-            bm = create_block_mask(mask_mod, B, None, T, S, device=str(device))
-            fns["flex"] = lambda q, k, v: flex_attention(q, k, v, block_mask=bm, enable_gqa=H != Hkv)
-        except Exception as e:  # noqa: BLE001  (a torch version without support for these shapes)
-            notes.add(f"FlexAttention skipped: {type(e).__name__}: {str(e)[:120]}")
-    ref = fns["dense"](*inputs[0]).float()
-    err = {}
-    for name, fn in list(fns.items()):
-        try:
-            for _ in range(2):  # warm-up: compilation, autotuning, allocator
-                out = fn(*inputs[0])
-            if name != "causal":
-                err[name] = (out.float() - ref).abs().max().item()
-        except Exception as e:  # noqa: BLE001
-            notes.add(f"{name} failed at B={B} ctx={P} T={T}: {type(e).__name__}: {str(e)[:160]}")
-            del fns[name]
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    times = {name: [] for name in fns}
-    for r in range(reps):
-        for name, fn in fns.items():  # interleaved: every method sees the same machine state
-            times[name].append(timed(lambda: fn(*inputs[r % copies]), device))
-    med = {name: statistics.median(ts) for name, ts in times.items()}
-    return dict(batch=B, ctx=P, tree=T, heads=H, kv_heads=Hkv, head_dim=hd, dtype=str(dtype).replace("torch.", ""),
-                kv_bytes=kv_bytes, input_copies=copies, reps=reps, median_s=med,
-                kv_GBps={n: kv_bytes / t / 1e9 for n, t in med.items()},
-                ratio={n: {m: med[n] / med[m] for m in med if m != n} for n in med},
-                max_abs_err_vs_dense=err)
 
 
 def main(args) -> int:
@@ -186,36 +70,26 @@ def main(args) -> int:
     batches = args.batch or ([1, 4, 16, 32] if gpu else [1])
     H, Hkv, hd = args.heads or ((32, 8, 128) if gpu else (8, 2, 64))
     reps = args.reps or (30 if gpu else 5)
-    notes = set()
-    methods_ok = {"split_triton": triton_available(device)}
-    if not methods_ok["split_triton"]:
-        notes.add("split_triton skipped: " + ("pass --interpret to run the kernels in Triton's interpreter on CPU"
-                                               if not gpu else "triton is not available"))
-    elif not gpu:
-        notes.add("split_triton ran in Triton's interpreter (numpy on CPU): its times say nothing about GPU speed")
-    flex, why = make_flex(device)
-    if why:
-        notes.add(why)
     bw = copy_bandwidth(device)
+    triton_note = "" if triton_available(device) else " (split_triton skipped)"
     print(f"device: {torch.cuda.get_device_name(0) if gpu else 'CPU'} | dtype {str(dtype)[6:]} | heads {H}/{Hkv}, "
-          f"hd {hd} | copy bandwidth {bw:.1f} GB/s | torch threads {torch.get_num_threads()}")
-    rows = []
+          f"hd {hd} | copy bandwidth {bw:.1f} GB/s | torch threads {torch.get_num_threads()}{triton_note}")
     names = ["dense", "split_torch", "split_triton", "flex", "causal"]
     head = f"{'B':>3} {'ctx':>6} {'T':>3} " + " ".join(f"{n + ' us':>16}" for n in names) + \
            f" {'best GB/s':>9} {'% copy':>6} {'triton/dense':>12}"
     print(head)
-    for B in batches:
-        for P in ctxs:
-            for T in trees:
-                r = run_shape(B, H, Hkv, hd, P, T, device, dtype, reps, methods_ok, flex, args.max_gb, notes)
-                r["copy_share"] = {n: g / bw for n, g in r["kv_GBps"].items()}
-                rows.append(r)
-                med = r["median_s"]
-                best = min((n for n in med if n != "causal"), key=med.get)
-                tri = f"{med['dense'] / med['split_triton']:.2f}x" if "split_triton" in med else "-"
-                print(f"{B:>3} {P:>6} {T:>3} " + " ".join(f"{med[n] * 1e6:>16.1f}" if n in med else f"{'-':>16}"
-                                                          for n in names)
-                      + f" {r['kv_GBps'][best]:>9.1f} {100 * r['copy_share'][best]:>5.1f}% {tri:>12}", flush=True)
+
+    def print_row(r):
+        med = r["median_s"]
+        best = min((n for n in med if n != "causal"), key=med.get)
+        tri = f"{med['dense'] / med['split_triton']:.2f}x" if "split_triton" in med else "-"
+        print(f"{r['batch']:>3} {r['ctx']:>6} {r['tree']:>3} " + " ".join(
+            f"{med[n] * 1e6:>16.1f}" if n in med else f"{'-':>16}" for n in names)
+              + f" {r['kv_GBps'][best]:>9.1f} {100 * r['copy_share'][best]:>5.1f}% {tri:>12}", flush=True)
+
+    grid = run_grid(device, dtype, batches, ctxs, trees, (H, Hkv, hd), reps, args.max_gb, on_row=print_row,
+                    bandwidth=bw)
+    notes, rows = grid["notes"], grid["results"]
     for n in sorted(notes):
         print("note:", n)
     name = "cpu" if not gpu else re.sub(r"[^a-z0-9]+", "_", torch.cuda.get_device_name(0).lower()).strip("_")

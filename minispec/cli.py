@@ -10,6 +10,7 @@
     train eagle|eagle3|medusa   train an EAGLE-1/2 head, an EAGLE-3 head or Medusa heads
     export      a trained EAGLE-1/2 or EAGLE-3 head in the official layout (vLLM, SGLang)
     check-env   one [OK]/[FAIL] line per dependency
+    gpu-suite   every GPU measurement in one run, one JSON each (--smoke: tiny shapes on the CPU)
 """
 
 from __future__ import annotations
@@ -191,6 +192,8 @@ def main(argv=None) -> int:
     e = sub.add_parser("exactness", help="exact and empirical checks that every verifier is lossless", add_help=False)
     e.set_defaults(func=None)
 
+    sub.add_parser("gpu-suite", help="every GPU measurement in ~9 minutes, one JSON each: --out DIR [--smoke]",
+                   add_help=False)
     c = sub.add_parser("check-env", help="check that the dependencies are installed")
     c.set_defaults(func=_check_env)
 
@@ -216,6 +219,10 @@ def main(argv=None) -> int:
         from .profile import main as profile_main
 
         return profile_main(argv[1:])
+    if argv[:1] == ["gpu-suite"]:  # python -m minispec gpu-suite --out DIR [--smoke]
+        from .gpu_suite import main as gpu_suite_main
+
+        return gpu_suite_main(argv[1:])
     if argv[:1] == ["exactness"]:  # its own parser: python -m minispec exactness --help
         from .exactness_report import main as exactness_main
 

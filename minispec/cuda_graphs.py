@@ -1,0 +1,306 @@
+"""CUDA graphs for the draft and verify forwards, one graph per (batch, tokens) bucket (chapter 8).
+
+At small batch a decode step is hundreds of short kernels, and on a fast GPU the CPU that
+launches them one by one (Python, the dispatcher, the driver) takes longer than the GPU takes to
+run them. A CUDA graph records the kernels of one forward once and replays them with a single
+launch. Capture freezes every shape and every address, so
+
+  - inputs are copied into preallocated *static* buffers and outputs read from static buffers;
+  - shapes come from a small set of buckets: B sequences padded to the next batch bucket B_b,
+    T new tokens (a vanilla step: 1, a chain: k + 1, a tree: N + 1) padded to the next token
+    bucket T_b; one graph per (B_b, T_b) pair that is used, captured on first use;
+  - nothing inside a step may synchronise with the host (``.item()``, ``int(tensor)``, a
+    device-to-host copy, a shape that depends on a tensor's value).
+
+What cannot be captured today, and what this module does instead:
+  ``Transformer.forward`` reads ``int(positions.max())`` (a host sync) and the contiguous
+  ``KVCache`` keeps its length as a Python int: ``write`` slices ``k[..., :length + T]``, so the
+  key count S, and with it every attention shape, changes each step. Here ``static_forward``
+  runs the model's own modules (embedding, ``model.blocks``, norm, LM head) over a
+  ``StaticKVCache`` whose committed lengths live in a device tensor [B]:
+      write slots   length[b] + arange(T_b), computed on the device;
+      keys          the cache's whole capacity C, every step;
+      mask          [B_b, 1, T_b, C]: committed keys (< length[b]) plus the new tokens' own slots
+                    as the tree mask allows, built on the device.
+  Attending over the whole capacity with a mask is what gpt-fast does; it costs attention over
+  C keys instead of length + T (size the cache to the request, not the model's context). The
+  split attention backends need the prefix length as a Python int and so run in eager mode
+  only; a split kernel that reads the lengths from a tensor would lift that.
+  Padding is harmless by construction: padded tokens write only into slots past a row's committed
+  length (never committed, overwritten later), real tokens never see them, and padded rows see
+  only their own token (no all-masked softmax row).
+
+On a CPU, or with ``enabled=False``, ``GraphedForward`` runs ``static_forward`` eagerly
+(unpadded unless ``pad=True``): the same code path, testable without a GPU.
+
+References: NVIDIA, "CUDA Graphs" (CUDA C++ Programming Guide); PyTorch ``torch.cuda.graph``
+("Accelerating PyTorch with CUDA Graphs", 2021); gpt-fast (PyTorch team, 2023: a static KV cache
+attended over its whole length with a mask); vLLM and SGLang (graphs per batch-size bucket);
+Li et al., "EAGLE-2" (2024) and Tang et al., "Efficient Speculative Decoding for Llama at Scale"
+(2025) on graphing draft and verify steps.
+
+Shapes: L layers, B batch (B_b its bucket), T new tokens (T_b its bucket), C cache capacity,
+Hkv KV heads, hd head dim, D model width, V vocab.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .kv import KVCacheOverflow
+from .model import ModelOutput, rope_cos_sin
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class StaticKVCache:
+    """A contiguous KV cache with device-side lengths, so a forward that writes to it can be captured.
+
+    ``write`` puts the new keys / values at ``write_pos`` (a [B, T] tensor set by ``static_forward``)
+    and returns the whole buffer [B, Hkv, C, hd]; ``commit`` (outside any graph) keeps accepted
+    entries, compacting a tree's accepted path as ``KVCache.commit`` does. A host mirror of the
+    lengths lets the caller check capacity without reading the device.
+    """
+
+    def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, capacity: int, batch_size: int = 1,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        shape = (n_layer, batch_size, n_kv_head, capacity, head_dim)  # [L, B, Hkv, C, hd]
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity, self.batch_size = capacity, batch_size
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] committed, read in graphs
+        self.host_lengths = [0] * batch_size  # the same, on the host
+        self.write_pos: torch.Tensor | None = None  # [B, T] slots of the forward in progress
+        self.pending = (0, 0)  # (rows, tokens) written by the last forward, not yet committed
+
+    @classmethod
+    def for_model(cls, model, capacity: int, batch_size: int = 1) -> "StaticKVCache":
+        c = model.cfg
+        return cls(c.n_layer, c.n_kv_head, c.head_dim, capacity, batch_size, model.dtype, model.device)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store new k, v [b, Hkv, T, hd] at ``write_pos``; return all slots [b, Hkv, C, hd]."""
+        b = k.shape[0]
+        rows = torch.arange(b, device=k.device)[:, None]  # [b, 1]
+        self.k[layer][rows, :, self.write_pos] = k.transpose(1, 2)  # indexed view [b, T, Hkv, hd]
+        self.v[layer][rows, :, self.write_pos] = v.transpose(1, 2)
+        return self.k[layer, :b], self.v[layer, :b]
+
+    def check_room(self, rows: int, tokens: int) -> None:
+        """Raise KVCacheOverflow unless rows 0..rows-1 can take ``tokens`` more slots each."""
+        if rows > self.batch_size:
+            raise ValueError(f"{rows} rows but the cache holds {self.batch_size}")
+        if max(self.host_lengths[:rows]) + tokens > self.capacity:
+            raise KVCacheOverflow(f"static KV cache: {max(self.host_lengths[:rows])} cached + {tokens} new (padded) "
+                                  f"tokens > capacity {self.capacity}")
+
+    def commit(self, keep: Sequence[Sequence[int]] | None = None) -> None:
+        """Keep the last forward's entries: all of them (None), or per row the indices (strictly
+        increasing, 0 = the row's first new token) of the accepted ones, moved to contiguous slots."""
+        rows, T = self.pending
+        if keep is None:  # everything: a device add, no host round trip
+            self.lengths[:rows] += T
+            self.host_lengths[:rows] = [n + T for n in self.host_lengths[:rows]]
+            self.pending = (0, 0)
+            return
+        keep = [[int(i) for i in row] for row in keep]
+        if len(keep) != rows:
+            raise ValueError(f"keep has {len(keep)} rows, the last forward wrote {rows}")
+        for b, idx in enumerate(keep):
+            if any(not 0 <= i < T for i in idx) or any(x >= y for x, y in zip(idx, idx[1:])):
+                raise ValueError(f"keep[{b}]={idx} must be strictly increasing indices into {T} new tokens")
+            n0 = self.host_lengths[b]
+            if idx != list(range(len(idx))):  # compaction: gather the path, store it contiguously
+                src = torch.tensor(idx, device=self.k.device) + n0
+                self.k[:, b, :, n0:n0 + len(idx)] = self.k[:, b].index_select(2, src)  # [L, Hkv, n, hd]
+                self.v[:, b, :, n0:n0 + len(idx)] = self.v[:, b].index_select(2, src)
+            self.host_lengths[b] = n0 + len(idx)
+        self._upload_lengths()
+        self.pending = (0, 0)
+
+    def _upload_lengths(self) -> None:
+        host = torch.tensor(self.host_lengths)
+        if self.lengths.is_cuda:  # pinned: an asynchronous copy that does not wait for the GPU
+            host = host.pin_memory()
+        self.lengths.copy_(host, non_blocking=self.lengths.is_cuda)
+
+    def discard(self) -> None:
+        self.pending = (0, 0)
+
+    def set_lengths(self, lengths: Sequence[int]) -> None:
+        """Declare rows 0..len-1 to hold that many committed tokens (benchmarks: a cache filled with
+        arbitrary keys stands for a prefilled prompt, the cost of attention does not depend on them)."""
+        if len(lengths) > self.batch_size or max(lengths) > self.capacity or min(lengths) < 0:
+            raise ValueError(f"lengths {list(lengths)} do not fit batch {self.batch_size}, capacity {self.capacity}")
+        self.host_lengths[:len(lengths)] = [int(n) for n in lengths]
+        self._upload_lengths()
+        self.pending = (0, 0)
+
+
+def static_forward(model, kv: StaticKVCache, tokens: torch.Tensor, positions: torch.Tensor,
+                   tree_mask: torch.Tensor) -> ModelOutput:
+    """One forward of ``model`` over new tokens, written to ``kv``: the body a CUDA graph captures.
+
+    No host synchronisation and no value-dependent shape: every shape follows from the inputs'.
+
+    Args:
+        model: a minispec Transformer (its blocks are called with ``kv`` as their cache).
+        tokens: [B, T] ids; positions: [B, T] position ids (< the model's context: not checked here).
+        tree_mask: bool [B, T, T], True where new token i may see new token j.
+    Returns:
+        ModelOutput(logits [B, T, V], hidden [B, T, D], layer_inputs {}).
+    """
+    cfg = model.cfg
+    B, T = tokens.shape
+    dev = tokens.device
+    lengths = kv.lengths[:B]  # [B]
+    kv.write_pos = lengths[:, None] + torch.arange(T, device=dev)  # [B, T] slots of the new tokens
+    keys = torch.arange(kv.capacity, device=dev)  # [C]
+    mask = (keys[None, None, :] < lengths[:, None, None]).expand(B, T, kv.capacity).clone()  # [B, T, C] prefix
+    mask.scatter_(2, kv.write_pos[:, None, :].expand(B, T, T), tree_mask)  # [b, i, slot_j] = tree_mask[b, i, j]
+    x = model.tok_emb(tokens)  # [B, T, D]
+    if cfg.arch == "gpt2":
+        x, rope = x + model.pos_emb(positions), None
+    else:
+        rope = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)  # [B, 1, T, hd] each
+    for block in model.blocks:
+        x = block(x, rope, mask[:, None], kv)  # mask [B, 1, T, C]: dense SDPA over the whole capacity
+    h = model.norm(x)
+    return ModelOutput(logits=model.lm_head(h), hidden=h, layer_inputs={})
+
+
+def pick_bucket(n: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket >= n; ValueError when n exceeds them all."""
+    for b in sorted(buckets):
+        if b >= n:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {max(buckets)}")
+
+
+def pad_inputs(tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor, B_b: int, T_b: int):
+    """Pad a step's inputs to a bucket.
+
+    Args:
+        tokens, positions: [B, T]; tree_mask: bool [B, T, T].
+    Returns:
+        (tokens [B_b, T_b], positions [B_b, T_b], tree_mask [B_b, T_b, T_b]): padded tokens are id 0
+        at position 0; padded mask rows see only themselves, and no real row sees a padded column.
+    """
+    B, T = tokens.shape
+    if B > B_b or T > T_b:
+        raise ValueError(f"inputs [{B}, {T}] do not fit the bucket [{B_b}, {T_b}]")
+    tok = tokens.new_zeros(B_b, T_b)
+    pos = positions.new_zeros(B_b, T_b)
+    tok[:B, :T], pos[:B, :T] = tokens, positions
+    m = torch.eye(T_b, dtype=torch.bool, device=tree_mask.device).repeat(B_b, 1, 1)  # [B_b, T_b, T_b]
+    m[:B, :T, :T] = tree_mask
+    return tok, pos, m
+
+
+class GraphedForward:
+    """Replays one captured CUDA graph per (batch, tokens) bucket of a model forward over a StaticKVCache.
+
+    Args:
+        model: a minispec Transformer (on CUDA for graphs).
+        kv: its StaticKVCache; batch buckets above ``kv.batch_size`` are dropped and
+            ``kv.batch_size`` is added, so padded rows always exist in the cache.
+        batch_buckets, token_buckets: the bucket sizes.
+        enabled: False runs ``static_forward`` eagerly (also the fallback without CUDA).
+        pad: pad eager calls to the bucket too (default: only when graphs are used).
+        warmup: eager runs on a side stream before each capture (lazy initialisation, autotuning).
+    Calls return views of static buffers, valid until the next call: clone what must outlive it.
+    """
+
+    def __init__(self, model, kv: StaticKVCache, batch_buckets: Sequence[int] = BATCH_BUCKETS,
+                 token_buckets: Sequence[int] = TOKEN_BUCKETS, enabled: bool = True, pad: bool | None = None,
+                 warmup: int = 2):
+        self.model, self.kv = model, kv
+        self.batch_buckets = tuple(sorted({b for b in batch_buckets if b <= kv.batch_size} | {kv.batch_size}))
+        self.token_buckets = tuple(sorted(token_buckets))
+        self.use_graphs = bool(enabled) and model.device.type == "cuda" and torch.cuda.is_available()
+        self.pad = self.use_graphs if pad is None else pad
+        self.warmup = warmup
+        self.graphs: dict[tuple[int, int], tuple] = {}  # (B_b, T_b) -> (graph, static inputs, static output)
+        self.pool = None  # one memory pool for all graphs: they never run concurrently and keep their outputs
+
+    def bucket(self, B: int, T: int) -> tuple[int, int]:
+        return pick_bucket(B, self.batch_buckets), pick_bucket(T, self.token_buckets)
+
+    @torch.inference_mode()
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                 tree_mask: torch.Tensor | None = None) -> ModelOutput:
+        """Forward of new tokens [B, T] (positions [B, T], default length + arange(T); tree_mask bool
+        [T, T] or [B, T, T], default causal); the entries stay pending in the cache until ``kv.commit``."""
+        B, T = tokens.shape
+        dev = self.model.device
+        if positions is None:
+            positions = self.kv.lengths[:B, None] + torch.arange(T, device=dev)  # [B, T]
+        if tree_mask is None:
+            tree_mask = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
+        tree_mask = tree_mask.expand(B, T, T)
+        B_b, T_b = self.bucket(B, T) if self.pad else (B, T)
+        self.kv.check_room(B_b, T_b)
+        if self.kv.pending != (0, 0):
+            raise RuntimeError("the last forward's KV entries are pending: call kv.commit() or kv.discard() first")
+        if self.pad:
+            tokens, positions, tree_mask = pad_inputs(tokens, positions, tree_mask, B_b, T_b)
+        if not self.use_graphs:
+            out = static_forward(self.model, self.kv, tokens, positions, tree_mask)
+        else:
+            graph, static, out = self.graphs.get((B_b, T_b)) or self._capture(B_b, T_b)
+            static["tokens"].copy_(tokens)  # device-to-device copies into the captured addresses
+            static["positions"].copy_(positions)
+            static["tree_mask"].copy_(tree_mask)
+            graph.replay()
+        self.kv.pending = (B, T)
+        return ModelOutput(logits=out.logits[:B, :T], hidden=out.hidden[:B, :T], layer_inputs={})
+
+    def _capture(self, B_b: int, T_b: int):
+        dev = self.model.device
+        static = dict(tokens=torch.zeros(B_b, T_b, dtype=torch.long, device=dev),
+                      positions=torch.zeros(B_b, T_b, dtype=torch.long, device=dev),
+                      tree_mask=torch.eye(T_b, dtype=torch.bool, device=dev).repeat(B_b, 1, 1))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.inference_mode():
+            for _ in range(self.warmup):  # writes pending slots only, never committed
+                static_forward(self.model, self.kv, **static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
+            out = static_forward(self.model, self.kv, **static)
+        self.pool = graph.pool()
+        self.graphs[(B_b, T_b)] = (graph, static, out)
+        return self.graphs[(B_b, T_b)]
+
+
+@torch.inference_mode()
+def greedy_decode(model, prompts: torch.Tensor, max_new_tokens: int, enabled: bool = True, pad: bool | None = None,
+                  **buckets) -> torch.Tensor:
+    """Vanilla greedy decoding of a batch of equal-length prompts through ``GraphedForward``.
+
+    The prefill runs eagerly (one long forward, no bucket); every decode step replays a graph.
+
+    Args:
+        prompts: [B, P] token ids on the model's device.
+    Returns:
+        [B, max_new_tokens] new token ids.
+    """
+    B, P = prompts.shape
+    kv = StaticKVCache.for_model(model, capacity=P + max_new_tokens, batch_size=B)
+    mask = torch.ones(P, P, dtype=torch.bool, device=prompts.device).tril().expand(B, P, P)
+    pos = torch.arange(P, device=prompts.device).expand(B, P)
+    out = static_forward(model, kv, prompts, pos, mask)
+    kv.pending = (B, P)
+    kv.commit()
+    x = out.logits[:, -1].argmax(-1)  # [B]
+    step = GraphedForward(model, kv, enabled=enabled, pad=pad, **buckets)
+    new = [x]
+    for _ in range(max_new_tokens - 1):
+        x = step(x[:, None]).logits[:, -1].argmax(-1)  # [B]
+        kv.commit()
+        new.append(x)
+    return torch.stack(new, 1)

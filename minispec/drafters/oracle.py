@@ -1,0 +1,164 @@
+"""An oracle drafter with a known acceptance rate: the target's own greedy stream, corrupted at rate p.
+
+To time speculative decoding on a model with random weights (chapter 9: a Llama-3.1-8B-shaped
+target built on the GPU, no checkpoint) the acceptance rate must come from somewhere. The oracle
+knows the target's greedy continuation (a vanilla run beforehand) and drafts it, replacing each
+drafted token, independently with probability ``p_corrupt``, by a different random token. Greedy
+verification accepts a draft up to its first corrupted token, so with alpha = 1 - p_corrupt
+
+    tokens per step (tau) for a chain of k drafts = sum_{i=0..k} alpha^i = (1 - alpha^(k+1)) / (1 - alpha)
+
+(the bonus token is the i = 0 term), as in Leviathan et al. (2023), section 3.5, with an
+i.i.d. acceptance rate alpha. Tau is known before the run; the output must still equal vanilla.
+
+Trees: ``tree_nodes`` > k adds wrong siblings along the drafted chain (more nodes per level near
+the root, the shape of an EAGLE-2 tree), drawn so that none is the target's token. They cost
+verify work but never change what is accepted, so tau stays the chain's formula for depth k: the
+oracle tree measures the cost of a tree of that size at a known tau.
+
+Drafts are deterministic given the seed and are verified with one-hot q (``q_kind = "onehot"``),
+so the oracle is lossless under sampling too, but its stream only matches greedy decoding: when
+the context leaves the stream (sampling, or a GPU forward whose bf16 logits break a near-tie
+differently from the vanilla run), the oracle proposes nothing from then on and counts it in
+``off_stream``.
+
+References: Leviathan, Kalman, Matias, "Fast Inference from Transformers via Speculative
+Decoding" (2023); Li et al., "EAGLE-2: Faster Inference of Language Models with Dynamic Draft
+Trees" (2024).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..sampling import SamplingParams
+from ..tree import Tree
+
+
+def expected_tau(p_corrupt: float, k: int) -> float:
+    """Expected tokens per target forward of the oracle with depth k: sum_{i=0..k} (1 - p)^i."""
+    if not 0.0 <= p_corrupt <= 1.0 or k < 0:
+        raise ValueError(f"need 0 <= p_corrupt <= 1 and k >= 0, got {p_corrupt}, {k}")
+    return sum((1.0 - p_corrupt) ** i for i in range(k + 1))
+
+
+def tree_shape(depth: int, nodes: int) -> tuple[list[int], list[int]]:
+    """A chain of ``depth`` nodes with ``nodes - depth`` extra leaves: the shape of the oracle's trees.
+
+    The leaves hang beside the chain (siblings of its nodes), more of them near the root, as the
+    nodes of an EAGLE-2 tree are. Order: level by level, the chain node first.
+
+    Returns:
+        (parents [nodes], spine [depth]: the index of the chain node at each level).
+    """
+    if depth < 1 or nodes < depth:
+        raise ValueError(f"need depth >= 1 and nodes >= depth, got {depth}, {nodes}")
+    extra = nodes - depth
+    parents, spine = [], []
+    for d in range(depth):
+        up = spine[-1] if spine else -1  # the chain node one level up (-1: the root)
+        spine.append(len(parents))
+        parents += [up] * (1 + extra // depth + (d < extra % depth))
+    return parents, spine
+
+
+class OracleDrafter:
+    """Drafts the next k tokens of a known greedy stream, each corrupted with probability p_corrupt.
+
+    Args:
+        stream: the full greedy sequence, prompt included (``prompt_tokens + tokens`` of a
+            vanilla greedy ``generate``): after a context of n tokens the oracle drafts stream[n:n+k].
+        k: drafted depth per step.
+        p_corrupt: probability that a drafted token is replaced by a different random token.
+        seed: seeds the corruption.
+        tree_nodes: total draft nodes per step (>= k); the extra ones are wrong siblings.
+        vocab_size: token ids of corruptions and siblings are drawn below it (default: max(stream) + 1).
+    """
+
+    q_kind = "onehot"
+
+    def __init__(self, stream: Sequence[int], k: int = 5, p_corrupt: float = 0.2, seed: int = 0,
+                 tree_nodes: int | None = None, vocab_size: int | None = None):
+        self.stream = [int(t) for t in stream]
+        self.vocab_size = vocab_size or max(self.stream) + 1
+        tree_nodes = k if tree_nodes is None else tree_nodes
+        if k < 1 or tree_nodes < k or not 0.0 <= p_corrupt <= 1.0:
+            raise ValueError(f"need k >= 1, tree_nodes >= k and 0 <= p_corrupt <= 1; got {k}, {tree_nodes}, {p_corrupt}")
+        if self.vocab_size < 2 + (tree_nodes - k):
+            raise ValueError(f"vocabulary of {self.vocab_size} is too small for {tree_nodes - k} wrong siblings")
+        self.k, self.p_corrupt, self.tree_nodes, self.seed = k, p_corrupt, tree_nodes, seed
+        self.max_nodes = tree_nodes
+        self.gen = torch.Generator().manual_seed(seed)
+        self.off_stream = 0  # proposals skipped because the context had left the stream
+        self.checked = 0  # context tokens already found equal to the stream
+        self.forwards = 0  # no draft model: no draft forwards
+
+    def __repr__(self):
+        return f"OracleDrafter(k={self.k}, p_corrupt={self.p_corrupt}, tree_nodes={self.tree_nodes})"
+
+    @property
+    def expected_tau(self) -> float:
+        return expected_tau(self.p_corrupt, self.k)
+
+    def check_target(self, target) -> None:
+        if self.vocab_size > target.cfg.vocab_size:
+            raise ValueError(f"oracle vocabulary {self.vocab_size} exceeds the target's {target.cfg.vocab_size}")
+
+    def prefill(self, prompt: list[int]) -> None:
+        self.gen.manual_seed(self.seed)
+        self.off_stream = self.checked = 0
+
+    def _other(self, avoid: set[int]) -> int:
+        """A uniformly random token id not in ``avoid``."""
+        while True:
+            t = int(torch.randint(0, self.vocab_size, (1,), generator=self.gen))
+            if t not in avoid:
+                return t
+
+    def draft_chain(self, n: int, k: int) -> list[int]:
+        """stream[n:n+k] (shorter at the stream's end), each token corrupted with probability p_corrupt."""
+        truth = self.stream[n:n + k]
+        bad = torch.rand(len(truth), generator=self.gen) < self.p_corrupt  # [k]
+        return [self._other({t}) if b else t for t, b in zip(truth, bad.tolist())]
+
+    def propose(self, context: list[int], params: SamplingParams, budget: int,
+                generator: torch.Generator | None = None) -> Tree:
+        n = len(context)
+        if self.off_stream or context[self.checked:n] != self.stream[self.checked:n]:
+            self.off_stream += 1  # the context has left the stream: no more drafts
+            return Tree([], [])
+        self.checked = n  # context[:n] matches: only newer tokens need checking next time
+        chain = self.draft_chain(n, min(self.k, budget))
+        if not chain:
+            return Tree([], [])
+        return self.with_siblings(chain, self.stream[n:n + len(chain)])
+
+    def with_siblings(self, chain: list[int], truth: list[int]) -> Tree:
+        """The chain plus ``tree_nodes - k`` wrong leaves (shape: ``tree_shape``).
+
+        A sibling is never the target's token, the drafted token, nor another sibling."""
+        n = self.tree_nodes if len(chain) == self.k else len(chain)  # a chain cut by the budget: no siblings
+        parents, spine = tree_shape(len(chain), n)
+        tokens = [0] * n
+        used = [{c, t} for c, t in zip(chain, truth)]  # per depth
+        level = 0
+        for i in range(n):
+            if level + 1 < len(spine) and i == spine[level + 1]:
+                level += 1
+            if i == spine[level]:
+                tokens[i] = chain[level]
+            else:
+                tokens[i] = self._other(used[level])
+                used[level].add(tokens[i])
+        return Tree(tokens, parents)
+
+    @classmethod
+    def for_prompt(cls, target, tokenizer, prompt, max_new_tokens: int, chat: bool = True, **kw) -> "OracleDrafter":
+        """Run vanilla greedy decoding of ``prompt`` and return an oracle over its stream (keyword
+        arguments go to the constructor)."""
+        from ..generate import generate
+
+        r = generate(target, tokenizer, prompt, max_new_tokens=max_new_tokens, chat=chat, stop_at_eos=False)
+        return cls(r.prompt_tokens + r.tokens, vocab_size=kw.pop("vocab_size", target.cfg.vocab_size), **kw)

@@ -1,0 +1,233 @@
+"""Scaling to Llama (chapter 9): random-weight Llama-shaped models, step latency, the cost model at scale.
+
+A decode step's cost depends on the shapes, not on the weights' values, so a Llama-3.1-8B-shaped
+model with random bf16 weights, built directly on the GPU, times what a real checkpoint would
+(and needs no download). What random weights cannot give is acceptance: the oracle drafter
+(``drafters.oracle``) supplies it, drafting the target's own greedy stream with each token
+corrupted at a set rate, so tau is known in advance and the output must still equal vanilla.
+
+Measured here:
+  step_latency       one target forward of T = N + 1 new tokens for B sequences after P cached
+                     tokens: eager (``Transformer.forward`` + ``KVCache``, dense or split
+                     attention) or a CUDA graph replay (``cuda_graphs.GraphedForward``);
+  latency_grid       per-token latency = step / tau of vanilla (N = 0), a chain and an
+                     EAGLE-2-shaped tree, over batch x prompt, with the speedup over vanilla the
+                     cost model predicts from those step costs (draft cost of the oracle: zero)
+                     and the weight-bandwidth floor ((weight + KV bytes per step) / bandwidth);
+  oracle_speedup     batch 1, the real decode loop: vanilla vs oracle chain / tree; output equal
+                     to vanilla?, measured tau and speedup next to the cost model's prediction
+                     from the same run's measured draft and verify time per step.
+
+The KV cache of a latency measurement holds zeros that stand for a prefilled prompt (attention
+costs the same whatever the keys), which skips a prefill of up to 32 x 8k tokens per point.
+
+References: Grattafiori et al., "The Llama 3 Herd of Models" (2024) for the shapes; Leviathan
+et al. (2023) for the speedup model; Li et al., "EAGLE-2" (2024) for the tree (depth 6, 60 nodes).
+
+Shapes: B batch, P prompt (cached) tokens, N draft nodes, T = N + 1 new tokens, V vocab.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from .attention_grid import timed
+from .cuda_graphs import GraphedForward, StaticKVCache
+from .drafters.oracle import OracleDrafter, expected_tau, tree_shape
+from .kv import KVCache
+from .model import ModelConfig, Transformer
+from .tree import Tree
+
+
+def llama_config(name: str) -> ModelConfig:
+    """Shapes by name: "llama-3.1-8b", "llama-3.2-1b" (its usual draft), "tiny" and "tiny-draft" (smoke).
+
+    Llama 3.1's RoPE frequency scaling is left out (minispec does not implement it; it changes
+    no shape and no cost)."""
+    shapes = {
+        "llama-3.1-8b": dict(vocab_size=128256, n_layer=32, n_head=32, d_model=4096, d_ff=14336, n_kv_head=8,
+                             tie_embeddings=False),
+        "llama-3.2-1b": dict(vocab_size=128256, n_layer=16, n_head=32, d_model=2048, d_ff=8192, n_kv_head=8,
+                             tie_embeddings=True),
+        "tiny": dict(vocab_size=256, n_layer=2, n_head=4, d_model=64, d_ff=128, n_kv_head=2, tie_embeddings=False),
+        "tiny-draft": dict(vocab_size=256, n_layer=1, n_head=2, d_model=32, d_ff=64, n_kv_head=1, tie_embeddings=True),
+    }
+    if name not in shapes:
+        raise ValueError(f"unknown shape {name!r}; choose one of {', '.join(shapes)}")
+    big = name.startswith("llama")
+    return ModelConfig("llama", max_seq_len=131072 if big else 4096, rope_theta=500000.0 if big else 10000.0,
+                       norm_eps=1e-5, name=f"{name}-shaped", **shapes[name])
+
+
+def random_model(cfg: ModelConfig, device="cpu", dtype=torch.float32, seed: int = 0, std: float = 0.02) -> Transformer:
+    """A Transformer with N(0, std) weights and unit norms, allocated once on ``device`` in ``dtype``
+    (built on the meta device first: no fp32 copy of 8B parameters on the way)."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, std, generator=g)
+            else:
+                p.fill_(0.0 if name.endswith("bias") else 1.0)
+    return model.eval()
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the weights a forward reads (every linear layer, LM head included; not the embedding)."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def kv_bytes(cfg: ModelConfig, batch: int, tokens: int, dtype: torch.dtype) -> int:
+    """Bytes of keys and values a forward reads for ``batch`` sequences of ``tokens`` cached tokens."""
+    return 2 * cfg.n_layer * batch * cfg.n_kv_head * tokens * cfg.head_dim * torch.finfo(dtype).bits // 8
+
+
+METHODS = {"vanilla": (0, 0), "chain": (5, 5), "eagle2": (6, 60)}  # name -> (depth, draft nodes)
+
+
+def method_tree(depth: int, nodes: int) -> Tree:
+    """The verify shape of a method: no nodes (vanilla), a chain, or the oracle's EAGLE-2-shaped tree."""
+    return Tree([], []) if nodes == 0 else Tree([0] * nodes, tree_shape(depth, nodes)[0])
+
+
+def step_latency(model, batch: int, prompt: int, tree: Tree, mode: str, reps: int, attention: str = "dense",
+                 warmup: int = 2) -> dict:
+    """Median seconds of one target forward over root + ``tree`` for ``batch`` rows after ``prompt`` tokens.
+
+    Args:
+        mode: "eager" (``Transformer.forward`` with a ``KVCache``, backend ``attention``), "graph"
+            (``GraphedForward`` over a ``StaticKVCache``: a CUDA graph replay on a GPU, its eager
+            fallback elsewhere, which the result says) or "static" (the same without graphs: what
+            attending over the static cache costs by itself).
+    Returns:
+        dict(step_s, graphs_used, attention).
+    """
+    dev, T = model.device, len(tree) + 1
+    g = torch.Generator().manual_seed(batch * 7919 + prompt)
+    tokens = torch.randint(0, model.cfg.vocab_size, (batch, T), generator=g).to(dev)  # [B, T]
+    pos = tree.positions(prompt).to(dev).expand(batch, T) if len(tree) else None  # [B, T]
+    mask = tree.mask().to(dev) if len(tree) and not tree.is_chain else None  # [T, T]
+    with torch.inference_mode():
+        if mode == "eager":
+            model.set_attention(attention)
+            kv = KVCache.for_model(model, capacity=prompt + T, batch_size=batch)
+            kv.length = prompt  # zeros stand for a prefilled prompt
+
+            def step():
+                model(tokens, positions=pos, mask=mask, kv=kv)
+                kv.discard()
+            used, attn = False, attention
+        elif mode in ("graph", "static"):
+            model.set_attention("dense")
+            kv = StaticKVCache.for_model(model, capacity=prompt + T, batch_size=batch)
+            kv.set_lengths([prompt] * batch)
+            gf = GraphedForward(model, kv, batch_buckets=(batch,), token_buckets=(T,), enabled=mode == "graph")
+
+            def step():
+                gf(tokens, pos, mask)
+                kv.discard()
+            used, attn = gf.use_graphs, "dense (full capacity)"
+        else:
+            raise ValueError(f"mode must be 'eager', 'graph' or 'static', got {mode!r}")
+        for _ in range(warmup):
+            step()
+        times = [timed(step, dev) for _ in range(reps)]
+    model.set_attention("dense")
+    return dict(step_s=statistics.median(times), graphs_used=used, attention=attn)
+
+
+def latency_grid(model, batches, prompts, modes, reps: int, p_corrupt: float, bandwidth: float,
+                 deadline: float | None = None, methods=METHODS, warmup: int = 2) -> dict:
+    """Per-token latency of each method over batch x prompt (see module doc).
+
+    Args:
+        modes: {label: (mode, attention)}, e.g. {"eager_dense": ("eager", "dense"), "graph": ("graph", "dense")}.
+        p_corrupt: the oracle's corruption rate, which fixes tau = expected_tau(p, depth).
+        bandwidth: copy bandwidth (GB/s) for the floor.
+        deadline: ``time.perf_counter()`` after which no new (batch, prompt) point starts.
+    Returns:
+        dict(rows, skipped, weight_bytes, errors).
+    """
+    from .attention_grid import coarse_first
+
+    wb, rows, skipped, errors = weight_bytes(model), [], [], []
+    for B, P in coarse_first(batches, prompts):
+        if deadline is not None and time.perf_counter() > deadline:
+            skipped.append(dict(batch=B, prompt=P))
+            continue
+        base = {}
+        for method, (depth, nodes) in methods.items():
+            tree, tau = method_tree(depth, nodes), expected_tau(p_corrupt, depth)
+            for label, (mode, attention) in modes.items():
+                try:
+                    r = step_latency(model, B, P, tree, mode, reps, attention, warmup)
+                except Exception as e:  # noqa: BLE001  (out of memory at the largest shapes, a missing kernel)
+                    errors.append(dict(batch=B, prompt=P, method=method, mode=label, error=f"{type(e).__name__}: "
+                                       f"{str(e)[:200]}"))
+                    _free(model.device)
+                    continue
+                base.setdefault(label, r["step_s"] if method == "vanilla" else None)
+                floor = (wb + kv_bytes(model.cfg, B, P, model.dtype)) / (bandwidth * 1e9)
+                rows.append(dict(batch=B, prompt=P, method=method, depth=depth, nodes=nodes, mode=label, **r,
+                                 tau_expected=tau, per_token_s=r["step_s"] / tau,
+                                 tokens_per_s=B * tau / r["step_s"],
+                                 predicted_speedup=(base[label] * tau / r["step_s"]) if base.get(label) else None,
+                                 floor_step_s=floor, floor_per_token_s=floor / tau))
+        _free(model.device)
+    return dict(rows=rows, skipped=skipped, errors=errors, weight_bytes=wb)
+
+
+def _free(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def oracle_speedup(model, prompt_len: int, max_new_tokens: int, p_corrupt: float, seed: int = 0,
+                   methods=METHODS) -> dict:
+    """Batch 1 through ``generate``: vanilla, then the oracle as a chain and as a tree.
+
+    Per method: output identical to vanilla, tau (measured and expected), decode tokens/s, the
+    measured speedup, and the cost model's prediction from the same run's per-step draft and
+    target time (``dispatch.predicted_tokens_per_s``, no loop overhead: the gap to the measured
+    speedup is what sampling, verification, KV commit and Python cost).
+    """
+    from .dispatch import predicted_tokens_per_s
+    from .generate import generate
+    from .tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()  # decodes any id (mod 256): text is not looked at
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.cfg.vocab_size, (prompt_len,), generator=g).tolist()
+    depth_max = max(d for d, _ in methods.values())
+    generate(model, tok, prompt, max_new_tokens=4, chat=False, stop_at_eos=False)  # warm-up
+    ref = generate(model, tok, prompt, max_new_tokens=max_new_tokens + depth_max, chat=False, stop_at_eos=False)
+    stream = ref.prompt_tokens + ref.tokens
+    out = {}
+    for method, (depth, nodes) in methods.items():
+        drafter = None if nodes == 0 else OracleDrafter(stream, k=depth, p_corrupt=p_corrupt, seed=seed,
+                                                        tree_nodes=nodes, vocab_size=model.cfg.vocab_size)
+        if drafter is not None:  # warm-up: kernels for this tree size
+            generate(model, tok, prompt, drafter=drafter, max_new_tokens=2 * depth + 2, chat=False, stop_at_eos=False)
+        r = generate(model, tok, prompt, drafter=drafter, max_new_tokens=max_new_tokens, chat=False, stop_at_eos=False)
+        s = r.stats
+        steps = len(s.nodes)
+        first = next((i for i, (a, b) in enumerate(zip(r.tokens, ref.tokens)) if a != b), None)
+        out[method] = dict(depth=depth, nodes=nodes, identical=r.tokens == ref.tokens[:max_new_tokens],
+                           first_difference=first, off_stream=getattr(drafter, "off_stream", 0),
+                           tau_expected=expected_tau(p_corrupt, depth), tau_step=(s.new_tokens - 1) / steps,
+                           decode_tokens_per_s=(s.new_tokens - 1) / s.decode_s,
+                           draft_s=s.phase_s["draft"] / steps, target_s=s.phase_s["target"] / steps,
+                           step_s=s.decode_s / steps, phase_s_per_step={k: v / steps for k, v in s.phase_s.items()})
+    base = out["vanilla"]
+    base_pred = predicted_tokens_per_s(1.0, base["target_s"], 0.0)
+    for r in out.values():
+        r["measured_speedup"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
+        r["predicted_speedup"] = predicted_tokens_per_s(r["tau_step"], r["target_s"], r["draft_s"]) / base_pred
+    return dict(prompt_tokens=prompt_len, max_new_tokens=max_new_tokens, p_corrupt=p_corrupt, methods=out,
+                identical_all=all(r["identical"] for r in out.values()))
