@@ -441,3 +441,91 @@ def test_eagle_checks_catch_wrong_answers(ex_id, overrides, needle):
     passed, msg = ex.run(_with(ex.chapter, **overrides))
     assert not passed
     assert msg.startswith(f"Exercise {ex_id} {ex.name}: ") and needle in msg, msg
+
+
+# --------------------------------------------------------------------------- chapter 7 (paged KV): the checks have teeth
+def test_paged_kv_chapter_passes_on_reference_and_stubs_fail():
+    assert len(chapter_module(7).EXERCISES) >= 3
+    for impl in ("solutions", "minispec"):
+        failed = [r[3] for r in grade(7, impl) if not r[2]]
+        assert not failed, (impl, failed)
+    for ex_id, name, passed, msg in grade(7, "exercises"):
+        assert not passed and msg.startswith(f"Exercise {ex_id} {name}: not implemented yet"), msg
+
+
+def _reserve_floor(tables, lengths, n_new, free_list, bs):  # floor instead of ceil
+    need = [(L + n) // bs - len(t) for t, L, n in zip(tables, lengths, n_new)]
+    if sum(max(0, k) for k in need) > len(free_list):
+        return None
+    free = list(free_list)
+    return [list(t) + [free.pop() for _ in range(max(0, k))] for t, k in zip(tables, need)], free
+
+
+def _reserve_in_place(tables, lengths, n_new, free_list, bs):  # right answer, but pops the caller's free list
+    need = [-(-(L + n) // bs) - len(t) for t, L, n in zip(tables, lengths, n_new)]
+    if sum(need) > len(free_list):
+        return None
+    return [list(t) + [free_list.pop() for _ in range(k)] for t, k in zip(tables, need)], free_list
+
+
+def _reserve_from_front(tables, lengths, n_new, free_list, bs):  # a queue, not a stack
+    out = _solutions(7).reserve_blocks(tables, lengths, n_new, free_list[::-1], bs)
+    return None if out is None else (out[0], out[1][::-1])
+
+
+def _reserve_partial(tables, lengths, n_new, free_list, bs):  # gives what it can, sequence by sequence
+    free, new = list(free_list), []
+    for t, L, n in zip(tables, lengths, n_new):
+        k = -(-(L + n) // bs) - len(t)
+        new.append(list(t) + [free.pop() for _ in range(min(k, len(free)))])
+    return new, free
+
+
+def _moves_with_in_place(table, length, keep, bs):
+    slot = lambda n: (table[n // bs], n % bs)  # noqa: E731
+    return [(slot(length + i), slot(length + j)) for j, i in enumerate(keep)]
+
+
+def _moves_no_table(table, length, keep, bs):  # block index instead of the block id in the table
+    slot = lambda n: (n // bs, n % bs)  # noqa: E731
+    return [(slot(length + i), slot(length + j)) for j, i in enumerate(keep) if i != j]
+
+
+def _moves_no_prefix(table, length, keep, bs):  # forgets the committed prefix before the pending entries
+    return _solutions(7).compaction_moves(table, 0, keep, bs)
+
+
+def _ragged_no_padding(lengths, pendings, accepted, finished, bs):  # frees counted from the committed blocks only
+    new = [0 if f else L + a for L, a, f in zip(lengths, accepted, finished)]
+    return new, [max(0, -(-L // bs) - -(-n // bs)) for L, n in zip(lengths, new)]
+
+
+def _ragged_ignores_finished(lengths, pendings, accepted, finished, bs):
+    return _solutions(7).ragged_commit(lengths, pendings, accepted, [False] * len(lengths), bs)
+
+
+def _ragged_floor(lengths, pendings, accepted, finished, bs):
+    new = [0 if f else L + a for L, a, f in zip(lengths, accepted, finished)]
+    return new, [(L + p) // bs - n // bs for L, p, n in zip(lengths, pendings, new)]
+
+
+WRONG_PAGED = [
+    ("7.1", dict(reserve_blocks=_reserve_floor), "expected"),
+    ("7.1", dict(reserve_blocks=_reserve_in_place), "modified its arguments"),
+    ("7.1", dict(reserve_blocks=_reserve_from_front), "expected tables="),
+    ("7.1", dict(reserve_blocks=_reserve_partial), "expected None"),
+    ("7.2", dict(compaction_moves=_moves_with_in_place), "are not moves"),
+    ("7.2", dict(compaction_moves=_moves_no_table), "is not a move"),
+    ("7.2", dict(compaction_moves=_moves_no_prefix), "expected"),
+    ("7.3", dict(ragged_commit=_ragged_no_padding), "tree padding"),
+    ("7.3", dict(ragged_commit=_ragged_ignores_finished), "new_lengths="),
+    ("7.3", dict(ragged_commit=_ragged_floor), "blocks_freed="),
+]
+
+
+@pytest.mark.parametrize("ex_id, overrides, needle", WRONG_PAGED, ids=[f"{w[0]}-{i}" for i, w in enumerate(WRONG_PAGED)])
+def test_paged_kv_checks_catch_wrong_answers(ex_id, overrides, needle):
+    ex = find_exercise(ex_id)
+    passed, msg = ex.run(_with(ex.chapter, **overrides))
+    assert not passed
+    assert msg.startswith(f"Exercise {ex_id} {ex.name}: ") and needle in msg, msg

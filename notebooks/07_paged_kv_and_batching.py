@@ -1,0 +1,654 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
+# Versions and FAST mode.
+import os, platform
+
+import torch
+import minispec
+from minispec import config
+
+FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
+print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
+print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
+
+# %% [markdown]
+# # Chapter 7 — A paged KV cache: block tables, tree padding, rollback, ragged batches
+#
+# Chapters 1–6 kept each sequence's keys and values in one **contiguous** buffer of `capacity`
+# slots, reserved up front (`minispec.kv.KVCache`). That is simple and fast for one sequence.
+# A server decodes a **batch** of requests of very different lengths, and a contiguous cache
+# must reserve the longest possible length for every one of them: most of that memory never
+# holds a token (*internal* fragmentation), and a finished request's buffer is a hole that
+# only a request of the same size can reuse (*external* fragmentation). Memory, not compute,
+# then caps the batch.
+#
+# **PagedAttention** (vLLM, Kwon et al. 2023) borrows virtual memory's answer: cut KV memory into
+# fixed-size **blocks** of `block_size` token slots, shared by all sequences through a free list;
+# each sequence has a **block table** listing its blocks in token order, so its token $n$ lives
+# in block `table[n // block_size]` at offset `n % block_size`. A sequence holds
+# $\lceil n / \text{block\_size} \rceil$ blocks, never more, and a finished one returns them at once.
+#
+# Speculative decoding adds three twists, and this chapter is about them:
+# * every step writes a whole **draft tree** of $T$ tokens and keeps only the accepted path, so the
+#   blocks for all $T$ must be reserved *before* the target's forward (**tree padding**), all or
+#   nothing;
+# * after verification the accepted path moves next to the prefix (**compaction**) and everything
+#   else is **rolled back** — in a paged cache that is just moving a length and returning blocks;
+# * in a batch every sequence accepts a **different** number of draft tokens (**ragged acceptance**),
+#   so lengths diverge after the very first step.
+#
+# **Learning objectives**
+# 1. Read a block table and the pool it indexes, drawn from a live `PagedKVCache`.
+# 2. Reserve a forward's pending tokens (tree padding), all or nothing (exercise 7.1).
+# 3. Follow a tree step through begin, write, `commit(keep=path)`, `discard` and `rollback`,
+#    and compute the copies compaction makes (exercise 7.2).
+# 4. Measure the memory of a contiguous and a paged cache for mixed batches, from the cache objects.
+# 5. Commit a batch with ragged acceptance and free finished sequences (exercise 7.3).
+# 6. Check that paged attention equals attention over the contiguous K/V, and that a model decodes
+#    the same with either cache.
+#
+# **Notation** as in every chapter: $p$ the target's distribution, $q$ the draft's, $k$ draft
+# tokens in a chain, a tree of $N$ nodes is scored in one forward over $T = N + 1$ new tokens
+# (the root at row 0, node $i$ at row $i + 1$), $\tau$ tokens committed per target forward.
+
+# %%
+import copy
+import inspect
+import math
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
+
+from minispec.kv import KVCache, KVPoolExhausted, PagedKVCache
+
+COLORS = plt.get_cmap("tab10").colors
+
+
+def draw(kv, ax_pool, ax_table=None, title="", label=None, per_row=None, label_pending=True, legend=False):
+    """Draw a PagedKVCache: the pool as a grid of blocks (colour = owning sequence; solid = committed
+    token, hatched = pending, pale = reserved but empty, grey = free) and, on ax_table, each
+    sequence's block table. label(value) -> str writes layer 0's key (head 0, dim 0) in each committed
+    slot (and pending slot, if label_pending)."""
+    bs, N = kv.block_size, kv.n_blocks
+    per_row = per_row or N
+    owner = {blk: (b, i) for b, t in enumerate(kv.tables) for i, blk in enumerate(t)}
+    for blk in range(N):
+        x0, y0 = (blk % per_row) * (bs + 0.6), -(blk // per_row) * 2.2
+        b, i = owner.get(blk, (None, None))
+        for off in range(bs):
+            color, hatch, alpha, text = (0.88, 0.88, 0.88), None, 1.0, ""
+            if b is not None:
+                n = i * bs + off  # the token position this slot holds for sequence b
+                color = COLORS[b % 10]
+                if n < kv.lengths[b]:
+                    alpha = 0.85
+                elif n < kv.lengths[b] + kv.pendings[b]:
+                    alpha, hatch = 0.35, "///"
+                else:
+                    alpha = 0.12
+                if label is not None and n < kv.lengths[b] + (kv.pendings[b] if label_pending else 0):
+                    text = label(float(kv.k_pool[0, blk, 0, off, 0]))
+            ax_pool.add_patch(Rectangle((x0 + off, y0), 1, 1, facecolor=color, alpha=alpha, hatch=hatch,
+                                        edgecolor="white", lw=0.5))
+            if text:
+                ax_pool.text(x0 + off + 0.5, y0 + 0.5, text, ha="center", va="center", fontsize=7)
+        ax_pool.add_patch(Rectangle((x0, y0), bs, 1, fill=False, edgecolor="k", lw=1))
+        ax_pool.text(x0 + bs / 2, y0 + 1.15, f"#{blk}", ha="center", fontsize=7)
+    rows = -(-N // per_row)
+    ax_pool.set_xlim(-0.3, per_row * (bs + 0.6)); ax_pool.set_ylim(-(rows - 1) * 2.2 - 0.3, 1.6)
+    ax_pool.set_aspect("equal"); ax_pool.axis("off")
+    ax_pool.set_title(title or f"pool: {N} blocks of {bs} slots, {len(kv.free_list)} free", fontsize=9)
+    if legend:
+        kinds = [("committed token", dict(alpha=0.85)), ("pending (this forward)", dict(alpha=0.35, hatch="///")),
+                 ("owned, empty", dict(alpha=0.12)), ("free block", dict(facecolor=(0.88, 0.88, 0.88)))]
+        ax_pool.legend(handles=[Rectangle((0, 0), 1, 1, **{"facecolor": COLORS[0], **kw}, label=name)
+                                for name, kw in kinds], loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4,
+                       fontsize=8, frameon=False)
+    if ax_table is None:
+        return
+    for b, t in enumerate(kv.tables):
+        y = -b * 1.3
+        ax_table.text(-0.3, y + 0.5, f"seq {b}: len {kv.lengths[b]}" + (f" +{kv.pendings[b]}" if kv.pendings[b]
+                                                                         else ""), ha="right", va="center", fontsize=8)
+        for i, blk in enumerate(t):
+            ax_table.add_patch(Rectangle((i, y), 1, 1, facecolor=COLORS[b % 10], alpha=0.6, edgecolor="k"))
+            ax_table.text(i + 0.5, y + 0.5, str(blk), ha="center", va="center", fontsize=8)
+    width = max([len(t) for t in kv.tables] + [4])
+    ax_table.set_xlim(-4.5, width + 0.2); ax_table.set_ylim(-(kv.batch_size - 1) * 1.3 - 0.2, 1.2)
+    ax_table.set_aspect("equal"); ax_table.axis("off"); ax_table.set_title("block tables", fontsize=9)
+
+
+def fill(kv, n_new, start=0):
+    """One forward's worth of writes without a model: begin(), then store keys/values that label each
+    token (sequence b's new token j gets the value start[b] + j), in every layer. Returns nothing."""
+    B = kv.batch_size
+    ns = n_new if isinstance(n_new, (list, tuple)) else [n_new] * B
+    starts = start if isinstance(start, (list, tuple)) else [start] * B
+    kv.begin(B, ns)
+    T = max(ns)
+    L, _, Hkv, _, hd = kv.k_pool.shape
+    lab = torch.tensor([[s + j for j in range(T)] for s in starts], dtype=kv.k_pool.dtype)  # [B, T]
+    k = lab[:, None, :, None].expand(B, Hkv, T, hd)  # [B, Hkv, T, hd]
+    for layer in range(L):
+        kv.store(layer, k, k)
+
+
+print(inspect.signature(PagedKVCache.__init__))
+
+# %% [markdown]
+# ## 1. Block tables, drawn from a live cache
+#
+# A `PagedKVCache` holds one pool per layer, `k_pool` and `v_pool` of shape
+# `[L, N, Hkv, block_size, hd]` (N blocks), a **free list**, and per sequence a block table,
+# a committed length and a pending count. Below: 4 sequences in a pool of 24 blocks of 4 slots.
+# They are prefilled with prompts of different lengths, then decode a few steps in which each
+# sequence adds a different number of tokens (a ragged batch, as speculative decoding makes it),
+# and sequence 1 finishes on the way and returns its blocks, which the others then take. Blocks
+# are handed out as they are needed, so a sequence's blocks are scattered over the pool: only
+# the block table knows the order.
+#
+# The labels in the slots are the token positions (we store them in place of real keys; a
+# paged cache does not care what it stores).
+
+# %%
+kv = PagedKVCache(n_layer=1, n_kv_head=1, head_dim=1, n_blocks=24, block_size=4, batch_size=4)
+prompts = [6, 3, 9, 2]
+fill(kv, prompts)                                    # prefill: one forward of the 4 prompts
+kv.commit()
+steps = [[3, 1, 2, 4], [1, 2, 4, 3], [4, 0, 1, 2], [2, 0, 3, 5]]  # tokens each sequence keeps per step
+for s, adds in enumerate(steps):
+    fill(kv, adds, start=list(kv.lengths))           # label = the token's position in its sequence
+    kv.commit()
+    if s == 1:
+        kv.free(1)                                   # sequence 1 is done: its blocks go back to the pool
+print(kv)
+print("block_table() [B, W], -1 = padding:\n", kv.block_table())
+print("free list (a stack: the last one goes out first):", kv.free_list)
+
+fig, (ax_p, ax_t) = plt.subplots(1, 2, figsize=(13, 3.4), gridspec_kw=dict(width_ratios=[2.2, 1]))
+draw(kv, ax_p, ax_t, label=lambda v: str(int(v)), per_row=8, legend=True)
+plt.show()
+
+# %% [markdown]
+# Token $n$ of sequence $b$ is in block `tables[b][n // block_size]` at offset `n % block_size`.
+# Every block is either free or owned by exactly one sequence, and a sequence of $n$ tokens owns
+# exactly $\lceil n / \text{block\_size} \rceil$ blocks: the only unused slots are in the last
+# block of each sequence (pale), at most `block_size - 1` per sequence.
+
+# %%
+b = 0
+for n in (0, 3, 4, kv.lengths[b] - 1):
+    blk, off = kv.tables[b][n // kv.block_size], n % kv.block_size
+    print(f"seq {b} token {n:>2} -> block {blk:>2}, offset {off}: stored label {int(kv.k_pool[0, blk, 0, off, 0])}")
+used = sorted(blk for t in kv.tables for blk in t)
+assert sorted(used + kv.free_list) == list(range(kv.n_blocks)) and len(set(used)) == len(used)
+assert all(len(t) == -(-n // kv.block_size) for t, n in zip(kv.tables, kv.lengths))
+print("every block free or owned once; each sequence owns ceil(len / block_size) blocks")
+
+# %% [markdown]
+# ## 2. Reserving a forward: tree padding, all or nothing
+#
+# Before the target scores a draft tree of $T$ tokens, `begin(B, T)` reserves, for every sequence,
+# the blocks that its committed tokens plus all $T$ pending ones need — the whole tree, although
+# only one root-to-leaf path will survive. This is **tree padding**. Reserving up front means a
+# forward never allocates between layers and never finds the pool empty half-way through a
+# model: either every block is there before the first layer runs, or `begin` raises
+# `KVPoolExhausted` and changes **nothing** (no sequence keeps a partial reservation, the free list
+# is as it was). The caller can then free a finished sequence, shrink the tree, or wait.
+#
+# `begin` also takes one count per sequence (a sequence with 0 takes no part in the forward).
+
+# %%
+kv = PagedKVCache(1, 1, 1, n_blocks=10, block_size=4, batch_size=3)
+fill(kv, [5, 4, 1]); kv.commit()                     # prompts of 5, 4 and 1 tokens
+before = [len(t) for t in kv.tables]
+fig, axes = plt.subplots(2, 2, figsize=(12, 4.2), gridspec_kw=dict(width_ratios=[2.2, 1]))
+draw(kv, *axes[0], title="after the prompts")
+T = 6                                                # a 5-node tree + its root: T = 6 new tokens
+fill(kv, T, start=100)
+draw(kv, *axes[1], title=f"begin(3, {T}): every sequence's whole tree reserved (hatched)")
+plt.show()
+print("blocks per sequence before / after begin:", before, [len(t) for t in kv.tables],
+      "| free:", len(kv.free_list))
+kv.discard()
+
+snap = copy.deepcopy((kv.tables, kv.lengths, kv.pendings, kv.free_list))
+try:
+    kv.begin(3, 12)                                  # a 12-token tree each: too much for this pool
+except KVPoolExhausted as e:
+    print("KVPoolExhausted:", e)
+assert (kv.tables, kv.lengths, kv.pendings, kv.free_list) == snap
+print("after the refusal the cache is exactly as it was:", kv)
+
+# %% [markdown]
+# ### Exercise 7.1 — `reserve_blocks`
+#
+# Write the allocator's bookkeeping on plain lists: given the block tables, the committed lengths,
+# the pending count of every sequence, the free list (a stack) and the block size, return the new
+# tables and free list, or `None` if the pool is short — all or nothing, without modifying the
+# arguments. The grader tries exact block boundaries, zero pending tokens, a pool exactly big
+# enough and one block short, and a few hundred random batches. Edit
+# `exercises/ch07_paged_kv.py`, then run the cell (it reports, never raises).
+
+# %%
+from minispec.grading import check, load_impl
+
+print(inspect.getdoc(load_impl(7, "exercises").reserve_blocks))
+check("7.1", impl="exercises")
+
+# %% [markdown]
+# ## 3. A tree step, slot by slot: begin, write, commit(path), discard, rollback
+#
+# One sequence with 6 committed tokens (labels `0`–`5`) in blocks of 4 slots; a draft tree of
+# $N = 7$ nodes is scored in one forward of $T = 8$ tokens: the root `R` at row 0 and nodes
+# `a`–`g` at rows 1–7. Suppose verification accepts a root-to-leaf path that skips siblings.
+# Watch the slots:
+#
+# 1. **begin** reserves blocks for all 8 pending tokens (tree padding);
+# 2. the forward **writes** each row's key/value straight into its final slot after the prefix;
+# 3. **commit(keep)** keeps the accepted rows: the $j$-th kept row moves to position
+#    `length + j` (compaction, possibly into another block); then every block past the new
+#    length returns to the pool. No other entry is copied;
+# 4. **discard** drops a whole forward (nothing accepted: e.g. a failed step), and
+#    **rollback(n)** forgets the last $n$ committed tokens. Both only move the length and return
+#    blocks: $O(1)$ in the number of tokens, nothing is copied.
+
+# %%
+from minispec.tree import Tree
+
+tree = Tree(tokens=[0] * 7, parents=[-1, -1, 0, 0, 1, 2, 4])  # nodes a..g
+names = "Rabcdefg"                                            # row r of the forward: R = root, then nodes
+print("root-to-leaf paths (node indices):", tree.paths())
+path = tree.paths()[-1]                                       # say verification accepted this path
+keep = [0] + [i + 1 for i in path]                            # the rows to keep: the root + the path's nodes
+print(f"accepted path {[names[r] for r in keep[1:]]}: keep rows {keep}")
+
+
+def label(v):
+    return str(int(v)) if v < 100 else names[int(v) - 100]
+
+
+kv = PagedKVCache(1, 1, 1, n_blocks=6, block_size=4, batch_size=1)
+fill(kv, 6); kv.commit()                                      # the prefix: tokens 0..5
+frames = [("6 committed tokens", copy.deepcopy(kv))]
+kv.begin(1, len(names))
+frames.append((f"begin(1, {len(names)}): the whole tree reserved (tree padding), nothing written yet",
+               copy.deepcopy(kv)))
+kv.discard(); fill(kv, len(names), start=100)                 # the same begin, now with the writes
+frames.append(("the forward writes rows R..g after the prefix (pending)", copy.deepcopy(kv)))
+pool = kv.k_pool.clone()
+kv.commit(keep)
+rewritten = int((kv.k_pool != pool).sum())
+frames.append((f"commit(keep={keep}): path compacted, {rewritten} slots rewritten", copy.deepcopy(kv)))
+fill(kv, 5, start=100)
+frames.append(("next forward: a chain (root + 4 drafts) written", copy.deepcopy(kv)))
+pool = kv.k_pool.clone()
+kv.discard()
+frames.append(("discard(): the whole forward dropped", copy.deepcopy(kv)))
+assert torch.equal(kv.k_pool, pool)                           # discard copies nothing
+kv.rollback(3)
+frames.append(("rollback(3): length moved back by 3, no copy", copy.deepcopy(kv)))
+assert torch.equal(kv.k_pool, pool)
+
+fig, axes = plt.subplots(len(frames), 2, figsize=(12, 1.25 * len(frames)), gridspec_kw=dict(width_ratios=[2.4, 1]))
+for (what, state), (ax_p, ax_t) in zip(frames, axes):
+    draw(state, ax_p, ax_t, title=what, label=label, label_pending="nothing written" not in what)
+    print(f"{what:<72} length {state.lengths[0]:>2} pending {state.pendings[0]} table {state.tables[0]}")
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# The committed sequence after the commit reads `0 1 2 3 4 5` then the accepted rows in order
+# (check the labels above: `gather` returns a sequence's K/V contiguous, through its table).
+# Rollback leaves stale values in the slots past the length; they are never read, and the next
+# forward overwrites them. The only state the paged cache keeps is the lengths: sequence $b$
+# always owns $\lceil (\text{length}_b + \text{pending}_b) / \text{block\_size} \rceil$ blocks, so
+# rollback needs no saved allocator state.
+
+# %%
+k, _ = frames[3][1].gather(0)                                 # [L, Hkv, n, hd] after commit(keep)
+print("after commit(keep):", " ".join(label(x) for x in k[0, 0, :, 0].tolist()))
+assert [label(x) for x in k[0, 0, :, 0].tolist()] == [str(i) for i in range(6)] + [names[r] for r in keep]
+
+# %% [markdown]
+# ### Exercise 7.2 — `compaction_moves`
+#
+# Given a sequence's block table, its committed length, the accepted rows `keep` and the block
+# size, return the `((src_block, src_offset), (dst_block, dst_offset))` copy of every kept entry
+# that is not already in place, in the order of `keep`. (Why is copying them in that order safe?)
+# The grader uses shuffled block tables, lengths on block boundaries, paths that cross one or two
+# blocks and block size 1.
+
+# %%
+print(inspect.getdoc(load_impl(7, "exercises").compaction_moves))
+check("7.2", impl="exercises")
+
+# %% [markdown]
+# ## 4. Memory: contiguous vs paged, for mixed batches
+#
+# How much KV memory does a batch need? A contiguous cache reserves `capacity` slots for every
+# sequence (the longest allowed context plus the draft tree), whatever each one holds. A paged
+# cache holds $\lceil (n_b + T) / \text{block\_size} \rceil$ blocks for sequence $b$ during a verify
+# step (tree padding included). We take a Llama-3.1-8B-shaped cache (`minispec.scale.llama_config`,
+# bf16; the cell prints its shape) and batches of 32 requests whose lengths are drawn from a
+# skewed mixture: a fraction of long requests and many short ones.
+#
+# The contiguous bytes are the size of a `KVCache`'s `k` and `v` tensors, built on PyTorch's
+# `meta` device (shapes and sizes, no memory). The paged bytes are the blocks a `PagedKVCache`
+# actually holds times the bytes of one block of the same 8B-shaped pool (also on `meta`); the
+# block bookkeeping runs on a tiny CPU cache with the same blocks (the tables do not depend on the
+# head sizes).
+
+# %%
+from minispec.scale import llama_config
+
+cfg = llama_config("llama-3.1-8b")
+dtype, B, max_len, T, bs = torch.bfloat16, 32, 8192, 26, 16      # T: a 25-node tree + its root
+print(f"{cfg.name}: {cfg.n_layer} layers, {cfg.n_kv_head} KV heads of {cfg.head_dim}, {dtype}")
+
+
+def contiguous_bytes(B, capacity):
+    c = KVCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, capacity, B, dtype, "meta")  # k, v: [L, B, Hkv, C, hd]
+    return c.k.nbytes + c.v.nbytes
+
+
+def block_bytes(bs):
+    big = PagedKVCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, 1, bs, 1, dtype, "meta")  # [L, 1, Hkv, bs, hd]
+    return big.k_pool.nbytes + big.v_pool.nbytes
+
+
+def paged_blocks(lengths, bs, T):
+    """Blocks a PagedKVCache holds for these sequences during a verify step of T pending tokens."""
+    n = len(lengths)
+    small = PagedKVCache(1, 1, 1, sum(-(-(x + T) // bs) for x in lengths), bs, n)
+    small.begin(n, list(lengths)); small.commit()                 # the prompts / what was generated so far
+    small.begin(n, T)                                            # the draft tree of every sequence
+    return sum(len(t) for t in small.tables)
+
+
+g = torch.Generator().manual_seed(0)
+u = torch.rand(B, generator=g)                                                         # [B] who is long
+short = torch.exp(torch.randn(B, generator=g) * 0.8 + math.log(200)).clamp(16, 1500)  # [B] log-normal, median 200
+long = torch.randint(2048, max_len - T, (B,), generator=g).float()                    # [B] uniform 2k..8k
+fracs = [0.0, 0.05, 0.1, 0.25, 0.5, 1.0]
+batches = [torch.where(u < f, long, short).long().tolist() for f in fracs]             # the same draws for every mix
+per_token = block_bytes(bs) / bs
+rows = []
+for f, lengths in zip(fracs, batches):
+    rows.append(dict(frac=f, contiguous=contiguous_bytes(B, max_len + T),
+                     paged=paged_blocks(lengths, bs, T) * block_bytes(bs),
+                     tokens=sum(x + T for x in lengths) * per_token))
+GB = 2 ** 30
+print(f"{'long share':>10} {'contiguous GiB':>15} {'paged GiB':>10} {'tokens GiB':>11} {'paged / contiguous':>19}")
+for r in rows:
+    print(f"{r['frac']:>10.2f} {r['contiguous'] / GB:>15.2f} {r['paged'] / GB:>10.2f} {r['tokens'] / GB:>11.2f} "
+          f"{r['paged'] / r['contiguous']:>19.3f}")
+
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4))
+x = range(len(fracs))
+w = 0.27
+ax1.bar([i - w for i in x], [r["contiguous"] / GB for r in rows], w, label=f"contiguous (B x {max_len + T} slots)")
+ax1.bar(x, [r["paged"] / GB for r in rows], w, label=f"paged, blocks of {bs} (tree padding incl.)")
+ax1.bar([i + w for i in x], [r["tokens"] / GB for r in rows], w, label="tokens held (the trees included)")
+ax1.set_xticks(list(x), [f"{f:.0%}" for f in fracs]); ax1.set_xlabel("share of long requests in the batch")
+ax1.set_ylabel("KV cache GiB"); ax1.set_title(f"{cfg.name}, bf16, batch {B}")
+ax1.set_ylim(0, 1.45 * max(r["contiguous"] for r in rows) / GB); ax1.legend(fontsize=8, loc="upper left")
+
+mixed = batches[fracs.index(0.1)]
+sizes = [1, 4, 8, 16, 32, 64, 128, 256]
+waste = [(paged_blocks(mixed, s, T) * block_bytes(s) - sum(x + T for x in mixed) * per_token) / GB for s in sizes]
+ax2.plot(sizes, waste, marker="o")
+ax2.set_xscale("log", base=2); ax2.set_xlabel("block size (tokens)"); ax2.set_ylabel("GiB reserved but empty")
+ax2.set_title("paged: unused slots in last blocks (10% long batch)")
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# The contiguous cache costs the same whatever the batch holds; the paged cache follows the
+# tokens. What paging cannot remove is the unused tail of each sequence's last block (right):
+# it grows with the block size, while smaller blocks mean a longer block table and more
+# scattered reads for the attention kernel (vLLM's default is 16 tokens). Tree padding is paid
+# by both caches, but only for one step: the blocks of rejected branches go back at commit.
+
+# %% [markdown]
+# ## 5. Ragged acceptance in a batch
+#
+# In a batch, each sequence verifies its own draft and accepts its own number of tokens. Below, 4
+# sequences each draft a chain of $k = 5$ tokens, so every forward has $T = k + 1 = 6$ rows per
+# sequence (the root, i.e. the last sampled token, and the 5 drafts). Each sequence's number of
+# accepted drafts comes from chapter 1's rejection rule (`minispec.verify.verify_chain`) on toy
+# $p$, $q$ of different similarity, so some sequences accept much more than others. `commit` takes
+# one kept-row list per sequence; `free(b)` returns a finished sequence's blocks, and a new request
+# can start in that slot with `begin` counts that are 0 for everyone else.
+
+# %%
+from minispec.verify import verify_chain
+
+B, k, V = 4, 5, 8
+closeness = [0.95, 0.2, 0.7, 0.5]                     # how close each sequence's q is to its p
+g = torch.Generator().manual_seed(3)
+
+
+def accepted_drafts(b):
+    """Accepted drafts of sequence b in one chain step: rejection sampling on toy p, q of size [k(+1), V]."""
+    p = torch.softmax(torch.randn(k + 1, V, generator=g) * 2, -1)                      # [k+1, V] target
+    q = closeness[b] * p[:k] + (1 - closeness[b]) * torch.softmax(torch.randn(k, V, generator=g) * 2, -1)  # [k, V]
+    drafts = [int(torch.multinomial(q[i], 1, generator=g)) for i in range(k)]        # x_i ~ q_i
+    n, _ = verify_chain(drafts, p, q, generator=g)
+    return n
+
+
+kv = PagedKVCache(1, 1, 1, n_blocks=32, block_size=4, batch_size=B)
+fill(kv, [9, 3, 13, 6]); kv.commit()                  # prompts
+fig, axes = plt.subplots(3, 2, figsize=(13, 8.5), gridspec_kw=dict(width_ratios=[1.6, 1]))
+fill(kv, k + 1, start=list(kv.lengths))
+draw(kv, *axes[0], title=f"begin({B}, {k + 1}): every sequence's chain reserved", per_row=8)
+before = dict(lengths=list(kv.lengths), blocks=[len(t) for t in kv.tables])
+n_acc = [accepted_drafts(b) for b in range(B)]
+kv.commit([list(range(1 + n)) for n in n_acc])        # each keeps its root + its accepted drafts
+draw(kv, *axes[1], title="commit: one kept-row list per sequence (ragged)", per_row=8)
+print(f"{'seq':>3} {'length':>6} {'pending':>7} {'accepted drafts':>15} {'new length':>10} {'blocks':>6} {'freed':>5}")
+for b in range(B):
+    print(f"{b:>3} {before['lengths'][b]:>6} {k + 1:>7} {n_acc[b]:>15} {kv.lengths[b]:>10} "
+          f"{len(kv.tables[b]):>6} {before['blocks'][b] - len(kv.tables[b]):>5}")
+kv.free(1)                                            # sequence 1 emitted its end token
+fill(kv, [0, 7, 0, 0], start=0); kv.commit()          # a new 7-token request takes slot 1
+draw(kv, *axes[2], title="free(1), then a new request prefilled in slot 1", per_row=8)
+plt.tight_layout(); plt.show()
+print(kv)
+
+# %% [markdown]
+# A few more steps: the lengths drift apart and stay apart. When the pool cannot hold the next
+# step's trees, `begin` refuses and changes nothing; here the scheduler then finishes the longest
+# sequence (`free`) and a new request starts in its slot. This is bookkeeping only — no model
+# runs here. **The batched decode loop is the engine's next step; it is not in minispec yet.**
+# `generate` decodes one sequence (batch 1). The cache is ready for more: `begin` takes one count
+# per sequence, `commit` one path per sequence, `free` a finished one, and paged attention reads
+# each sequence's own prefix length (next section). What the loop still needs is ragged
+# positions and masks in the model's forward (`Transformer.forward` reads one shared
+# `kv.length` today), a drafter and verifier per sequence, and admitting new requests into freed slots.
+
+# %%
+for step in range(1, (10 if FAST else 20) + 1):
+    try:
+        fill(kv, k + 1, start=list(kv.lengths))
+    except KVPoolExhausted:
+        done = max(range(B), key=lambda b: kv.lengths[b])
+        print(f"step {step}: pool full ({len(kv.free_list)} blocks free) -> sequence {done} "
+              f"(length {kv.lengths[done]}) finishes, a new request takes its slot")
+        kv.free(done)
+        fill(kv, k + 1, start=list(kv.lengths))
+    kv.commit([list(range(1 + accepted_drafts(b))) for b in range(B)])
+    print(f"step {step}: lengths {kv.lengths}, blocks {[len(t) for t in kv.tables]}, free {len(kv.free_list)}")
+used = sorted(blk for t in kv.tables for blk in t)
+assert sorted(used + kv.free_list) == list(range(kv.n_blocks))
+assert all(len(t) == -(-n // kv.block_size) for t, n in zip(kv.tables, kv.lengths))
+print(f"{len(used)} blocks in use, {len(kv.free_list)} free; every sequence owns ceil(len / 4) blocks")
+
+# %% [markdown]
+# ### Exercise 7.3 — `ragged_commit`
+#
+# One batched verify step on plain lists: given each sequence's committed length, its pending
+# tokens (the reserved tree), the number it accepted and whether it finished, return the new
+# lengths and the number of blocks each sequence returns to the pool. Mind the tree padding: the
+# blocks a sequence owned before the commit cover its pending tokens too. The grader tries whole
+# trees rejected across two blocks, acceptance up to a block boundary, zero pending tokens,
+# finished sequences (including empty ones) and a few hundred random batches.
+
+# %%
+print(inspect.getdoc(load_impl(7, "exercises").ragged_commit))
+check("7.3", impl="exercises")
+
+# %% [markdown]
+# ## 6. Paged attention equals contiguous attention
+#
+# Attention over a paged prefix reads keys and values through the block table
+# (`minispec.attention.paged.paged_prefix_attention`; a Triton twin in `triton_paged.py` looks the
+# blocks up inside the kernel). It must equal attention over the same keys and values held
+# contiguously. Three sequences of different lengths are written into a paged cache and, each,
+# into its own contiguous `KVCache`; the paged reference (with each sequence's own prefix length)
+# must match `prefix_attention` on the contiguous tensors. Then the full tree attention
+# (`paged_split_attention`: paged prefix + masked tree, merged by log-sum-exp as in chapter 6)
+# against `split_attention` on the contiguous cache.
+
+# %%
+from minispec.attention import prefix_attention, split_attention
+from minispec.attention.paged import paged_prefix_attention, paged_split_attention
+
+L_, Hkv, H, hd, bs = 2, 2, 4, 16, 4
+lens = [11, 4, 7]
+g = torch.Generator().manual_seed(7)
+Bq = len(lens)
+K = torch.randn(L_, Bq, Hkv, max(lens), hd, generator=g)        # [L, B, Hkv, P, hd]: row b uses its first lens[b]
+Vv = torch.randn(L_, Bq, Hkv, max(lens), hd, generator=g)
+paged = PagedKVCache(L_, Hkv, hd, n_blocks=12, block_size=bs, batch_size=Bq)
+paged.begin(Bq, lens)                                          # ragged prefill
+for layer in range(L_):
+    paged.store(layer, K[layer], Vv[layer])                    # row b keeps its first lens[b] tokens
+paged.commit()
+contig = []
+for b, P in enumerate(lens):                                   # the same K/V, one contiguous cache per sequence
+    c = KVCache(L_, Hkv, hd, capacity=32)
+    c.begin(1, P)
+    for layer in range(L_):
+        c.write(layer, K[layer, b:b + 1, :, :P], Vv[layer, b:b + 1, :, :P])
+    c.commit()
+    contig.append(c)
+print("paged block table:\n", paged.block_table())
+
+Tq = 3
+q = torch.randn(Bq, H, Tq, hd, generator=g)                   # [B, H, T, hd]: T queries per sequence
+for layer in range(L_):
+    out, lse = paged_prefix_attention(q, paged.k_pool[layer], paged.v_pool[layer], paged.block_table(), paged.lengths)
+    for b, c in enumerate(contig):
+        ref_out, ref_lse = prefix_attention(q[b:b + 1], c.k[layer, :, :, :c.length], c.v[layer, :, :, :c.length])
+        assert torch.allclose(out[b:b + 1], ref_out, atol=1e-6) and torch.allclose(lse[b:b + 1], ref_lse, atol=1e-6)
+print("paged_prefix_attention == prefix_attention on the contiguous K/V, every layer and sequence "
+      f"(ragged prefixes {lens})")
+
+tm = tree.mask()                                               # [T, T] ancestor mask of the tree of section 3
+T_ = tm.shape[0]
+q = torch.randn(Bq, H, T_, hd, generator=g)                   # [B, H, T, hd]
+k_new, v_new = torch.randn(Bq, Hkv, T_, hd, generator=g), torch.randn(Bq, Hkv, T_, hd, generator=g)
+out = paged_split_attention(q, k_new, v_new, paged.k_pool[0], paged.v_pool[0], paged.block_table(), paged.lengths, tm)
+for b, c in enumerate(contig):
+    kk = torch.cat([c.k[0, :, :, :c.length], k_new[b:b + 1]], 2)  # [1, Hkv, P + T, hd]
+    vv = torch.cat([c.v[0, :, :, :c.length], v_new[b:b + 1]], 2)
+    err = (out[b:b + 1] - split_attention(q[b:b + 1], kk, vv, c.length, tm)).abs().max().item()
+    print(f"seq {b} (prefix {c.length:>2}): max |paged split - contiguous split| = {err:.1e}")
+    assert err < 1e-5
+
+# %% [markdown]
+# The model runs with either cache: `Transformer.forward` calls `begin`, `write` (or `store` +
+# paged attention) and leaves the new tokens pending, so the decode loop's `commit(path)` works
+# unchanged. A prefill, a tree step that keeps a path with a skipped sibling, a rollback and a
+# plain step on minispec's seeded tiny Llama, batch 2, contiguous vs paged (blocks of 4):
+
+# %%
+from minispec import load
+
+model, _ = load("tiny-llama")
+
+
+@torch.no_grad()
+def steps_on(cache):
+    prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2], [2, 7, 1, 8, 2, 8, 1]])   # [B, P]
+    logits = [model(prompt, kv=cache).logits]
+    cache.commit()
+    drafts = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]] * 2)                 # [B, T]: root + the 7 nodes of `tree`
+    logits.append(model(drafts, positions=tree.positions(cache.length), mask=tree.mask(), kv=cache).logits)
+    cache.commit(keep)                                                       # the accepted path of section 3
+    cache.rollback(1)
+    logits.append(model(torch.tensor([[7], [7]]), kv=cache).logits)
+    cache.commit()
+    return logits, cache.length
+
+
+want, n_want = steps_on(KVCache.for_model(model, 64, batch_size=2))
+got, n_got = steps_on(PagedKVCache.for_model(model, 64, batch_size=2, block_size=4))
+err = max((a - b).abs().max().item() for a, b in zip(got, want))
+print(f"lengths {n_got} == {n_want}; max |logits paged - contiguous| over 3 forwards = {err:.1e}")
+assert n_got == n_want and err < 1e-5
+
+# %% [markdown]
+# ## Summary
+#
+# * A paged cache stores K/V in fixed-size blocks from a shared pool; a per-sequence **block table**
+#   maps token $n$ to `(table[n // bs], n % bs)`. A sequence of $n$ tokens owns
+#   $\lceil n / bs \rceil$ blocks, so memory follows the tokens actually held, and a finished
+#   sequence's blocks go straight back to the pool.
+# * Speculative decoding reserves a step's whole draft tree before the forward (**tree padding**,
+#   all or nothing: `KVPoolExhausted` leaves the cache unchanged), writes every row in its final
+#   slot, then **compacts** the accepted path (`commit(keep)`) and returns the blocks only rejected
+#   nodes used. `discard` and `rollback` move a length: no copy, no saved allocator state.
+# * In a batch, acceptance is **ragged**: one kept-row list per sequence, lengths diverge, and
+#   attention reads each sequence's own prefix through its table. Paged attention equals
+#   contiguous attention, and the model decodes the same tokens with either cache.
+# * Next: the batched decode loop on top of this cache (ragged positions and masks in the
+#   forward, per-sequence drafting and verification), then CUDA graphs (chapter 8).
+#
+# ## Exercises
+#
+# | exercise | function | task |
+# |---|---|---|
+# | 7.1 | `reserve_blocks` | all-or-nothing reservation of every sequence's pending tokens (tree padding) |
+# | 7.2 | `compaction_moves` | the (block, offset) copies that compact a tree's accepted path |
+# | 7.3 | `ragged_commit` | new lengths and blocks freed after a ragged commit; finished sequences |
+#
+# Grade from a terminal with `python -m minispec grade 7` or
+# `pytest tests/test_exercises.py -m ch07 --impl exercises`; here with `check("7.1")` or `check(7)`.
+
+# %%
+check(7, impl="exercises")
+
+# %%
+# What a finished chapter looks like: the reference answers in solutions/ pass every check.
+check(7, impl="solutions")
+
+# %% [markdown]
+# ## References
+#
+# * Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*
+#   (SOSP 2023) — block tables, a shared block pool, copy-free sharing. <https://arxiv.org/abs/2309.06180>
+# * Pope et al., *Efficiently Scaling Transformer Inference* (2022) — the KV cache and its memory.
+#   <https://arxiv.org/abs/2211.05102>
+# * Miao et al., *SpecInfer: Accelerating Generative LLM Serving with Tree-based Speculative Inference
+#   and Verification* (2023) — token trees, keeping the verified path. <https://arxiv.org/abs/2305.09781>
+# * Li et al., *EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty* (2024) — tree
+#   drafts and KV compaction of the accepted path. <https://arxiv.org/abs/2401.15077>
+# * Leviathan et al., *Fast Inference from Transformers via Speculative Decoding* (2023);
+#   Chen et al., *Accelerating Large Language Model Decoding with Speculative Sampling* (2023) — the
+#   rejection rule used for the ragged acceptance above. <https://arxiv.org/abs/2211.17192>,
+#   <https://arxiv.org/abs/2302.01318>

@@ -1,0 +1,118 @@
+"""Chapter 7 exercises: the bookkeeping of a paged KV cache (allocator, compaction, ragged commits).
+
+A paged cache cuts KV memory into blocks of ``block_size`` token slots, shared by all
+sequences through a free list. Sequence b owns the blocks listed in its block table
+``tables[b]``, in token order: its token at position n lives in block
+``tables[b][n // block_size]`` at offset ``n % block_size``. A sequence holding n tokens
+(committed + pending) owns exactly ceil(n / block_size) blocks.
+
+A decode step reserves, before the target's forward, the blocks for all the pending tokens of
+every sequence (the whole draft tree: "tree padding"), all or nothing; after verification it
+keeps the accepted path (compaction), and the blocks that only rejected tokens touched go
+back to the free list. The library's version is ``minispec.kv.PagedKVCache`` (begin, commit,
+rollback, free); these exercises are its bookkeeping, on plain Python lists.
+
+References:
+    Kwon et al., "Efficient Memory Management for Large Language Model Serving with
+        PagedAttention" (vLLM, 2023): block tables and a shared block pool.
+    Miao et al., "SpecInfer" (2023) and Li et al., "EAGLE" (2024): keeping a draft tree's
+        accepted path in the KV cache.
+
+Check your work: ``python -m minispec grade 7``, or ``minispec.grading.check("7.1")``, or
+``pytest tests/test_exercises.py -m ch07 --impl exercises``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def reserve_blocks(tables: Sequence[Sequence[int]], lengths: Sequence[int], n_new: Sequence[int],
+                   free_list: Sequence[int], block_size: int) -> tuple[list[list[int]], list[int]] | None:
+    """Reserve the blocks for ``n_new[b]`` pending tokens after the ``lengths[b]`` committed tokens
+    of every sequence b, all or nothing (``PagedKVCache.begin``).
+
+    Sequence b owns ``len(tables[b]) == ceil(lengths[b] / block_size)`` blocks; to hold
+    ``lengths[b] + n_new[b]`` tokens it needs ceil((lengths[b] + n_new[b]) / block_size) in all.
+    The free list is a stack: take blocks with ``pop()`` from its end, sequence 0 first, and
+    append them to the sequence's table in the order taken. If the free list holds fewer blocks
+    than all the sequences need together, allocate nothing and return None.
+
+    Never modify the arguments: return new lists.
+
+    Args:
+        tables: B block tables (lists of block ids, in token order).
+        lengths: B committed lengths.
+        n_new: B pending token counts (>= 0; 0 = the sequence takes no part in this forward).
+        free_list: ids of the free blocks (a stack: the last one is handed out first).
+        block_size: token slots per block (>= 1).
+    Returns:
+        (new tables [B lists], new free list), or None if the pool is too small.
+    """
+    # EXERCISE 7.1: all-or-nothing block reservation for every sequence's pending tokens (tree padding)
+    # BEGIN SOLUTION
+    need = [-(-(L + n) // block_size) - len(t) for t, L, n in zip(tables, lengths, n_new)]  # ceil division
+    if sum(need) > len(free_list):
+        return None
+    free = list(free_list)
+    new_tables = [list(t) + [free.pop() for _ in range(k)] for t, k in zip(tables, need)]
+    return new_tables, free
+    # END SOLUTION
+
+
+def compaction_moves(table: Sequence[int], length: int, keep: Sequence[int],
+                     block_size: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The copies ``commit(keep)`` makes to move a draft tree's accepted path next to the prefix.
+
+    A forward wrote a sequence's pending entries 0, 1, 2, ... at token positions length,
+    length + 1, ... (the slot of position n is ``(table[n // block_size], n % block_size)``).
+    Committing ``keep`` (strictly increasing pending indices: the accepted root-to-leaf path)
+    moves the j-th kept entry from position ``length + keep[j]`` to position ``length + j``.
+
+    Args:
+        table: the sequence's block table (enough blocks for every pending entry).
+        length: committed tokens before the commit.
+        keep: strictly increasing indices into the pending entries (may be empty).
+        block_size: token slots per block.
+    Returns:
+        [((src_block, src_offset), (dst_block, dst_offset)), ...] one per kept entry that is not
+        already in its place (keep[j] != j), in the order of ``keep``. Copying them in this
+        order is safe: no move overwrites a slot that a later move reads.
+    """
+    # EXERCISE 7.2: source and destination (block, offset) of every kept entry that moves
+    # BEGIN SOLUTION
+    def slot(n):
+        return table[n // block_size], n % block_size
+
+    return [(slot(length + i), slot(length + j)) for j, i in enumerate(keep) if i != j]
+    # END SOLUTION
+
+
+def ragged_commit(lengths: Sequence[int], pendings: Sequence[int], accepted: Sequence[int],
+                  finished: Sequence[bool], block_size: int) -> tuple[list[int], list[int]]:
+    """One batched verify step with ragged acceptance: new lengths, and the blocks each sequence frees.
+
+    Before the commit, sequence b holds ``lengths[b]`` committed and ``pendings[b]`` pending
+    tokens (its whole draft tree, for which blocks were reserved). Verification keeps
+    ``accepted[b]`` of them (0 <= accepted[b] <= pendings[b]); sequence b then holds
+    ``lengths[b] + accepted[b]`` tokens, and every block past those returns to the pool. A
+    sequence with ``finished[b]`` (it emitted its end token) is then freed: length 0, all of
+    its blocks returned.
+
+    Args:
+        lengths, pendings, accepted: B counts each.
+        finished: B flags.
+        block_size: token slots per block.
+    Returns:
+        (new lengths [B], blocks returned to the pool by each sequence [B]).
+    """
+    # EXERCISE 7.3: per-sequence lengths after a ragged commit, and whole blocks freed (finished ones free all)
+    # BEGIN SOLUTION
+    new_lengths, freed = [], []
+    for L, p, a, done in zip(lengths, pendings, accepted, finished):
+        owned = -(-(L + p) // block_size)  # tree padding: blocks for every pending token
+        n = 0 if done else L + a
+        new_lengths.append(n)
+        freed.append(owned - -(-n // block_size))
+    return new_lengths, freed
+    # END SOLUTION
