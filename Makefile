@@ -38,7 +38,7 @@ test: install
 	$(BIN)/python -m minispec check-env
 	$(BIN)/python tools/make_exercises.py --check
 	$(BIN)/python -c "from minispec.models import ensure_smollm2; ensure_smollm2()"
-	$(BIN)/python -m pytest -n $(JOBS) --dist worksteal
+	$(BIN)/python -m pytest -n $(JOBS) --dist worksteal --durations=25
 	MINISPEC_FAST=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) --nbmake notebooks
 
 # the course as HTML with outputs and figures (fast mode): build/book/index.html
