@@ -23,6 +23,7 @@ import torch
 
 from minispec import generate, load
 from minispec.benchinfo import save_json
+from minispec.drafters.base import Features
 from minispec.kv import KVCache
 from minispec.methods import Methods
 from minispec.prompts import own_prompts
@@ -44,11 +45,10 @@ def level_costs(target, drafter, context: list[int], reps: int) -> dict:
     """ms of one draft level of 1 and 10 nodes after ``context`` (features from a real prefill)."""
     kv = KVCache.for_model(target, len(context) + 16)
     out = target(torch.tensor([context]), kv=kv)
-    drafter.prefill(context)
-    drafter.observe(out.hidden[0, :-1])
+    drafter.prefill(context, Features(out.hidden[0, :-1]))
 
     def level(n):
-        drafter._start(context)
+        drafter._start()
         t0 = time.perf_counter()
         drafter._extend(context[-n:], [-1] * n)
         dt = time.perf_counter() - t0

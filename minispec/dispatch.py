@@ -11,17 +11,17 @@ The dispatcher measures both sides on the user's machine and predicts, for each 
                     context of ``context`` tokens, batch b (the cost curve ``tune`` prints),
                     averaged over the tree sizes c actually proposed (prompt lookup, say, often
                     proposes nothing)
-    t_draft(c)      measured: mean time of one ``propose`` of c's drafter in a calibration run
+    t_draft(c)      measured: the "draft" phase of c's decode steps in a calibration run, per step
+                    (``GenerationStats.phase_s``, the breakdown ``python -m minispec profile``
+                    reports)
     tau_c           measured: new tokens per decode step in the same calibration run
-    t_loop(c)       measured: c's own time per decode step minus t_verify(N, 1) and t_draft(c)
-                    (sampling, verification, KV compaction, the feature hand-off, Python): each
-                    method pays its own, so a cheap drafter with a costly loop is not flattered.
-                    It is a residual and may be negative: the curve is measured after
-                    ``context`` cached tokens with an explicit tree mask, and a chain over a
-                    shorter prompt verifies faster than that
+    t_loop(c)       measured: the other phases but the target forward, per step (sampling and
+                    verification, KV compaction, the feature hand-off, Python): each method pays
+                    its own, so a cheap drafter with a costly loop is not flattered
 
-and picks the best. At batch 1 the prediction is, by construction, the decode speed the
-calibration run measured; the cost curve carries it to the batch size asked for. The calibration
+and picks the best. At batch 1 the prediction differs from the decode speed the calibration run
+measured only by the cost curve's t_verify against the forwards that run timed (both are
+reported); the cost curve carries it to the batch size asked for. The calibration
 runs are interleaved (every candidate on prompt 1, then every candidate on prompt 2, ...) so that
 the drift of a shared machine hits every candidate alike. Vanilla decoding (tau 1, no draft) is
 always a candidate, so the choice is never slower than no speculation by the model's own account.
@@ -54,7 +54,7 @@ class CandidateResult:
     step_tokens: float  # new tokens per decode step (prefill excluded): the cost model's tau
     draft_s: float  # per step
     verify_s: float  # t_verify(N, batch) from the cost curve, averaged over the steps' tree sizes
-    loop_s: float  # the rest of this method's step: measured step time - t_verify(N, 1) - draft_s (a residual)
+    loop_s: float  # the rest of this method's step: its phases but draft and target, per step
     predicted_tok_s: float
     calibration_tok_s: float  # what the calibration run itself measured (batch 1, prefill included)
 
@@ -140,23 +140,6 @@ def predicted_tokens_per_s(tau: float, verify_s: float, draft_s: float, loop_s: 
     return tau / step_s
 
 
-class _Timed:
-    """Wraps a drafter and accumulates the time spent in ``propose``."""
-
-    def __init__(self, drafter):
-        self.inner, self.seconds, self.sizes = drafter, 0.0, []
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def propose(self, *args, **kw):
-        t = time.perf_counter()
-        tree = self.inner.propose(*args, **kw)
-        self.seconds += time.perf_counter() - t
-        self.sizes.append(len(tree))
-        return tree
-
-
 def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", candidates=DEFAULT_CANDIDATES,
          batch_size: int = 1, max_new_tokens: int = 64, context: int = 256, sizes=DEFAULT_SIZES, methods=None,
          progress: bool = True) -> TuneResult:
@@ -191,8 +174,9 @@ def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", cand
         except (FileNotFoundError, ValueError, ImportError) as e:
             result.skipped[c] = f"{type(e).__name__}: {e}"
             continue
-        drafters[c] = _Timed(inner) if inner is not None else None
-    runs = {c: dict(tokens=0, forwards=0, decode_s=0.0, total_s=0.0) for c in drafters}
+        drafters[c] = inner
+    runs = {c: dict(tokens=0, forwards=0, decode_s=0.0, total_s=0.0, draft_s=0.0, target_s=0.0, nodes=[])
+            for c in drafters}
     bar = tqdm(total=len(prompts) * len(drafters), desc="tune", disable=not progress)
     for p in prompts:  # interleaved: every candidate on this prompt, then the next prompt
         for c, d in drafters.items():
@@ -202,17 +186,18 @@ def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", cand
             m["forwards"] += s.target_forwards - 1
             m["decode_s"] += s.decode_s
             m["total_s"] += s.total_s
+            m["draft_s"] += s.phase_s["draft"]
+            m["target_s"] += s.phase_s["target"]
+            m["nodes"] += s.nodes
             bar.update()
     bar.close()
     n = len(prompts)
     for c, m in runs.items():
-        d = drafters[c]
         steps = max(m["forwards"], 1)
-        sizes_ = d.sizes if d is not None and d.sizes else [0]
-        draft_s = d.seconds / len(d.sizes) if d is not None and d.sizes else 0.0
-        v1 = sum(interpolate(curve[1], k) for k in sizes_) / len(sizes_)
+        sizes_ = m["nodes"] or [0]
+        draft_s = m["draft_s"] / steps
         vb = sum(interpolate(curve[batch_size], k) for k in sizes_) / len(sizes_)
-        loop_s = m["decode_s"] / steps - v1 - draft_s  # the residual (see the module docstring)
+        loop_s = (m["decode_s"] - m["draft_s"] - m["target_s"]) / steps  # the measured phases (module docstring)
         step_tokens = m["tokens"] / steps
         result.candidates.append(CandidateResult(
             c, round(sum(sizes_) / len(sizes_)), (m["tokens"] + n) / (m["forwards"] + n), step_tokens, draft_s, vb,

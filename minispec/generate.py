@@ -17,8 +17,9 @@ from typing import Sequence
 
 import torch
 
+from .drafters.base import Drafter, Features
 from .kv import KVCache
-from .sampling import SamplingParams, next_token, probs
+from .sampling import GREEDY, SamplingParams, next_token, probs
 from .tokenizer import encode_prompt
 from .tree import Tree
 from .verify import verify_tree
@@ -95,6 +96,113 @@ def _eos_ids(model, tokenizer) -> set[int]:
     return {int(i) for i in ids if i is not None}
 
 
+class Decoder:
+    """One generation as an object: ``prefill()`` once, then ``step()`` until ``done``.
+
+    Vanilla decoding is the special case of a drafter that proposes an empty tree. A step:
+
+        tree = drafter.propose(...)                      draft: the drafter knows the context
+        out  = target(root + tree.tokens, tree mask)     one forward scores every node
+        res  = verify_tree(..., tree.verify_mode(...))   the proposal says how to verify it
+        kv.commit(root + accepted path)                  keep their keys and values
+        drafter.commit(emitted, features of kept rows)   tell the drafter what was committed
+
+    Args: those of ``generate`` (``ids`` already encoded and checked).
+    """
+
+    def __init__(self, target, ids: list[int], drafter=None, params: SamplingParams = GREEDY,
+                 max_new_tokens: int = 64, eos: set[int] = frozenset(), generator: torch.Generator | None = None):
+        if drafter is not None:
+            if not isinstance(drafter, Drafter):
+                raise TypeError(f"{drafter!r} is not a minispec Drafter: subclass minispec.drafters.Drafter "
+                                "(propose, and prefill / commit to learn what the target committed)")
+            drafter.check_target(target)
+        self.target, self.ids, self.drafter, self.params = target, list(ids), drafter, params
+        self.max_new_tokens, self.eos, self.gen = max_new_tokens, eos, generator
+        self.max_nodes = drafter.max_nodes if drafter is not None else 0
+        self.kv = KVCache.for_model(target, capacity=len(ids) + max_new_tokens + self.max_nodes)
+        reads = drafter is not None and drafter.reads_features
+        self.layers = tuple(drafter.target_layers) if reads else ()
+        self.reads_features = reads
+        self.new: list[int] = []
+        self.stats = GenerationStats(prompt_tokens=len(ids))
+        self._clock = 0.0
+
+    def _features(self, out, rows) -> Features | None:
+        if not self.reads_features:
+            return None
+        return Features(out.hidden[0, rows], {i: h[0, rows] for i, h in out.layer_inputs.items()})
+
+    @property
+    def done(self) -> bool:
+        return len(self.new) >= self.max_new_tokens or (bool(self.new) and self.new[-1] in self.eos)
+
+    def prefill(self) -> None:
+        """The prompt's forward, the first new token (the first tree's root), the drafter's prefill."""
+        t0 = time.perf_counter()
+        out = self.target(torch.tensor([self.ids], device=self.target.device), kv=self.kv,
+                          hidden_layers=self.layers, last_logits_only=True)
+        self.kv.commit()
+        self.new = [int(next_token(out.logits[0, -1], self.params, self.gen))]
+        if self.drafter is not None:
+            self.drafter.prefill(self.ids + self.new, self._features(out, slice(None)))
+        self.stats.target_forwards, self.stats.prefill_s = 1, time.perf_counter() - t0  # drafter's prefill included
+        self.stats.tokens_per_step.append(1)
+        self._clock = time.perf_counter()
+
+    def _lap(self, phase: str) -> None:  # time since the last lap goes to ``phase``
+        now = time.perf_counter()
+        self.stats.phase_s[phase] += now - self._clock
+        self.stats.decode_s += now - self._clock
+        self._clock = now
+
+    def step(self) -> list[int]:
+        """One target forward: draft, verify, commit. Returns the tokens it emitted."""
+        d, kv, root = self.drafter, self.kv, self.new[-1]
+        budget = self.max_new_tokens - len(self.new) - 1  # drafts beyond this could never be emitted
+        self._lap("other")
+        tree = d.propose(self.params, budget, self.gen) if d is not None else EMPTY
+        self._lap("draft" if d is not None else "other")
+        self.check(tree, budget)
+        tokens = torch.tensor([[root] + tree.tokens], device=self.target.device)  # [1, N + 1]: root + nodes
+        tree_args = {} if tree.is_chain else dict(positions=tree.positions(kv.length).to(self.target.device),
+                                                  mask=tree.mask().to(self.target.device))  # chain: causal
+        out = self.target(tokens, kv=kv, hidden_layers=self.layers, **tree_args)
+        self._lap("target")
+        p = out.logits[0] if self.params.greedy else probs(out.logits[0], self.params)  # [N + 1, V]
+        res = verify_tree(tree.parents, tree.tokens, p, tree.q, mode=tree.verify_mode(self.params.greedy),
+                          generator=self.gen)
+        rows = [0] + [i + 1 for i in res.path]  # the root and the accepted path
+        self._lap("verify")
+        kv.commit(rows)
+        self._lap("commit")
+        emitted = self._cut(res.emitted)
+        if d is not None:
+            d.commit(emitted, self._features(out, rows[:len(emitted)]))
+        self._lap("hand_off")
+        self.new += emitted
+        self.stats.record(tree, res.path)
+        self.stats.nodes.append(len(tree))
+        self.stats.target_forwards += 1
+        self.stats.tokens_per_step.append(len(emitted))
+        self._lap("other")
+        return emitted
+
+    def check(self, tree: Tree, budget: int) -> None:
+        if len(tree) > self.max_nodes:
+            raise ValueError(f"{self.drafter!r} proposed {len(tree)} nodes but declared max_nodes={self.max_nodes}")
+        if len(tree):
+            tree.check_depth(budget)  # a drafter must not draft past the tokens still wanted
+
+    def _cut(self, emitted: list[int]) -> list[int]:
+        """``emitted`` up to the token budget and the first end-of-sequence token."""
+        emitted = emitted[: self.max_new_tokens - len(self.new)]
+        for j, t in enumerate(emitted):
+            if t in self.eos:
+                return emitted[: j + 1]
+        return emitted
+
+
 @torch.inference_mode()
 def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64, chat: bool = True,
@@ -105,7 +213,7 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
         target: a minispec Transformer.
         tokenizer: its tokenizer (Hugging Face or ByteTokenizer).
         prompt: text (wrapped in the chat template when ``chat`` and the tokenizer has one) or ids.
-        drafter: None for vanilla decoding, or a drafter (``minispec.drafters``) whose trees are
+        drafter: None for vanilla decoding, or a ``minispec.drafters.Drafter`` whose trees are
             verified losslessly: greedy output equals vanilla greedy, sampled output has p's law.
         temperature, top_k, top_p: sampling parameters (temperature 0 = greedy).
         max_new_tokens: upper bound on new tokens.
@@ -128,89 +236,16 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
                          f"context of {ctx} tokens; shorten the prompt or ask for fewer tokens")
     if max(ids) >= target.cfg.vocab_size or min(ids) < 0:
         raise ValueError(f"prompt token ids must be in [0, {target.cfg.vocab_size}), got {min(ids)}..{max(ids)}")
-    if drafter is not None:
-        if getattr(drafter, "q_kind", None) not in ("real", "onehot"):
-            raise ValueError(f"drafter {drafter!r} must say whether its q is 'real' or 'onehot' (q_kind)")
-        if hasattr(drafter, "check_target"):
-            drafter.check_target(target)
-    # greedy: argmax matching; real q: Leviathan/Chen (MSS over siblings); deterministic drafts: one-hot q
-    plain = "greedy" if params.greedy else "onehot"  # also for empty trees: the next token is a sample from p
-    mode = "chain" if not params.greedy and drafter is not None and drafter.q_kind == "real" else plain
     gen = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
-    eos = _eos_ids(target, tokenizer) if stop_at_eos else set()
-    stats = GenerationStats(prompt_tokens=len(ids))
-    max_nodes = drafter.max_nodes if drafter is not None else 0
-    kv = KVCache.for_model(target, capacity=len(ids) + max_new_tokens + max_nodes)
-
-    # feature hand-off (EAGLE, Medusa): the drafter sees the target's hidden states of every committed token
-    observe = getattr(drafter, "observe", None)
-    layers = tuple(getattr(drafter, "target_layers", ())) if observe is not None else ()
-
-    def hand_off(out, rows):
-        if observe is not None:
-            observe(out.hidden[0, rows], {i: h[0, rows] for i, h in out.layer_inputs.items()})
-
-    t0 = time.perf_counter()
-    out = target(torch.tensor([ids], device=target.device), kv=kv, hidden_layers=layers, last_logits_only=True)
-    kv.commit()
-    x = int(next_token(out.logits[0, -1], params, gen))  # the first new token: the root of the first tree
-    if drafter is not None:
-        drafter.prefill(ids)
-        hand_off(out, slice(None))
-    stats.target_forwards, stats.prefill_s = 1, time.perf_counter() - t0  # the drafter's prefill included
-    new = [x]
-    stats.tokens_per_step.append(1)
-
-    t0 = time.perf_counter()
-    phase, clock = stats.phase_s, [t0]
-
-    def lap(name):  # time since the last lap goes to phase ``name``
-        now = time.perf_counter()
-        phase[name] += now - clock[0]
-        clock[0] = now
-
-    while len(new) < max_new_tokens and x not in eos:
-        budget = max_new_tokens - len(new) - 1  # drafts beyond this could never be emitted
-        lap("other")
-        tree = drafter.propose(ids + new, params, budget, gen) if drafter is not None else EMPTY
-        lap("draft" if drafter is not None else "other")
-        if len(tree) > max_nodes:
-            raise ValueError(f"{drafter!r} proposed {len(tree)} nodes but declared max_nodes={max_nodes}")
-        if len(tree):
-            tree.check_depth(budget)  # a drafter must not draft past the tokens still wanted
-        tokens = torch.tensor([[x] + tree.tokens], device=target.device)  # [1, N + 1]: root + nodes
-        if tree.is_chain:  # causal mask, default positions
-            out = target(tokens, kv=kv, hidden_layers=layers)
-        else:
-            out = target(tokens, positions=tree.positions(kv.length).to(target.device), mask=tree.mask().to(target.device),
-                         kv=kv, hidden_layers=layers)
-        lap("target")
-        logits = out.logits[0]  # [N + 1, V]
-        p = logits if params.greedy else probs(logits, params)
-        res = verify_tree(tree.parents, tree.tokens, p, tree.q, mode=mode if len(tree) else plain, generator=gen)
-        rows = [0] + [i + 1 for i in res.path]  # the root and the accepted path
-        lap("verify")
-        kv.commit(rows)
-        lap("commit")
-        hand_off(out, rows)
-        lap("hand_off")
-        stats.record(tree, res.path)
-        stats.nodes.append(len(tree))
-        emitted = res.emitted[: max_new_tokens - len(new)]
-        for j, t in enumerate(emitted):
-            if t in eos:
-                emitted = emitted[: j + 1]
-                break
-        new += emitted
-        x = new[-1]
-        stats.target_forwards += 1
-        stats.tokens_per_step.append(len(emitted))
-    lap("other")
-    stats.decode_s = clock[0] - t0  # the sum of the phases
-    stats.new_tokens = len(new)
-    stats.draft_forwards = getattr(drafter, "forwards", 0) if drafter is not None else 0
-    text = tokenizer.decode(new, skip_special_tokens=True)
-    return GenerationResult(text=text, tokens=new, prompt_tokens=ids, stats=stats)
+    dec = Decoder(target, ids, drafter, params, max_new_tokens, _eos_ids(target, tokenizer) if stop_at_eos else set(), gen)
+    dec.prefill()
+    while not dec.done:
+        dec.step()
+    stats = dec.stats
+    stats.new_tokens = len(dec.new)
+    stats.draft_forwards = drafter.forwards if drafter is not None else 0
+    text = tokenizer.decode(dec.new, skip_special_tokens=True)
+    return GenerationResult(text=text, tokens=dec.new, prompt_tokens=ids, stats=stats)
 
 
 EMPTY = Tree([], [])

@@ -124,6 +124,14 @@ class Tree:
                 raise ValueError(f"not a tree in topological order: parents[{i}] = {j} (must be -1 or < {i}; "
                                  "a parent after its child, a cycle, or an index out of range)")
 
+    def verify_mode(self, greedy: bool) -> str:
+        """How ``minispec.verify.verify_tree`` checks this proposal: argmax matching when greedy;
+        when sampling, Leviathan/Chen (MSS over siblings) if the drafts were sampled from q (the
+        tree holds q), else one-hot q (deterministic drafts). All three are lossless."""
+        if greedy:
+            return "greedy"
+        return "chain" if self.q is not None else "onehot"
+
     @classmethod
     def chain(cls, tokens: Sequence[int], q: torch.Tensor | None = None) -> "Tree":
         return cls(list(tokens), list(range(-1, len(tokens) - 1)), q)

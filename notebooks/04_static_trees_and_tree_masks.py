@@ -199,8 +199,8 @@ def draw_mask(ax, tree, title="tree mask"):
 trees = {}
 for name, spec in (("small", TreeSpec.static(small, name="small")), ("eagle", TreeSpec.parse("eagle"))):
     drafter = DraftModel(draft, tree=spec)
-    drafter.prefill(ids)
-    trees[name] = drafter.propose(ids + [root], GREEDY, budget=8)
+    drafter.prefill(ids + [root])  # the committed tokens: prompt + first token (the root)
+    trees[name] = drafter.propose(GREEDY, budget=8)
 
 for name, size in (("small", (11, 3.2)), ("eagle", (15, 6.5))):
     t = trees[name]
@@ -241,26 +241,29 @@ assert all(p == [i for i in row if i >= 0] for p, row in zip(t.paths(), ri.tolis
 # `[root] + tree.tokens` with the tree's positions and mask on top of the KV cache,
 # `verify_tree` (greedy) walks down from the root accepting the child whose token is the
 # target's argmax, and the cache keeps the rows of the root and the accepted path
-# (`kv.commit(rows)`), dropping the rest. Each node shows $p$ = the target's probability of
-# its token given its path (from its parent's row).
+# (`kv.commit(rows)`), dropping the rest; then the drafter is told which tokens were
+# committed (`drafter.commit(emitted)`), so it never has to work that out itself. Each node
+# shows $p$ = the target's probability of its token given its path (from its parent's row).
 
 # %%
-def tree_step(drafter, context, kv):
+def tree_step(drafter, kv):
     """Draft, score in one masked forward, verify greedily, commit. Returns what happened."""
-    tree = drafter.propose(context, GREEDY, budget=8)
-    tokens = torch.tensor([[context[-1]] + tree.tokens])  # [1, N + 1]: root + nodes
+    root = drafter.context[-1]  # the last committed token
+    tree = drafter.propose(GREEDY, budget=8)
+    tokens = torch.tensor([[root] + tree.tokens])  # [1, N + 1]: root + nodes
     with torch.inference_mode():
         logits = smol(tokens, positions=tree.positions(kv.length), mask=tree.mask(), kv=kv).logits[0]  # [N + 1, V]
     res = vf.verify_tree(tree.parents, tree.tokens, logits, mode="greedy")
     kv.commit([0] + [i + 1 for i in res.path])  # keep the root's and the accepted nodes' keys / values
+    drafter.commit(res.emitted)  # the accepted drafts + the target's own token (a draft model reads no features)
     p = torch.softmax(logits.double(), -1)  # [N + 1, V]
     p_node = [p[j + 1, x].item() for x, j in zip(tree.tokens, tree.parents)]  # p(token | its path)
-    return dict(root=context[-1], tree=tree, logits=logits, p_node=p_node, res=res)
+    return dict(root=root, tree=tree, logits=logits, p_node=p_node, res=res)
 
 eagle = DraftModel(draft, tree="eagle")
-eagle.prefill(ids)
+eagle.prefill(ids + [root])
 kv_before = kv.length
-step = tree_step(eagle, ids + [root], kv)
+step = tree_step(eagle, kv)
 t, res = step["tree"], step["res"]
 fig, ax = plt.subplots(figsize=(15, 6.5))
 draw_tree(ax, t, root, notes=[f"p={x:.2f}" for x in step["p_node"]], path=res.path,
@@ -305,10 +308,10 @@ with torch.inference_mode():
     first = int(smol(torch.tensor([ids]), kv=kv2, last_logits_only=True).logits[0, -1].argmax())
 kv2.commit()
 explorer_drafter = DraftModel(draft, tree="eagle")
-explorer_drafter.prefill(ids)
+explorer_drafter.prefill(ids + [first])
 new, steps = [first], []
 for _ in range(n_steps):
-    steps.append(tree_step(explorer_drafter, ids + new, kv2))
+    steps.append(tree_step(explorer_drafter, kv2))
     new += steps[-1]["res"].emitted
 vanilla = generate(smol, tok, prompt, max_new_tokens=len(new))
 assert new == vanilla.tokens, "the tree steps must commit exactly the greedy tokens"
@@ -398,7 +401,7 @@ def scored_tree(draft_model):
     # (tree, P [N + 1, V]): EAGLE's tree drafted after ctx (root = ctx[-1]), scored by the tiny target
     d = DraftModel(draft_model, tree="eagle")
     d.prefill(ctx)
-    tree = d.propose(ctx, params, budget=8)
+    tree = d.propose(params, budget=8)
     kv3 = KVCache.for_model(tiny, capacity=len(ctx) + 32)
     with torch.inference_mode():
         tiny(torch.tensor([ctx[:-1]]), kv=kv3); kv3.commit()

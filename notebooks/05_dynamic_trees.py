@@ -66,6 +66,7 @@ print(inspect.getsource(TreeDrafter._dynamic))
 # We record every candidate's score to see the rerank at work.
 
 # %%
+from minispec.drafters.base import Features
 from minispec.methods import Methods, shipped_head
 from minispec.tokenizer import encode_prompt
 from minispec.sampling import GREEDY
@@ -77,16 +78,14 @@ print(f"drafter for this chapter: {BASE} ({'EAGLE-1/2 head' if BASE == 'eagle2' 
 
 prompt = "List three facts about the planet Mars."
 ctx = encode_prompt(smol_tok, prompt)
-with torch.inference_mode():
-    root = int(smol(torch.tensor([ctx])).logits[0, -1].argmax())
 spec = TreeSpec.parse("5,4,16")
 drafter = methods.drafter(f"{BASE}@5/4/16")
-drafter.prefill(ctx)
-if hasattr(drafter, "observe"):  # EAGLE heads read the target's features of the context
-    with torch.inference_mode():
-        out = smol(torch.tensor([ctx]), hidden_layers=tuple(getattr(drafter, "target_layers", ())))
-    drafter.observe(out.hidden[0], {i: h[0] for i, h in out.layer_inputs.items()})
-tree = drafter.propose(ctx + [root], GREEDY, budget=8)
+with torch.inference_mode():  # the prefill: the first token (the root) and the features of the prompt
+    out = smol(torch.tensor([ctx]), hidden_layers=drafter.target_layers)
+root = int(out.logits[0, -1].argmax())
+features = Features(out.hidden[0], {i: h[0] for i, h in out.layer_inputs.items()})
+drafter.prefill(ctx + [root], features if drafter.reads_features else None)  # EAGLE heads read features
+tree = drafter.propose(GREEDY, budget=8)
 print(f"root: {smol_tok.decode([root])!r}; {len(tree)} nodes, depth {tree.depth}")
 for path in tree.paths():
     print("  " + " | ".join(repr(smol_tok.decode([tree.tokens[i]])) for i in path))
@@ -133,39 +132,35 @@ plt.tight_layout(); plt.show()
 from minispec import generate
 from minispec.drafters.tree_drafter import TreeDrafter
 
-class Recorder:
-    """Wraps a chain drafter: remembers (draft probability, depth) of each proposed token."""
-    def __init__(self, inner):
-        self.inner, self.last = inner, []
-        self.q_kind, self.max_nodes = inner.q_kind, inner.max_nodes
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-    def propose(self, context, params, budget, generator=None):
-        inner, confs = self.inner, []
-        start, extend = inner._start, inner._extend
-        def s(ctx):
-            out = start(ctx); confs.append(out); return out
-        def e(tokens, parents):
-            out = extend(tokens, parents); confs.append(out[0]); return out
-        inner._start, inner._extend = s, e
-        try:
-            tree = inner.propose(context, params, budget, generator)
-        finally:
-            del inner._start, inner._extend
-        self.last = [float(torch.softmax(l.float(), -1)[t]) for l, t in zip(confs, tree.tokens)]
+from contextlib import contextmanager
+
+@contextmanager
+def recording(drafter, log):
+    """Within the block, each proposal of a chain drafter appends (tokens, the draft probability
+    of each token) to ``log``: the hooks _start / _extend are wrapped, then restored."""
+    propose, start, extend, confs = drafter.propose, drafter._start, drafter._extend, []
+    def s():
+        out = start(); confs.append(out); return out
+    def e(tokens, parents):
+        out = extend(tokens, parents); confs.append(out[0]); return out
+    def p(params, budget, generator=None):
+        confs.clear()
+        tree = propose(params, budget, generator)
+        log.append((tree.tokens, [float(torch.softmax(l.float(), -1)[t]) for l, t in zip(confs, tree.tokens)]))
         return tree
+    drafter._start, drafter._extend, drafter.propose = s, e, p
+    try:
+        yield drafter
+    finally:
+        del drafter._start, drafter._extend, drafter.propose
 
 pairs = []  # (draft probability, accepted)
 from minispec.prompts import own_prompts
 prompts = [p["prompt"] for p in own_prompts()][: 2 if FAST else 6]
 for pr in prompts:
-    rec = Recorder(methods.drafter(f"{BASE}@chain:4"))
-    orig_propose = rec.propose
     log = []
-    def logged(*a, **k):
-        t = orig_propose(*a, **k); log.append((t.tokens, rec.last)); return t
-    rec.propose = logged
-    r = generate(smol, smol_tok, pr, drafter=rec, max_new_tokens=32 if FAST else 128)
+    with recording(methods.drafter(f"{BASE}@chain:4"), log) as d:
+        r = generate(smol, smol_tok, pr, drafter=d, max_new_tokens=32 if FAST else 128)
     out = r.tokens
     pos = 1  # the first token comes from the prefill; each proposal follows the tokens emitted so far
     for (tokens, confs), emitted in zip(log, r.stats.tokens_per_step[1:]):

@@ -12,7 +12,7 @@ import torch
 from minispec import generate, load
 from minispec.attention import BACKENDS, attend, dense_attention, merge, prefix_attention, split_attention, \
     suffix_attention, triton_available
-from minispec.drafters import PromptLookup
+from minispec.drafters import Drafter, PromptLookup
 from minispec.tree import Tree
 
 pytestmark = pytest.mark.ch06
@@ -262,22 +262,19 @@ def test_model_general_mask_falls_back_to_dense(tiny):
     assert (out["dense"] - out["split_torch tree form"]).abs().max() > 1e-3  # the hidden prefix token matters
 
 
-class TwoBranches:
+class TwoBranches(Drafter):
     """A non-chain tree drafter (as in tests/test_speculative.py): two root children, each with a child."""
 
-    q_kind, max_nodes = "onehot", 4
+    max_nodes = 4
 
     def __init__(self, model):
         self.model = model
 
-    def prefill(self, prompt):
-        pass
-
-    def propose(self, context, params, budget, generator=None):
+    def propose(self, params, budget, generator=None):
         if budget < 2:
             return Tree([], [])
         with torch.no_grad():
-            top = self.model(torch.tensor([context])).logits[0, -1].topk(2).indices.tolist()
+            top = self.model(torch.tensor([self.context])).logits[0, -1].topk(2).indices.tolist()
         return Tree([top[1], top[0], top[0], top[1]], [-1, -1, 0, 1])
 
 

@@ -64,7 +64,7 @@ def test_tune_chooses_the_best_predicted_candidate(tiny):
         assert c.predicted_tok_s == pytest.approx(
             dispatch.predicted_tokens_per_s(c.step_tokens, c.verify_s, c.draft_s, c.loop_s))
         assert c.step_tokens >= 1.0 and c.verify_s + c.draft_s + c.loop_s > 0
-    # each candidate pays its own loop overhead (a residual of its own step time), not vanilla's
+    # each candidate pays its own loop overhead (its own measured phases), not vanilla's
     assert len({round(c.loop_s, 9) for c in r.candidates}) == len(r.candidates)
     assert any(abs(c.loop_s - got["vanilla"].loop_s) > 1e-6 for c in r.candidates if c.method != "vanilla")
     assert r.choice == max(r.candidates, key=lambda c: c.predicted_tok_s).method

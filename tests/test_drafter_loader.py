@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from minispec import load
+from minispec.drafters.base import Features
 from minispec.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
 from minispec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
 from minispec.drafters.loader import load_drafter
@@ -40,11 +41,9 @@ def _proposals(drafter, model, tok):
     for text in CONTEXTS:
         ctx = tok.encode(text)
         with torch.no_grad():
-            o = model(torch.tensor([ctx[:-1]]), hidden_layers=tuple(getattr(drafter, "target_layers", ())))
-        drafter.prefill(ctx[:-1])
-        if hasattr(drafter, "observe"):
-            drafter.observe(o.hidden[0], {i: h[0] for i, h in o.layer_inputs.items()})
-        t = drafter.propose(ctx, GREEDY, budget=10)
+            o = model(torch.tensor([ctx[:-1]]), hidden_layers=drafter.target_layers)
+        drafter.prefill(ctx, Features(o.hidden[0], {i: h[0] for i, h in o.layer_inputs.items()}))
+        t = drafter.propose(GREEDY, budget=10)
         out.append((t.tokens, t.parents))
     assert any(len(t) > 1 for t, _ in out)
     return out

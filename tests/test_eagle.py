@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from lawcheck import assert_same_law, exact_law, sample_law
 
 from minispec import generate, load
+from minispec.drafters.base import Features
 from minispec.drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from minispec.drafters.tree_drafter import TreeSpec
 from minispec.sampling import GREEDY
@@ -76,13 +77,12 @@ def test_tree_node_logits_equal_full_recomputation(target, head, tree):
     model, tok = target
     ctx = tok.encode("The tree mask at work")
     d = EagleDrafter(model, head, tree=tree)
-    d.prefill(ctx[:-1])
     with torch.no_grad():
-        d.observe(model(torch.tensor([ctx])).hidden[0, :-1])  # features of every committed token but the root
+        d.prefill(ctx, Features(model(torch.tensor([ctx])).hidden[0, :-1]))  # every committed token's but the root's
     seen, orig_start, orig_extend = {}, d._start, d._extend
 
-    def start(context):
-        seen[()] = orig_start(context)
+    def start():
+        seen[()] = orig_start()
         return seen[()]
 
     def extend(tokens, parents):
@@ -93,7 +93,7 @@ def test_tree_node_logits_equal_full_recomputation(target, head, tree):
         return out
     extend.paths = []
     d._start, d._extend = start, extend
-    t = d.propose(ctx, GREEDY, budget=10)
+    t = d.propose(GREEDY, budget=10)
     assert len(t) == TreeSpec.parse(tree).max_nodes and len(seen) > 2
     for path, logits in seen.items():
         torch.testing.assert_close(logits, head_reference(model, head, ctx, path), atol=1e-4, rtol=1e-4)

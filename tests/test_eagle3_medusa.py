@@ -13,6 +13,7 @@ import torch
 from lawcheck import assert_same_law, exact_law, sample_law
 
 from minispec import generate, load
+from minispec.drafters.base import Features
 from minispec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
 from minispec.drafters.medusa import MedusaDrafter, MedusaHeads
 from minispec.drafters.tree_drafter import TreeSpec
@@ -170,10 +171,9 @@ def test_eagle3_tree_node_logits_equal_an_unrolled_recomputation(target, eagle3_
     n = len(ctx)
     o = _features(model, ctx[:-1])
     d = Eagle3Drafter(model, head, tree=tree)
-    d.prefill(ctx[:-1])
-    d.observe(o.hidden[0], {i: h[0] for i, h in o.layer_inputs.items()})
+    d.prefill(ctx, Features(o.hidden[0], {i: h[0] for i, h in o.layer_inputs.items()}))
     seen = _spy(d)
-    t = d.propose(ctx, GREEDY, budget=10)
+    t = d.propose(GREEDY, budget=10)
     assert seen and len(t) == TreeSpec.parse(tree).max_nodes
     fused = torch.cat([o.layer_inputs[i] for i in d.target_layers], -1)  # [1, n-1, 3H]
     for path, logits in seen.items():
@@ -194,10 +194,9 @@ def test_medusa_children_of_depth_d_take_head_d(target, medusa_heads, tree):
     ctx = tok.encode("Medusa heads see only f_{n-2}")
     o = _features(model, ctx[:-1])
     d = MedusaDrafter(model, heads, tree=tree)
-    d.prefill(ctx[:-1])
-    d.observe(o.hidden[0], {})
+    d.prefill(ctx, Features(o.hidden[0]))
     seen = _spy(d)
-    t = d.propose(ctx, GREEDY, budget=10)
+    t = d.propose(GREEDY, budget=10)
     with torch.no_grad():
         ref = [heads.heads[i][0](o.hidden[0, -1]) @ model.lm_head.weight.t() for i in range(4)]  # head i on f_{n-2}
     assert seen
@@ -242,8 +241,9 @@ def test_drafters_refuse_a_target_of_another_size(target, heads):
     with pytest.raises(ValueError, match="depth 5 needs 5 Medusa heads"):
         MedusaDrafter(target[0], heads["medusa"], tree="eagle")
     d = Eagle3Drafter(target[0], heads["eagle3"], tree="chain:2")
-    with pytest.raises(RuntimeError, match="observe"):
-        d.propose([1, 2, 3], GREEDY, budget=2)
+    d.prefill([1, 2, 3])  # no features handed over
+    with pytest.raises(RuntimeError, match="prefill and commit"):
+        d.propose(GREEDY, budget=2)
 
 
 @pytest.mark.slow

@@ -41,7 +41,7 @@ def test_expected_tau_matches_simulation(p, k, tree_nodes):
     oracle.prefill(stream[:1])
     n, steps = 1, 0
     while n + k < len(stream):
-        tree = oracle.propose(stream[:n], GREEDY, budget=k)
+        tree = oracle.propose(GREEDY, budget=k)
         assert len(tree) == (tree_nodes or k)
         node, accepted = -1, 0  # walk down: the child holding the true next token, if any
         while True:
@@ -49,6 +49,7 @@ def test_expected_tau_matches_simulation(p, k, tree_nodes):
             if not kids:
                 break
             node, accepted = kids[0], accepted + 1
+        oracle.commit(stream[n:n + accepted + 1])  # the accepted drafts + the target's token
         n, steps = n + accepted + 1, steps + 1
     tau = (n - 1) / steps
     assert abs(tau - expected_tau(p, k)) < 0.04 * expected_tau(p, k), (tau, expected_tau(p, k))  # ~1400 steps: SE ~1.5%
@@ -58,7 +59,7 @@ def test_corruptions_are_wrong_and_siblings_never_right():
     stream = list(range(40)) * 3
     oracle = OracleDrafter(stream, k=4, p_corrupt=1.0, tree_nodes=10, vocab_size=40)
     oracle.prefill(stream[:5])
-    tree = oracle.propose(stream[:5], GREEDY, budget=4)
+    tree = oracle.propose(GREEDY, budget=4)
     truth = stream[5:9]
     depth = tree.depths()
     assert all(t != truth[d - 1] for t, d in zip(tree.tokens, depth))  # every node wrong

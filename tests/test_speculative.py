@@ -5,7 +5,7 @@ import torch
 from lawcheck import assert_same_law, exact_law, sample_law
 
 from minispec import generate, load
-from minispec.drafters import DraftModel, PromptLookup
+from minispec.drafters import DraftModel, Drafter, PromptLookup
 from minispec.tree import Tree
 
 PROMPTS = ["Hello world, hello world, hello", "abcabcabcabc", "def f(x):\n    return x", "1, 2, 3, 4, 5, 6"]
@@ -113,15 +113,12 @@ def test_tree_drafts_go_through_the_loop(target):
     """A hand-made branching drafter: greedy output still equals vanilla, and a sibling can be accepted."""
     model, tok = target
 
-    class TwoBranches:
-        q_kind, max_nodes = "onehot", 4
+    class TwoBranches(Drafter):
+        max_nodes = 4  # deterministic drafts: the trees carry no q, verified as one-hot
 
-        def prefill(self, prompt):
-            pass
-
-        def propose(self, context, params, budget, generator=None):
+        def propose(self, params, budget, generator=None):
             with torch.no_grad():
-                top = model(torch.tensor([context])).logits[0, -1].topk(2).indices.tolist()
+                top = model(torch.tensor([self.context])).logits[0, -1].topk(2).indices.tolist()
             if budget < 2:
                 return Tree([], [])
             # first child wrong on purpose (2nd best), second child right; each with a child of its own
@@ -133,11 +130,38 @@ def test_tree_drafts_go_through_the_loop(target):
     assert spec.stats.accepted_at_depth[0] > 0  # the second sibling was accepted
 
 
-def test_drafter_without_q_kind_is_rejected(target):
+def test_an_object_that_is_no_drafter_is_rejected(target):
     model, tok = target
 
-    class NoKind:
+    class NotADrafter:  # duck-typed, without the contract (prefill / propose / commit)
         max_nodes = 2
 
-    with pytest.raises(ValueError, match="q_kind"):
-        generate(model, tok, "hi", drafter=NoKind(), max_new_tokens=4)
+        def propose(self, params, budget, generator=None):
+            return Tree([], [])
+
+    with pytest.raises(TypeError, match="not a minispec Drafter"):
+        generate(model, tok, "hi", drafter=NotADrafter(), max_new_tokens=4)
+    with pytest.raises(TypeError):  # the contract is an abstract base class: propose is required
+        type("NoPropose", (Drafter,), {})()
+
+
+@pytest.mark.ch01
+def test_the_loop_tells_the_drafter_what_it_committed(target):
+    """prefill gets prompt + first token, each commit the emitted tokens: together they are the
+    output, so a drafter never has to rediscover what was accepted."""
+    model, tok = target
+    seen = {}
+
+    class Recorder(PromptLookup):
+        def prefill(self, tokens, features=None):
+            super().prefill(tokens, features)
+            seen["prefill"], seen["commits"] = list(tokens), []
+
+        def commit(self, tokens, features=None):
+            super().commit(tokens, features)
+            seen["commits"].append(list(tokens))
+
+    r = generate(model, tok, "abcabcabc abc", drafter=Recorder(k=4), max_new_tokens=24)
+    assert seen["prefill"] == r.prompt_tokens + r.tokens[:1]
+    assert seen["prefill"][len(r.prompt_tokens):] + sum(seen["commits"], []) == r.tokens
+    assert [len(c) for c in seen["commits"]] == r.stats.tokens_per_step[1:]

@@ -63,7 +63,7 @@ def test_tree_draft_logits_equal_sequential_logits(target, noisy, tree):
         return out
     spy.paths = []
     dm._extend = spy
-    t = dm.propose(ctx, GREEDY, budget=10)
+    t = dm.propose(GREEDY, budget=10)
     assert len(t) == dm.max_nodes if TreeSpec.parse(tree).kind != "dynamic" else len(t) == TreeSpec.parse(tree).total_tokens
     assert seen, "no node was extended"
     with torch.no_grad():
@@ -104,7 +104,7 @@ def test_dynamic_tree_equals_a_brute_force_eagle2(target, noisy):
     dm = DraftModel(noisy, tree=f"{depth},{K},{N}")
     ctx = tok.encode("scores")
     dm.prefill(ctx)
-    t = dm.propose(ctx, GREEDY, budget=10)
+    t = dm.propose(GREEDY, budget=10)
     got = set()
     for p_idx in t.paths():
         for d in range(len(p_idx)):
@@ -143,20 +143,16 @@ def test_sampled_tree_decoding_has_the_target_law(target, tree):
 
 
 def test_a_drafter_breaking_its_limits_gets_a_clear_error(target):
+    from minispec.drafters import Drafter
     from minispec.tree import Tree
 
     model, tok = target
 
-    class Greedy:
-        q_kind = "onehot"
-
+    class Greedy(Drafter):
         def __init__(self, tree, max_nodes):
             self.tree, self.max_nodes = tree, max_nodes
 
-        def prefill(self, prompt):
-            pass
-
-        def propose(self, context, params, budget, generator=None):
+        def propose(self, params, budget, generator=None):
             return self.tree
 
     with pytest.raises(ValueError, match="max_nodes=2"):

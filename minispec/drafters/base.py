@@ -1,8 +1,33 @@
-"""The drafter interface shared by every chapter's drafters."""
+"""The drafter contract shared by every chapter's drafters, and the features the target hands over.
+
+The decode loop (``minispec.generate.Decoder``) talks to a drafter through four calls, always in
+this order:
+
+    check_target(target)                       once: raise ValueError if the drafter cannot serve it
+    prefill(tokens, features)                  tokens = the prompt + the first new token (the root
+                                               of the first tree); features = the target's at the
+                                               positions of tokens[:-1]
+    propose(params, budget, generator) -> Tree a draft tree after the committed tokens
+    commit(tokens, features)                   after each verification: the tokens it committed (the
+                                               accepted drafts, then the target's own token, which
+                                               is the next root), and the target's features at the
+                                               positions that produced them (the old root and the
+                                               accepted nodes), one row per token
+
+so a drafter always knows the committed context (``self.context``) and, when it reads features,
+those of every committed token but the last: f_0..f_{n-2} for context x_0..x_{n-1}. EAGLE pairs
+f_t with x_{t+1}; ``prefill`` and ``commit`` deliver exactly such pairs. The loop never guesses
+what was accepted, and a drafter never rediscovers it by comparing token lists.
+
+How the proposal is verified travels with it (``Tree.verify_mode``): drafts sampled from q carry
+q (Leviathan/Chen for a chain, MSS for a tree); deterministic drafts carry none and are verified
+as one-hot q. Both are lossless.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 
 import torch
 
@@ -10,36 +35,59 @@ from ..sampling import SamplingParams
 from ..tree import Tree
 
 
-class Drafter(Protocol):
-    """Proposes draft trees; the decode loop verifies them.
+@dataclass
+class Features:
+    """The target's features at n positions: ``hidden`` [n, D] (after the final norm) and the
+    inputs of the layers a drafter asked for, ``layers`` {i: [n, D]}."""
+
+    hidden: torch.Tensor
+    layers: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.hidden.shape[0]
+
+    def rows(self, idx) -> "Features":
+        """The features at rows ``idx`` (a slice, a list or a LongTensor)."""
+        return Features(self.hidden[idx], {i: h[idx] for i, h in self.layers.items()})
+
+
+class Drafter(ABC):
+    """Proposes draft trees; the decode loop verifies them and says what it committed.
 
     Attributes:
-        q_kind: "real" when the drafts are sampled from q and ``Tree.q`` holds it (verified with
-            Leviathan/Chen or MSS, lossless for any q), "onehot" when drafts are chosen
-            deterministically from the context (verified as one-hot q, also lossless).
-        max_nodes: most nodes a proposal can have (sizes the KV cache).
+        max_nodes: most nodes a proposal can have (sizes the target's KV cache).
+        reads_features: True when ``prefill`` / ``commit`` need the target's features (EAGLE,
+            Medusa); the loop then computes them, else it passes None.
+        target_layers: indices of the target layers whose INPUT hidden states the drafter reads
+            (EAGLE-3); empty for the last hidden state only.
+        forwards: draft-model or head forwards since ``prefill``.
+        context: the committed tokens (prompt included); its last is the next tree's root.
     """
 
-    q_kind: str
-    max_nodes: int
+    max_nodes: int = 0
+    reads_features: bool = False
+    target_layers: tuple[int, ...] = ()
+    forwards: int = 0
 
-    def prefill(self, prompt: list[int]) -> None:
-        """Called once with the prompt ids before decoding."""
+    def check_target(self, target) -> None:
+        """Raise ValueError naming both sizes when the drafter cannot serve ``target``."""
 
-    def propose(self, context: list[int], params: SamplingParams, budget: int,
-                generator: torch.Generator | None = None) -> Tree:
-        """Draft a tree after ``context`` (all committed tokens; its last is the tree's root).
+    def prefill(self, tokens: list[int], features: Features | None = None) -> None:
+        """Start a generation: ``tokens`` = prompt + first new token; ``features`` at tokens[:-1]."""
+        self.context = list(tokens)
+        self.forwards = 0
+
+    @abstractmethod
+    def propose(self, params: SamplingParams, budget: int, generator: torch.Generator | None = None) -> Tree:
+        """Draft a tree after ``self.context`` (its last token is the tree's root).
 
         Args:
-            context: committed token ids, prompt included.
             params: the sampling parameters (q is processed exactly like p).
             budget: draft at most this many tokens deep (0: return an empty tree).
             generator: source of randomness for sampled drafts.
         """
 
-    # Optional, for drafters that read the target's features (EAGLE, Medusa):
-    #   target_layers: tuple[int, ...]  layer indices whose input hidden states the drafter needs
-    #   observe(hidden [n, D], layer_inputs {i: [n, D]}): called after the prefill with the prompt's
-    #       features and after each verification with those of the committed rows (the root and
-    #       the accepted path), so the drafter holds the features of every committed token but
-    #       the last (the next tree's root).
+    def commit(self, tokens: list[int], features: Features | None = None) -> None:
+        """The loop committed ``tokens`` (accepted drafts + the target's token); ``features`` holds
+        the target's features at the positions that produced them, one row per token."""
+        self.context += tokens

@@ -6,8 +6,9 @@ p (greedy: the argmax). As a tree (static choices or EAGLE-2 dynamic, see ``tree
 drafts level by level: one forward per level over all of that level's nodes, each attending to
 the context and its own ancestors through a tree mask, as the target does when it verifies.
 
-Its own KV cache keeps the longest prefix it shares with the committed context, so rejected
-drafts are rolled back and accepted ones are not recomputed.
+Its own KV cache holds the committed context; a chain's drafts stay in it until ``commit`` says
+how many were accepted (the committed tokens but the last), so rejected drafts are rolled back
+and accepted ones are not recomputed.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class DraftModel(TreeDrafter):
         super().__init__(tree if tree is not None else k)
         self.model = model
         self.kv = KVCache.for_model(model, capacity)
-        self.cached: list[int] = []  # tokens whose keys/values are committed in self.kv
+        self.cached: list[int] = []  # tokens whose keys/values are in self.kv: context, then fed drafts
         self._tree = GrowingTree()  # the nodes added since _start
         self._tokens: list[int] = []  # their tokens
 
@@ -48,20 +49,23 @@ class DraftModel(TreeDrafter):
             raise ValueError(f"vocab mismatch: draft has {self.model.cfg.vocab_size} tokens, target "
                              f"{target.cfg.vocab_size}; a draft model must share the target's tokenizer")
 
-    def prefill(self, prompt: list[int]) -> None:
+    def prefill(self, tokens: list[int], features=None) -> None:
+        super().prefill(tokens)
         self.kv.reset()
         self.cached = []
-        self.forwards = 0
-        self.kv.reserve(len(prompt) + self.max_nodes + 1)
+        self.kv.reserve(len(tokens) + self.max_nodes + 1)
 
-    def _start(self, context: list[int]) -> torch.Tensor:
-        common = 0  # longest common prefix of the cache and the context, never the whole context
-        limit = min(len(self.cached), len(context) - 1)
-        while common < limit and self.cached[common] == context[common]:
-            common += 1
-        self.kv.rollback(len(self.cached) - common)
-        del self.cached[common:]
-        new = context[common:]
+    def commit(self, tokens: list[int], features=None) -> None:
+        # all committed tokens but the last are accepted drafts: the cached entries of the drafts
+        # fed after the root stay valid up to there, the rest are rolled back
+        valid = len(self.context) + len(tokens) - 1
+        super().commit(tokens)
+        drop = max(0, len(self.cached) - valid)
+        self.kv.rollback(drop)
+        del self.cached[len(self.cached) - drop:]
+
+    def _start(self) -> torch.Tensor:
+        new = self.context[len(self.cached):]  # committed tokens the draft has not seen (the root at least)
         self.kv.reserve(self.kv.length + len(new) + self.max_nodes)
         out = self.model(torch.tensor([new], device=self.model.device), kv=self.kv, last_logits_only=True)
         self.kv.commit()

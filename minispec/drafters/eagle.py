@@ -14,8 +14,9 @@ and drafts autoregressively on its own predicted features. EAGLE-2 (Li et al. 20
 Faster Inference of Language Models with Dynamic Draft Trees") keeps the head and drafts a
 dynamic tree from its probabilities (``TreeDrafter._dynamic``).
 
-Alignment in minispec (identical in training, ``minispec.train.eagle``): when ``propose(context)``
-runs, ``observe`` has delivered the target's features f_0..f_{n-2} of context[:-1]. Head position
+Alignment in minispec (identical in training, ``minispec.train.eagle``): when ``propose`` runs,
+``prefill`` and ``commit`` (``base.Drafter``) have delivered the target's features f_0..f_{n-2}
+of context[:-1]. Head position
 j (RoPE position j) takes (embed(x_{j+1}), f_j) and outputs g_{j+1}, whose logits give x_{j+2}.
 The head's KV cache keeps the pairs built from target features (the committed context); tree
 nodes take (embed(y), g_parent) at position root + depth and are rolled back in ``_end``.
@@ -44,6 +45,7 @@ from ..attention import causal_mask
 from ..kv import KVCache
 from ..linear import Linear, prepack
 from ..model import RMSNorm, apply_rope, rope_cos_sin
+from .base import Features
 from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
 from .registry import default_tree
 from .vocab import ReducedLMHead, load_counts, top_tokens
@@ -181,6 +183,7 @@ class EagleDrafter(TreeDrafter):
         token_counts: [V] counts that rank the tokens (default: the ones shipped for SmolLM2).
     """
 
+    reads_features = True
     target_layers: tuple[int, ...] = ()  # EAGLE-1/2 reads only the last hidden state
 
     def __init__(self, target, head: EagleHead, tree: "TreeSpec | str | int | None" = None, capacity: int = 1024,
@@ -218,16 +221,22 @@ class EagleDrafter(TreeDrafter):
             raise ValueError(f"EAGLE head (hidden_size {c.hidden_size}, vocab_size {c.vocab_size}) does not fit the "
                              f"target {t.name or t.arch} (hidden size {t.d_model}, vocab {t.vocab_size})")
 
-    def prefill(self, prompt: list[int]) -> None:
+    def prefill(self, tokens: list[int], features: Features | None = None) -> None:
+        super().prefill(tokens)
         self.kv.reset()
-        self.forwards = 0
-        self.pairs: list[int] = []  # tokens x_{j+1} of the committed head pairs j = 0..len-1
-        self.feats = torch.empty(max(64, 2 * len(prompt)), self.head.cfg.hidden_size, dtype=self.kv.k.dtype,
+        self.n_pairs = 0  # committed head pairs j = 0..n_pairs-1: (f_j, x_{j+1}) in the head's KV
+        self.feats = torch.empty(max(64, 2 * len(tokens)), self.head.cfg.hidden_size, dtype=self.kv.k.dtype,
                                  device=self.kv.k.device)  # [cap, H] target features f_0, f_1, ...
         self.n_feats = 0
-        self.kv.reserve(len(prompt) + self.max_nodes + 1)
+        self.kv.reserve(len(tokens) + self.max_nodes + 1)
+        if features is not None:
+            self.observe(features.hidden)
 
-    def observe(self, hidden: torch.Tensor, layer_inputs: dict | None = None) -> None:
+    def commit(self, tokens: list[int], features: Features | None = None) -> None:
+        super().commit(tokens)
+        self.observe(features.hidden[:len(tokens)])
+
+    def observe(self, hidden: torch.Tensor) -> None:
         """Append the target's features [n, H] of newly committed tokens."""
         n = hidden.shape[0]
         if self.n_feats + n > self.feats.shape[0]:
@@ -247,28 +256,26 @@ class EagleDrafter(TreeDrafter):
     def _logits(self, g: torch.Tensor) -> torch.Tensor:
         return self.lm_head(g.to(self.target.device, self.target.dtype))  # [.., V] (-inf outside a reduced vocab)
 
-    def _start(self, context: list[int]) -> torch.Tensor:
-        n = len(context)
-        if n < 2 or self.n_feats < n - 1:
+    def _start(self) -> torch.Tensor:
+        context, n = self.context, len(self.context)
+        if n < 2 or self.n_feats != n - 1:
             raise RuntimeError(f"EagleDrafter has target features of {self.n_feats} tokens but needs {n - 1} for a "
-                               f"context of {n}: call prefill and observe (minispec.generate does)")
-        keep = 0  # committed pairs that still match the context; always recompute the last one (the root's)
-        while keep < min(len(self.pairs), n - 2) and self.pairs[keep] == context[keep + 1]:
-            keep += 1
-        self.kv.rollback(len(self.pairs) - keep)
+                               f"context of {n}: hand them over with prefill and commit (minispec.generate does)")
+        keep = min(self.n_pairs, n - 2)  # committed pairs stay; the last (the root's) is recomputed for its g
+        self.kv.rollback(self.n_pairs - keep)
         new = context[keep + 1:]  # tokens x_{j+1} of pairs j = keep .. n-2
         self.kv.reserve(n + self.max_nodes)
         g = self._head(new, self.feats[keep:n - 1], torch.arange(keep, n - 1))  # [n-1-keep, H]
         self.kv.commit()
-        self.pairs = list(context[1:])
+        self.n_pairs = n - 1
         self.root_g, self.node_g = g[-1], []  # predicted features of the root and of added nodes
         self.tree = GrowingTree()
         return self._logits(g[-1])  # [V]
 
     def _extend(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
         feat = torch.stack([self.root_g if p < 0 else self.node_g[p] for p in parents])  # [n, H] parents' g
-        # the root's pair sits at position len(pairs) - 1: [n] root position + depth, [n, S] pairs + ancestors + self
-        positions, mask = self.tree.add(parents, len(self.pairs), self.feats.device)
+        # the root's pair sits at position n_pairs - 1: [n] root position + depth, [n, S] pairs + ancestors + self
+        positions, mask = self.tree.add(parents, self.n_pairs, self.feats.device)
         g = self._head(tokens, feat, positions, None if self.tree.is_chain else mask)  # [n, H]; a path: causal
         self.kv.commit()
         self.node_g += list(g)

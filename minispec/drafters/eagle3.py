@@ -18,7 +18,7 @@ Training-Time Test". Compared with EAGLE-1/2 (``drafters/eagle.py``) the head
 Key names follow the official checkpoints (``fc.weight``, ``midlayer.*``, ``norm.weight``,
 ``lm_head.weight``, ``d2t``, ``t2d``), so ``Eagle3Head.load_state_dict`` reads them as they are.
 
-Alignment in minispec (as for EAGLE-1): when ``propose(context)`` runs, the drafter has observed
+Alignment in minispec (as for EAGLE-1): when ``propose`` runs, ``prefill`` and ``commit`` have delivered
 the target features f_0..f_{n-2} of context[:-1]; the last context token x_{n-1} is the root.
 Head position j takes (x_{j+1}, f_j) at RoPE position j and predicts x_{j+2}; so head position
 n-2 (the root with f_{n-2}) scores the root's children. A tree node at depth d takes (its token,
@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from ..kv import KVCache
 from ..model import RMSNorm, apply_rope, rope_cos_sin
+from .base import Features
 from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
 from .registry import default_tree
 
@@ -213,12 +214,15 @@ class Eagle3Drafter(TreeDrafter):
     """EAGLE-3 drafting through ``TreeDrafter``: chains, static trees, EAGLE-2 dynamic trees.
 
     Args:
-        target: the target Transformer (its token embedding is used; its features arrive via ``observe``).
+        target: the target Transformer (its token embedding is used; its features arrive through
+            ``prefill`` and ``commit``).
         head: a trained ``Eagle3Head``.
         tree: a ``TreeSpec`` or its string form ('chain:5', 'eagle', '5,8,32', ...); default
             ``registry.DEFAULT_TREES['eagle3']``.
         capacity: the head's KV cache size in tokens (grown on demand).
     """
+
+    reads_features = True
 
     def __init__(self, target, head: Eagle3Head, tree: "TreeSpec | str | int | None" = None, capacity: int = 1024):
         super().__init__(tree if tree is not None else default_tree("eagle3"))
@@ -240,14 +244,20 @@ class Eagle3Drafter(TreeDrafter):
             raise ValueError(f"EAGLE-3 head (hidden {c.hidden_size}, vocab {c.vocab_size}) does not fit the target "
                              f"(hidden {t.d_model}, vocab {t.vocab_size})")
 
-    def prefill(self, prompt: list[int]) -> None:
+    def prefill(self, tokens: list[int], features: Features | None = None) -> None:
+        super().prefill(tokens)
         self.kv.reset()
-        self.forwards = 0
         self.pending: list[torch.Tensor] = []  # fused features [n, 3H] not yet run through the head
         self.observed = 0  # target features received (= committed head positions after _start)
+        if features is not None:
+            self.observe(features.layers)
+
+    def commit(self, tokens: list[int], features: Features | None = None) -> None:
+        super().commit(tokens)
+        self.observe({i: h[:len(tokens)] for i, h in features.layers.items()})
 
     @torch.inference_mode()
-    def observe(self, hidden: torch.Tensor, layer_inputs: dict[int, torch.Tensor]) -> None:
+    def observe(self, layer_inputs: dict[int, torch.Tensor]) -> None:
         """Receive the target's features of newly committed tokens: layer_inputs {i: [n, H]}."""
         fused = torch.cat([layer_inputs[i] for i in self.target_layers], dim=-1)  # [n, 3H] low, mid, high
         self.pending.append(fused.to(self.head.fc.weight.dtype))
@@ -256,11 +266,12 @@ class Eagle3Drafter(TreeDrafter):
     def _emb(self, tokens: list[int]) -> torch.Tensor:
         return self.embed(torch.tensor([tokens], device=self.embed.weight.device)).to(self.head.fc.weight.dtype)
 
-    def _start(self, context: list[int]) -> torch.Tensor:
+    def _start(self) -> torch.Tensor:
+        context = self.context
         n, done = len(context), self.kv.length
         if self.observed != n - 1 or not self.pending:
             raise RuntimeError(f"EAGLE-3 drafter has features of {self.observed} tokens and {done} cached; a context of "
-                               f"{n} needs {n - 1} (call prefill and hand over features with observe)")
+                               f"{n} needs {n - 1} (hand them over with prefill and commit)")
         feats = torch.cat(self.pending)[None]  # [1, T, 3H] positions done..n-2
         self.pending = []
         self.kv.reserve(n + self.max_nodes + 1)

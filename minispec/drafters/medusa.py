@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .base import Features
 from .tree_drafter import TreeDrafter, TreeSpec
 from .registry import default_tree
 
@@ -76,12 +77,13 @@ class MedusaDrafter(TreeDrafter):
     """Medusa heads as a ``TreeDrafter``; the tree's depth is at most K.
 
     Args:
-        target: the target Transformer (its LM head is shared; features arrive via ``observe``).
+        target: the target Transformer (its LM head is shared; features arrive through ``prefill``
+            and ``commit``).
         heads: ``MedusaHeads``.
         tree: a ``TreeSpec`` or its string form; default Medusa's static tree.
     """
 
-    target_layers = ()
+    reads_features = True
 
     def __init__(self, target, heads: MedusaHeads, tree: "TreeSpec | str | int | None" = None):
         super().__init__(tree if tree is not None else default_tree("medusa"))
@@ -101,19 +103,27 @@ class MedusaDrafter(TreeDrafter):
             raise ValueError(f"Medusa heads (hidden {h.hidden}, vocab {h.vocab_size}) do not fit the target "
                              f"(hidden {t.d_model}, vocab {t.vocab_size})")
 
-    def prefill(self, prompt: list[int]) -> None:
-        self.forwards, self.observed, self.last = 0, 0, None
+    def prefill(self, tokens: list[int], features: Features | None = None) -> None:
+        super().prefill(tokens)
+        self.observed, self.last = 0, None
+        if features is not None:
+            self.observe(features.hidden)
 
-    def observe(self, hidden: torch.Tensor, layer_inputs: dict) -> None:
+    def commit(self, tokens: list[int], features: Features | None = None) -> None:
+        super().commit(tokens)
+        self.observe(features.hidden[:len(tokens)])
+
+    def observe(self, hidden: torch.Tensor) -> None:
         """Keep the last committed token's hidden state [H] (the heads read nothing else)."""
         self.last = hidden[-1]
         self.observed += hidden.shape[0]
 
     @torch.inference_mode()
-    def _start(self, context: list[int]) -> torch.Tensor:
-        if self.last is None or self.observed != len(context) - 1:
-            raise RuntimeError(f"Medusa drafter has features of {self.observed} tokens; a context of {len(context)} "
-                               f"needs {len(context) - 1} (call prefill and hand over features with observe)")
+    def _start(self) -> torch.Tensor:
+        n = len(self.context)
+        if self.last is None or self.observed != n - 1:
+            raise RuntimeError(f"Medusa drafter has features of {self.observed} tokens; a context of {n} "
+                               f"needs {n - 1} (hand them over with prefill and commit)")
         w = self.lm_head.weight
         self._logits = self.heads(self.last.to(w.dtype), w)  # [K, V] head i: depth i + 1
         self._depths = []

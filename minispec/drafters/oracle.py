@@ -16,7 +16,7 @@ the root, the shape of an EAGLE-2 tree), drawn so that none is the target's toke
 verify work but never change what is accepted, so tau stays the chain's formula for depth k: the
 oracle tree measures the cost of a tree of that size at a known tau.
 
-Drafts are deterministic given the seed and are verified with one-hot q (``q_kind = "onehot"``),
+Drafts are deterministic given the seed and are verified with one-hot q (its trees carry no q),
 so the oracle is lossless under sampling too, but its stream only matches greedy decoding: when
 the context leaves the stream (sampling, or a GPU forward whose bf16 logits break a near-tie
 differently from the vanilla run), the oracle proposes nothing from then on and counts it in
@@ -35,6 +35,7 @@ import torch
 
 from ..sampling import SamplingParams
 from ..tree import Tree
+from .base import Drafter
 
 
 def expected_tau(p_corrupt: float, k: int) -> float:
@@ -64,7 +65,7 @@ def tree_shape(depth: int, nodes: int) -> tuple[list[int], list[int]]:
     return parents, spine
 
 
-class OracleDrafter:
+class OracleDrafter(Drafter):
     """Drafts the next k tokens of a known greedy stream, each corrupted with probability p_corrupt.
 
     Args:
@@ -76,8 +77,6 @@ class OracleDrafter:
         tree_nodes: total draft nodes per step (>= k); the extra ones are wrong siblings.
         vocab_size: token ids of corruptions and siblings are drawn below it (default: max(stream) + 1).
     """
-
-    q_kind = "onehot"
 
     def __init__(self, stream: Sequence[int], k: int = 5, p_corrupt: float = 0.2, seed: int = 0,
                  tree_nodes: int | None = None, vocab_size: int | None = None):
@@ -106,7 +105,8 @@ class OracleDrafter:
         if self.vocab_size > target.cfg.vocab_size:
             raise ValueError(f"oracle vocabulary {self.vocab_size} exceeds the target's {target.cfg.vocab_size}")
 
-    def prefill(self, prompt: list[int]) -> None:
+    def prefill(self, tokens: list[int], features=None) -> None:
+        super().prefill(tokens)
         self.gen.manual_seed(self.seed)
         self.off_stream = self.checked = 0
 
@@ -123,9 +123,8 @@ class OracleDrafter:
         bad = torch.rand(len(truth), generator=self.gen) < self.p_corrupt  # [k]
         return [self._other({t}) if b else t for t, b in zip(truth, bad.tolist())]
 
-    def propose(self, context: list[int], params: SamplingParams, budget: int,
-                generator: torch.Generator | None = None) -> Tree:
-        n = len(context)
+    def propose(self, params: SamplingParams, budget: int, generator: torch.Generator | None = None) -> Tree:
+        context, n = self.context, len(self.context)
         if self.off_stream or context[self.checked:n] != self.stream[self.checked:n]:
             self.off_stream += 1  # the context has left the stream: no more drafts
             return Tree([], [])

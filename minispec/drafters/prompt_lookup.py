@@ -13,15 +13,14 @@ import torch
 
 from ..sampling import SamplingParams
 from ..tree import Tree
+from .base import Drafter
 
 
-class PromptLookup:
+class PromptLookup(Drafter):
     """Args:
         k: most tokens drafted per step.
         max_ngram, min_ngram: try suffix n-grams from longest to shortest.
     """
-
-    q_kind = "onehot"
 
     def __init__(self, k: int = 8, max_ngram: int = 3, min_ngram: int = 1):
         if k < 1 or not 1 <= min_ngram <= max_ngram:
@@ -32,15 +31,11 @@ class PromptLookup:
     def __repr__(self):
         return f"PromptLookup(k={self.k}, ngram={self.min_ngram}..{self.max_ngram})"
 
-    def prefill(self, prompt: list[int]) -> None:
-        pass
-
-    def propose(self, context: list[int], params: SamplingParams, budget: int,
-                generator: torch.Generator | None = None) -> Tree:
+    def propose(self, params: SamplingParams, budget: int, generator: torch.Generator | None = None) -> Tree:
         k = min(self.k, budget)
         if k <= 0:
             return Tree([], [])
-        return Tree.chain(self.lookup(context, k))
+        return Tree.chain(self.lookup(self.context, k))  # deterministic drafts: no q, verified as one-hot
 
     def lookup(self, context: list[int], k: int) -> list[int]:
         """The up to k tokens after the most recent earlier occurrence of the longest matching suffix n-gram."""

@@ -2,7 +2,8 @@
 
 A branching drafter (draft model, EAGLE heads, Medusa heads) implements three hooks:
 
-    _start(context)          -> logits [V] of the root's children (the root is context[-1])
+    _start()                 -> logits [V] of the root's children (the root is self.context[-1];
+                                ``prefill`` / ``commit`` keep self.context, see ``base.Drafter``)
     _extend(tokens, parents) -> logits [n, V] of the children of n new nodes; parents index the
                                 nodes added since _start (-1 = the root). Called level by level,
                                 so a node's ancestors are always in the drafter's state already.
@@ -10,8 +11,8 @@ A branching drafter (draft model, EAGLE heads, Medusa heads) implements three ho
 
 and ``TreeDrafter.propose`` turns them into a ``Tree`` of one of three shapes (``TreeSpec``):
 
-    chain    depth k; each draft sampled from q (q_kind "real", verified by Leviathan/Chen), the
-             argmax when greedy.
+    chain    depth k; each draft sampled from q (the tree carries q: verified by Leviathan/Chen),
+             the argmax when greedy.
     static   a choices list (EAGLE / Medusa ``mc_sim_7b_63``): node i is the ranks[i]-th most
              likely child of its parent. Deterministic drafts, verified as one-hot q (lossless).
     dynamic  EAGLE-2: a node's score is the product of draft probabilities along its path (its
@@ -38,6 +39,7 @@ import torch
 
 from ..sampling import SamplingParams, probs, sample
 from ..tree import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63, Tree, parse_choices
+from .base import Drafter
 
 STATIC_TREES = {"eagle": EAGLE_MC_SIM_7B_63, "medusa": MEDUSA_MC_SIM_7B_63}
 
@@ -152,24 +154,20 @@ class GrowingTree:
         return (depth + committed - 1).to(device), mask.to(device)
 
 
-class TreeDrafter:
+class TreeDrafter(Drafter):
     """Base class: ``propose`` for chains, static and dynamic trees on top of three hooks."""
 
     def __init__(self, tree: "TreeSpec | str | int" = 4):
         self.spec = TreeSpec.parse(tree)
         self.forwards = 0  # draft forwards (one per _start / _extend call that runs the model)
-
-    @property
-    def q_kind(self) -> str:
-        """Chains are sampled from q ("real"); trees are deterministic top-k drafts ("onehot")."""
-        return "real" if self.spec.kind == "chain" else "onehot"
+        self.context: list[int] = []
 
     @property
     def max_nodes(self) -> int:
         return self.spec.max_nodes
 
     # --- hooks ------------------------------------------------------------------------------
-    def _start(self, context: list[int]) -> torch.Tensor:
+    def _start(self) -> torch.Tensor:
         raise NotImplementedError
 
     def _extend(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
@@ -178,18 +176,14 @@ class TreeDrafter:
     def _end(self) -> None:
         pass
 
-    def prefill(self, prompt: list[int]) -> None:
-        pass
-
     # --- proposals --------------------------------------------------------------------------
     @torch.inference_mode()
-    def propose(self, context: list[int], params: SamplingParams, budget: int,
-                generator: torch.Generator | None = None) -> Tree:
-        """Draft a tree after ``context`` (its last token is the root), at most ``budget`` deep."""
+    def propose(self, params: SamplingParams, budget: int, generator: torch.Generator | None = None) -> Tree:
+        """Draft a tree after ``self.context`` (its last token is the root), at most ``budget`` deep."""
         depth = min(self.spec.depth, budget)
         if depth <= 0:
             return Tree([], [])
-        logits = self._start(context)  # [V]
+        logits = self._start()  # [V]
         try:
             if self.spec.kind == "chain":
                 return self._chain(logits, depth, params, generator)

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn as nn
 
+from minispec.drafters.base import Features
 from minispec.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
 from minispec.drafters.eagle3 import Eagle3Config, Eagle3Head
 from minispec.drafters.eagle3 import build_vocab_map as lib_build_vocab_map
@@ -45,7 +46,7 @@ def _stub_target(embedding: torch.Tensor):
 def library_eagle_input(embedding: torch.Tensor, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
     """What ``EagleDrafter`` feeds its head's ``fc`` for this context, captured with a pre-hook.
 
-    The drafter gets ``features`` through ``observe`` (as ``minispec.generate`` hands them over)
+    The drafter gets ``features`` through ``prefill`` (as ``minispec.generate`` hands them over)
     and drafts one token; the hook records the [n-1, 2H] rows of its first head call.
     """
     V, H = embedding.shape
@@ -56,9 +57,8 @@ def library_eagle_input(embedding: torch.Tensor, tokens: list[int], features: to
     hook = head.fc.register_forward_pre_hook(lambda mod, args: seen.append(args[0][0].clone()))
     try:
         d = EagleDrafter(target, head, tree="chain:1")
-        d.prefill(list(tokens[:-1]))
-        d.observe(features)
-        d.propose(list(tokens), GREEDY, budget=1)
+        d.prefill(list(tokens), Features(features))
+        d.propose(GREEDY, budget=1)
     finally:
         hook.remove()
     return seen[0]  # [n-1, 2H]

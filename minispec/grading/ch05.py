@@ -63,7 +63,7 @@ class PathDrafter(TreeDrafter):
         self.next_logits = next_logits
         self._paths: list[tuple] = []
 
-    def _start(self, context):
+    def _start(self):
         self._paths = []
         return self.next_logits(())
 
@@ -76,7 +76,9 @@ class PathDrafter(TreeDrafter):
 
 def library_dynamic_tree(next_logits, depth: int, top_k: int, total_tokens: int):
     """(tokens, parents) of ``TreeDrafter._dynamic`` on the toy model ``next_logits``."""
-    tree = PathDrafter(next_logits, TreeSpec.dynamic(depth, top_k, total_tokens)).propose([0], GREEDY, budget=depth)
+    drafter = PathDrafter(next_logits, TreeSpec.dynamic(depth, top_k, total_tokens))
+    drafter.prefill([0])  # a context of one token: the root
+    tree = drafter.propose(GREEDY, budget=depth)
     return tree.tokens, tree.parents
 
 

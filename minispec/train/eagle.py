@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from ..benchinfo import device_info, versions
 from ..config import cache_dir
+from ..drafters.base import Features
 from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from ..sampling import GREEDY
 from .data import TARGET, eagle_features, training_sequences
@@ -127,19 +128,17 @@ def evaluate(head: EagleHead, target, seqs, feats, depth: int = 5, tau_seqs: int
         toks, P = seqs[i].tokens.tolist(), seqs[i].prompt_len
         greedy = feats[i]["top_idx"][:, 0].tolist()  # greedy[t]: the target's token after toks[:t+1]
         h = feats[i]["hidden"].float()
-        drafter.prefill(toks[:P])
-        drafter.observe(h[:P])
-        t, n_feat = P, P  # toks[t] is the root (committed); features of toks[:t] were observed
-        committed, forwards = committed + 1, forwards + 1  # the prefill emits toks[P]
+        drafter.prefill(toks[:P + 1], Features(h[:P]))  # the prefill emits toks[P], the first root
+        t = P  # toks[t] is the root (committed); the drafter holds the features of toks[:t]
+        committed, forwards = committed + 1, forwards + 1
         while t + 1 < len(toks):
-            tree = drafter.propose(toks[:t + 1], GREEDY, budget=len(toks) - t - 1)
+            tree = drafter.propose(GREEDY, budget=len(toks) - t - 1)
             a = 0
             while a < len(tree.tokens) and tree.tokens[a] == greedy[t + a] == toks[t + a + 1]:
                 a += 1
             step = min(a + 1, len(toks) - 1 - t)
+            drafter.commit(toks[t + 1:t + 1 + step], Features(h[t:t + step]))
             committed, forwards, t = committed + step, forwards + 1, t + step
-            drafter.observe(h[n_feat:t])
-            n_feat = t
     head.train(was)
     out = {"acceptance": hits / total, "positions": total}
     if forwards:
