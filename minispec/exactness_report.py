@@ -8,7 +8,10 @@ Three parts, each a list of records:
                  GPT-2-architecture target and draft (``gpt2`` / ``distilgpt2`` where a hub
                  or cache has them, else the seeded ``tiny-gpt2`` / ``tiny-gpt2-draft``), at
                  several temperatures with top-k / top-p truncation (support <= 20 tokens),
-                 plus small synthetic pairs. Pass: TV below the stated bound and a chi-square
+                 plus small synthetic pairs. Reduced draft vocabulary (FR-Spec, as the EAGLE
+                 drafters use it, ``minispec.drafters.vocab``): q drafts over a subset that
+                 misses every other token of p's top 20, so q = 0 where p > 0 and only the
+                 residual can emit those tokens. Pass: TV below the stated bound and a chi-square
                  p-value above 0.001 / (number of settings) (Bonferroni).
     controls     deliberately wrong verifiers; they must be flagged as failing and do not
                  count toward the exit status.
@@ -35,7 +38,17 @@ MODEL_SETTINGS = {  # name -> SamplingParams; top-k 20 keeps the support at most
     "t0.7_topk20": SamplingParams(0.7, 20, 1.0),
     "t1.0_topk20_topp0.9": SamplingParams(1.0, 20, 0.9),
 }
+REDUCED_VOCAB = ("t1.0_topk20", "t0.7_topk20")  # settings also run with a reduced draft vocabulary
 PROMPT = "The quick brown fox jumps over the lazy dog. Speculative decoding is"
+
+
+def reduced_vocab(lp: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
+    """The draft's logits [V] over a reduced vocabulary: every other token of p's top 20 (ranks
+    2, 4, ..., 20) is left out (-inf), as a frequency-ranked draft vocabulary leaves out rare
+    tokens the target may still want."""
+    out = lq.clone()
+    out[lp.topk(20).indices[1::2]] = float("-inf")
+    return out
 
 
 def model_pair():
@@ -59,8 +72,10 @@ def run_model_suite(n_samples: int, tv_limit: float | None, alpha: float, seed: 
     tname, dname, lp, lq = model_pair()
     g = torch.Generator().manual_seed(seed)
     records, controls = [], []
-    for sname, params in MODEL_SETTINGS.items():
-        p, q = probs(lp, params), probs(lq, params)
+    settings = [(s, params, lq) for s, params in MODEL_SETTINGS.items()] + \
+               [(f"{s}_reduced_vocab", MODEL_SETTINGS[s], reduced_vocab(lp, lq)) for s in REDUCED_VOCAB]
+    for sname, params, lq_s in settings:
+        p, q = probs(lp, params), probs(lq_s, params)
         support = (p > 0).nonzero().flatten()  # compare on p's support (<= 20 tokens)
         for name, table, out in [(v, ex.VERIFIERS, records) for v in MODEL_VERIFIERS] + \
                                 [(c, ex.CONTROLS, controls) for c in ex.CONTROLS]:
@@ -79,7 +94,8 @@ def run_model_suite(n_samples: int, tv_limit: float | None, alpha: float, seed: 
 def run_all(full: bool, samples: int | None = None, seed: int = 0) -> dict:
     """Run the three parts; returns the report dict (``passed`` is the overall verdict)."""
     n = samples or (100_000 if full else 4_000)
-    n_settings = len(MODEL_SETTINGS) * len(MODEL_VERIFIERS) + len(ex.EMPIRICAL_VERIFIERS)  # + the synthetic suite
+    n_model = len(MODEL_SETTINGS) + len(REDUCED_VOCAB)
+    n_settings = n_model * len(MODEL_VERIFIERS) + len(ex.EMPIRICAL_VERIFIERS)  # + the synthetic suite
     alpha = 0.001 / n_settings
     tv_limit = 0.01 if full else None  # fast mode: the sample-size bound of exactness.tv_bound
     enum, enum_controls = ex.run_enumeration_suite(seed)

@@ -23,6 +23,8 @@ def test_every_verifier_passes_and_every_control_is_flagged(report):
         assert {"tv", "p_value", "samples", "passed"} <= set(r) and r["samples"] == 3000
     assert any(r["setting"].startswith("tiny-gpt2/") for r in report["empirical"])  # real model distributions
     assert all(r["support"] <= 20 for r in report["empirical"] if "support" in r)
+    reduced = [r for r in report["empirical"] if r["setting"].endswith("_reduced_vocab")]  # FR-Spec drafting
+    assert len(reduced) == 2 * 5 and all(r["passed"] for r in reduced)
     n = len(report["empirical"])  # the Bonferroni correction counts every empirical setting that was run
     assert report["criteria"]["chi_square_correction"] == f"Bonferroni over {n} empirical settings"
     assert report["criteria"]["chi_square_alpha"] == pytest.approx(0.001 / n)
