@@ -16,6 +16,10 @@ Notation: scores s = q k^T / sqrt(hd); lse = log sum_j exp(s_j) (natural log) pe
 out = softmax(s) v. A row that sees no key has lse = -inf and out = 0. Work in the inputs'
 dtype (the grader uses float64).
 
+Exercise 6.5 is a Triton kernel (the merge of 6.1, one program per block of rows). Without a GPU
+it runs in Triton's interpreter on CPU tensors: this file switches it on before ``@triton.jit``
+runs, unless TRITON_INTERPRET is already set.
+
 Check your work: ``python -m minispec grade 6``, or ``minispec.grading.check("6.1")``, or
 ``pytest tests/test_exercises.py -m ch06 --impl exercises``.
 """
@@ -23,8 +27,15 @@ Check your work: ``python -m minispec grade 6``, or ``minispec.grading.check("6.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
+
+if not torch.cuda.is_available():  # no GPU: Triton's interpreter; must be on before @triton.jit decorates below
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 
 def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
@@ -94,3 +105,40 @@ def split_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pref
     """
     # EXERCISE 6.4: combine 6.1-6.3 into split tree attention (with grouped-query heads)
     raise NotImplementedError("Exercise 6.4: combine 6.1-6.3 into split tree attention (with grouped-query heads)")
+
+
+@triton.jit
+def merge_kernel(OP, LP, OS, LS, Out, R, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The merge of 6.1 as a Triton kernel: program i handles rows i * BLOCK_R ... i * BLOCK_R + BLOCK_R - 1.
+
+    Out[r] = (exp(LP[r] - m) OP[r] + exp(LS[r] - m) OS[r]) / (exp(LP[r] - m) + exp(LS[r] - m)),
+    m = max(LP[r], LS[r]). A part with lse = -inf (empty) gets weight 0; a row whose parts are
+    both empty gets Out = 0 (no nan).
+
+    Args:
+        OP, OS: pointers to the partial outputs, contiguous [R, D] (row r starts at r * D), float32.
+        LP, LS: pointers to their log-sum-exps, [R].
+        Out: pointer to the merged output, contiguous [R, D].
+        R, D: rows and head dim (any values: mask rows >= R and columns >= D).
+        BLOCK_R: rows per program (power of two); BLOCK_D: a power of two >= D.
+    """
+    # EXERCISE 6.5: the merge as a Triton kernel: program_id, arange offsets, masked tl.load / tl.store
+    raise NotImplementedError("Exercise 6.5: the merge as a Triton kernel: program_id, arange offsets, masked tl.load / tl.store")
+
+
+def merge_triton(out_p: torch.Tensor, lse_p: torch.Tensor, out_s: torch.Tensor, lse_s: torch.Tensor,
+                 block_r: int = 16) -> torch.Tensor:
+    """Launch ``merge_kernel`` (given, not an exercise): one program per ``block_r`` rows.
+
+    Args:
+        out_p, out_s: [R, D]; lse_p, lse_s: [R] (CPU tensors under the interpreter, else CUDA).
+        block_r: rows per program (a power of two).
+    Returns:
+        out [R, D] float32, equal to ``merge_partials(out_p, lse_p, out_s, lse_s)[0]``.
+    """
+    R, D = out_p.shape
+    out_p, lse_p, out_s, lse_s = (x.float().contiguous() for x in (out_p, lse_p, out_s, lse_s))
+    out = torch.empty_like(out_p)
+    merge_kernel[(triton.cdiv(R, block_r),)](out_p, lse_p, out_s, lse_s, out, R, D,
+                                             BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(D))
+    return out

@@ -54,9 +54,12 @@ print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
 # 2. See the mask split: prefix all-visible, tree block masked.
 # 3. Read the Triton kernels: split-k prefix with the online softmax, masked suffix, merge;
 #    check them against the PyTorch references (on CPU through the Triton interpreter).
-# 4. Switch the model's attention backend and check greedy decoding is unchanged.
-# 5. Read a decode-attention roofline: attention at verify time is bound by memory bandwidth.
-# 6. Implement exercises 6.1–6.4 and grade them.
+# 4. Write the merge as a Triton kernel yourself (exercise 6.5, Triton-Puzzles style), graded
+#    under the interpreter.
+# 5. Switch the model's attention backend and check greedy decoding is unchanged.
+# 6. Read a decode-attention roofline built from measured numbers: arithmetic intensity against
+#    achieved FLOP/s, under the device's memory and compute roofs.
+# 7. Implement exercises 6.1–6.5 and grade them.
 #
 # References: Dao et al., *FlashAttention* (2022) — online softmax; Dao et al.,
 # *Flash-Decoding for long-context inference* (2023) — split-k + merge; Meta's EAGLE serving
@@ -92,7 +95,49 @@ a, b = attention_with_lse(q, k[:30], v[:30]), attention_with_lse(q, k[30:], v[30
 merged, merged_lse = merge(*a, *b, return_lse=True)
 print(f"max |merged - whole| = {(merged - whole).abs().max():.2e}, "
       f"max |lse diff| = {(merged_lse - lse).abs().max():.2e}")
-print(inspect.getsource(merge))
+
+# %% [markdown]
+# ## 1b. Triton puzzle: the merge as a kernel (exercise 6.5)
+#
+# Before reading the library's kernels (section 4), write the smallest one yourself: the merge
+# above for $R$ rows of head dim $D$, inputs `out_p [R, D]`, `lse_p [R]`, `out_s [R, D]`,
+# `lse_s [R]`. Triton in five lines:
+#
+# * **Programs.** `kernel[grid](...)` runs the function once per program; `tl.program_id(0)`
+#   says which. Here `grid = (cdiv(R, BLOCK_R),)`: program $i$ owns rows
+#   $i \cdot$ `BLOCK_R` $\ldots$ $(i+1) \cdot$ `BLOCK_R` $- 1$.
+# * **Blocks.** Values are whole tiles: `tl.arange(0, BLOCK_R)` is a vector of `BLOCK_R` row
+#   indices (a `tl.constexpr`, a power of two), `r[:, None] * D + d[None, :]` a
+#   `[BLOCK_R, BLOCK_D]` tile of element offsets. Arithmetic (`tl.exp`, `tl.maximum`,
+#   `tl.where`) works elementwise on tiles, with broadcasting as in torch.
+# * **Pointers.** Tensor arguments arrive as pointers to their first element;
+#   `ptr + offsets` is a tile of addresses.
+# * **Masks.** The last program's rows past $R$ and the columns past $D$ (when $D$ is not a
+#   power of two) do not exist: `tl.load(ptr + offs, mask=ok, other=x)` reads `x` there and
+#   `tl.store(ptr + offs, val, mask=ok)` leaves them alone.
+# * **Here** the kernels run in Triton's interpreter (numpy on CPU): same code, same
+#   results, no GPU — slow, so the checks use small $R$.
+#
+# The empty part is the trap: with `lse_p = lse_s = -inf`, $m = -\infty$ and
+# $e^{-\infty - (-\infty)}$ is nan. Write `merge_kernel` in `exercises/ch06_split_attention.py`
+# (the launcher `merge_triton` is given); the check compares it with the PyTorch merge on
+# several $(R, D, \texttt{BLOCK\_R})$, rows past the last block, $D = 24$, empty parts and
+# $\ell \approx 1000$.
+
+# %%
+from minispec.grading import check, load_impl  # check("6.5"): grade one exercise (prints, never raises)
+
+mine = load_impl(6, "exercises")
+print(inspect.getsource(mine.merge_kernel.fn))   # @triton.jit wraps the function: .fn is your source
+print(inspect.getsource(mine.merge_triton))      # the given launcher
+try:                                              # try yours on the example of section 1 (R=4, D=16)
+    got = mine.merge_triton(*a, *b, block_r=2)
+    print(f"your kernel: max |merge_triton - merge| = {(got - merged).abs().max():.2e}")
+except Exception as e:
+    print(f"your kernel does not run yet: {type(e).__name__}: {e}"[:300])
+
+# %%
+check("6.5")
 
 # %% [markdown]
 # ## 2. The picture: a tree after a prefix
@@ -252,6 +297,102 @@ else:
         print("note:", n)
 
 # %% [markdown]
+# ### The roofline, from the measured times
+#
+# For each measured configuration (batch $B$, $H$ query / $H_{kv}$ KV heads, head dim $d$,
+# $T$ tree tokens attending to $S = P + T$ keys, $b$ bytes per element):
+#
+# $$\text{FLOPs} = 4\,B\,T\,S\,H\,d \quad (q k^\top \text{ and } p\,v\text{: } 2 \text{ flops per multiply-add}),$$
+# $$\text{bytes} = \underbrace{2\,B\,S\,H_{kv}\,d\,b}_{K,\,V \text{ read}} + \underbrace{2\,B\,T\,H\,d\,b}_{Q \text{ read},\ O \text{ written}},
+# \qquad I = \text{FLOPs} / \text{bytes} \;\approx\; \frac{2\,G\,T}{b} \text{ for } S \gg T.$$
+#
+# The achieved FLOP/s is FLOPs / measured median time (and bytes/s likewise); the roofs
+# are the device's copy bandwidth times $I$ (memory roof) and a large matmul's FLOP/s
+# (compute roof, measured here). A point's height under $\min(\text{roofs})$ is what the
+# kernel leaves on the table. Bytes count only Q, K, V, O: the dense kernel's mask and the
+# softmax intermediates are extra traffic the formula does not charge.
+#
+# Where the points land depends on the device and dtype: the ridge $I^* = $ peak FLOP/s /
+# bandwidth is a few flop/byte for one CPU core but hundreds on a GPU, and $I \approx 2GT/b$
+# grows with the tree. The committed CPU file (float32, $G = 4$, $T = 16$–$64$) sits right of a
+# CPU core's ridge — compute-bound there — while the same shapes in bf16 sit far left of a
+# GPU's: memory-bound, which is why the GPU yardstick above is GB/s against a copy.
+
+# %%
+import time
+
+if path is not None:
+    threads = bench["device"].get("torch_threads")
+    el = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+    pts = []  # (name, label, intensity, FLOP/s, bytes/s)
+    for r in bench["results"]:
+        B_, T_, H_, Hkv_, d_ = r["batch"], r["tree"], r["heads"], r["kv_heads"], r["head_dim"]
+        S_, b_ = r["ctx"] + T_, el[r["dtype"]]
+        flops = 4 * B_ * T_ * S_ * H_ * d_
+        nbytes = 2 * B_ * S_ * Hkv_ * d_ * b_ + 2 * B_ * T_ * H_ * d_ * b_
+        assert 2 * B_ * S_ * Hkv_ * d_ * b_ == r["kv_bytes"]  # the benchmark's own K/V byte count agrees
+        for name, t in r["median_s"].items():
+            pts.append((name, f"P={r['ctx']} T={T_}", flops / nbytes, flops / t, nbytes / t))
+
+    # compute roof: a large matmul in the benchmark's dtype, device and thread count (best of a few)
+    mdev = "cuda" if bench["device"].get("cuda") and torch.cuda.is_available() else "cpu"
+    n = (2048 if FAST else 4096) if mdev == "cuda" else (1024 if FAST else 2048)
+    dtype_name = bench["results"][0]["dtype"]
+    dt = getattr(torch, dtype_name)
+    old_threads = torch.get_num_threads()
+    if mdev == "cpu" and threads:
+        torch.set_num_threads(threads)
+    xa, xb = torch.randn(n, n, device=mdev, dtype=dt), torch.randn(n, n, device=mdev, dtype=dt)
+    xa @ xb  # warm-up
+    best = float("inf")
+    for _ in range(5):
+        if mdev == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter(); xa @ xb
+        if mdev == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    torch.set_num_threads(old_threads)
+    peak = 2 * n ** 3 / best
+    here = (torch.cuda.get_device_name() if mdev == "cuda" else
+            next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "CPU")
+            if Path("/proc/cpuinfo").exists() else platform.processor() or "CPU")
+    bw_bytes = bw * 1e9
+    print(f"memory roof: copy {bw:.1f} GB/s ({path.name}, {devname}, {threads} thread(s))")
+    print(f"compute roof: {n}x{n} {dtype_name} matmul {peak / 1e9:.1f} GFLOP/s, measured now on {here}"
+          + (f" with {threads} thread(s)" if mdev == "cpu" else ""))
+    if here != devname:
+        print(f"  (the points come from {devname}, the compute roof from this machine: rerun "
+              "benchmarks/bench_attention.py here for a matched pair)")
+    print(f"ridge point: {peak / bw_bytes:.1f} flop/byte")
+    print(f"{'kernel':>12} {'config':>14} {'flop/byte':>9} {'GFLOP/s':>8} {'GB/s':>7} {'% of roof':>9}")
+    for name, lab, I, fl, bs in pts:
+        print(f"{name:>12} {lab:>14} {I:9.2f} {fl / 1e9:8.2f} {bs / 1e9:7.2f} {100 * fl / min(peak, bw_bytes * I):8.1f}%")
+    if any(fl > min(peak, bw_bytes * I) for _, _, I, fl, _ in pts):
+        print("points above the roof: the roof is not this device's true peak (a different machine, or a matmul "
+              "that does not reach it)")
+    right = sum(I > peak / bw_bytes for _, _, I, _, _ in pts)
+    print(f"{right} of {len(pts)} points lie right of the ridge (compute-bound side), {len(pts) - right} left of it")
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    xs = torch.logspace(-1, 3, 200).tolist()
+    ax.plot(xs, [min(peak, bw_bytes * x) for x in xs], "k-", lw=2,
+            label=f"roof: min({peak / 1e9:.0f} GFLOP/s matmul, {bw:.1f} GB/s copy x I)")
+    ax.axhline(peak, color="k", ls=":", lw=1)
+    marker = {"dense": "o", "causal": "s", "split_torch": "^", "split_triton": "v", "flex": "D"}
+    for name in dict.fromkeys(p_[0] for p_ in pts):
+        mine_pts = [(I, fl) for nm, _, I, fl, _ in pts if nm == name]
+        ax.scatter(*zip(*mine_pts), marker=marker.get(name, "x"), s=50, label=name, zorder=3)
+    for name, lab, I, fl, _ in pts:
+        if name == "dense":
+            ax.annotate(lab, (I, fl), textcoords="offset points", xytext=(5, -10), fontsize=7)
+    ax.set_xscale("log"); ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity I (flop / byte of Q, K, V, O)"); ax.set_ylabel("achieved FLOP/s")
+    ax.set_title(f"decode-attention roofline: {devname} ({path.name}); compute roof measured on {here}", fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    plt.show()
+
+# %% [markdown]
 # ## Exercises
 #
 # Implement the functions in `exercises/ch06_split_attention.py` (generated from
@@ -265,6 +406,7 @@ else:
 # | 6.2 | `masked_attention_lse` | masked attention that returns the row log-sum-exps (the tree suffix) |
 # | 6.3 | `tiled_attention` | the online softmax over key tiles (the prefix) |
 # | 6.4 | `split_tree_attention` | 6.3 + 6.2 + 6.1 with grouped-query heads |
+# | 6.5 | `merge_kernel` | the merge as a Triton kernel: program ids, masked loads / stores (section 1b) |
 #
 # Grade from a terminal with `python -m minispec grade 6` or
 # `pytest tests/test_exercises.py -m ch06 --impl exercises`; here with `check("6.1")` or
@@ -272,8 +414,6 @@ else:
 # raises: until you fill in the stubs every line says "not implemented yet").
 
 # %%
-from minispec.grading import check, load_impl
-
 mine = load_impl(6, "exercises")
 print(inspect.getsource(mine.merge_partials))
 check(6, impl="exercises")

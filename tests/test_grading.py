@@ -57,7 +57,7 @@ def test_exercises_keep_signatures_and_docstrings():
         sol, exe = (grading.load_impl(ch, pkg, reload=False) for pkg in ("solutions", "exercises"))
         assert inspect.getdoc(sol) == inspect.getdoc(exe)
         for ex in chapter_module(ch).EXERCISES:
-            f, g = getattr(sol, ex.name), getattr(exe, ex.name)
+            f, g = (getattr(getattr(m, ex.name), "fn", getattr(m, ex.name)) for m in (sol, exe))  # @triton.jit: .fn
             assert inspect.signature(f) == inspect.signature(g), ex.name
             assert f.__doc__ and f.__doc__ == g.__doc__, ex.name
             src = inspect.getsource(g)
@@ -529,3 +529,34 @@ def test_paged_kv_checks_catch_wrong_answers(ex_id, overrides, needle):
     passed, msg = ex.run(_with(ex.chapter, **overrides))
     assert not passed
     assert msg.startswith(f"Exercise {ex_id} {ex.name}: ") and needle in msg, msg
+
+
+# --------------------------------------------------------------------------- chapter 6 (Triton merge kernel): teeth
+def _merge_kernel_without_empty_guard():
+    import triton
+    import triton.language as tl
+
+    def kernel(OP, LP, OS, LS, Out, R, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        d = tl.arange(0, BLOCK_D)
+        ok = (r < R)[:, None] & (d < D)[None, :]
+        lse_p = tl.load(LP + r, mask=r < R, other=0.0)
+        lse_s = tl.load(LS + r, mask=r < R, other=0.0)
+        m = tl.maximum(lse_p, lse_s)  # -inf when both parts are empty: exp(-inf - -inf) = nan
+        w_p, w_s = tl.exp(lse_p - m), tl.exp(lse_s - m)
+        offs = r[:, None] * D + d[None, :]
+        num = w_p[:, None] * tl.load(OP + offs, mask=ok, other=0.0) + w_s[:, None] * tl.load(OS + offs, mask=ok,
+                                                                                             other=0.0)
+        tl.store(Out + offs, num / (w_p + w_s)[:, None], mask=ok)
+
+    return triton.jit(kernel)
+
+
+def test_triton_merge_kernel_exercise_passes_on_reference_catches_nan_and_stub_fails():
+    for impl in ("solutions", "minispec"):
+        passed, msg = find_exercise("6.5").run(grading.load_impl(6, impl, reload=False))
+        assert passed, (impl, msg)
+    passed, msg = find_exercise("6.5").run(grading.load_impl(6, "exercises", reload=False))
+    assert not passed and msg.startswith("Exercise 6.5 merge_kernel: not implemented yet"), msg
+    passed, msg = find_exercise("6.5").run(_with(6, merge_kernel=_merge_kernel_without_empty_guard()))
+    assert not passed and "nan" in msg and "empty parts" in msg, msg

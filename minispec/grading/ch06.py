@@ -4,15 +4,20 @@
     6.2 masked_attention_lse   masked attention returning the row log-sum-exps (the tree suffix)
     6.3 tiled_attention        online softmax over key tiles (the mask-free prefix)
     6.4 split_tree_attention   prefix + suffix + merge, with grouped-query heads
+    6.5 merge_kernel           the merge of 6.1 as a Triton kernel (one program per block of rows)
 
-Every check runs the learner's function on random float64 inputs and compares with softmax
+Checks 6.1-6.4 run the learner's function on random float64 inputs and compares with softmax
 attention computed directly over all keys (and with minispec.attention's own functions), to
-1e-9: the split is exact, so only float64 rounding separates correct answers.
+1e-9: the split is exact, so only float64 rounding separates correct answers. Check 6.5 launches
+the learner's kernel on float32 inputs (CPU tensors under TRITON_INTERPRET=1 when there is no
+GPU) and compares with ``minispec.attention.reference.merge`` in float64, to 1e-5.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import re
 from types import SimpleNamespace
 
 import torch
@@ -36,7 +41,32 @@ def library():
         tiled_attention=lambda q, k, v, block: ref.attention_with_lse(q, k, v),
         split_tree_attention=lambda q, k, v, prefix_len, tree_mask, block=16: ref.split_attention(q, k, v, prefix_len,
                                                                                                  tree_mask),
+        merge_kernel=_LibraryMergeKernel(),
     )
+
+
+def _triton_split():
+    """minispec.attention.triton_split, with the interpreter switched on first when there is no GPU."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when @triton.jit decorates the kernels
+    from minispec.attention import triton_split
+    return triton_split
+
+
+class _LibraryMergeKernel:
+    """minispec's own ``_merge_kernel`` (n partials, online) behind ``merge_kernel[grid](...)``'s signature."""
+
+    def __getitem__(self, grid):
+        def launch(OP, LP, OS, LS, Out, R, D, BLOCK_R, BLOCK_D):
+            ts = _triton_split()
+            O, L = torch.stack([OP, OS]), torch.stack([LP, LS])  # [2 parts, R, D], [2 parts, R]
+            ts._merge_kernel[(1, ts.triton.cdiv(R, BLOCK_R))](
+                O, L, Out, R, 2, 0, O.stride(0), O.stride(1), 0, L.stride(0), 0, Out.stride(0),
+                HEAD_DIM=D, BLOCK_T=BLOCK_R, BLOCK_D=BLOCK_D)
+        return launch
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError("launch a kernel with kernel[grid](...)")
 
 
 def _attention64(q, k, v, mask=None):
@@ -171,3 +201,52 @@ def check_split_tree_attention(impl):
             raise AssertionError(f"split_tree_attention must return a tensor, got {type(got).__name__}")
         _close(got, want, "out", where)
         _close(got, ref.split_attention(q, k, v, P, m), "out (vs minispec.attention.split_attention)", where)
+
+
+def _launch(kernel, out_p, lse_p, out_s, lse_s, block_r: int) -> torch.Tensor:
+    """The launcher of solutions/ch06's ``merge_triton``, for any kernel with merge_kernel's signature."""
+    R, D = out_p.shape
+    out = torch.full_like(out_p, float("nan"))  # rows the kernel forgets to store stay nan
+    block_d = 1 << max(D - 1, 0).bit_length()  # next power of two >= D
+    try:
+        kernel[(-(-R // block_r),)](out_p, lse_p, out_s, lse_s, out, R, D, BLOCK_R=block_r, BLOCK_D=block_d)
+    except NotImplementedError:
+        raise
+    except Exception as e:  # the interpreter / compiler wraps the kernel's own exceptions
+        m = re.search(r"NotImplementedError\(['\"](.*?)['\"]\)", f"{e!r} {e.__cause__!r}")
+        if m:
+            raise NotImplementedError(m[1]) from None
+        raise
+    return out
+
+
+@exercise(EXERCISES, "6.5", "merge_kernel")
+def check_merge_kernel(impl):
+    kernel = get(impl, "merge_kernel")
+    interp = os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available()
+    dev = "cpu" if interp else "cuda"
+    g = torch.Generator().manual_seed(65)
+    cases = [(1, 16, 16, ""), (37, 16, 16, ""), (50, 64, 32, ""), (12, 64, 4, ""), (9, 24, 8, ""),
+             (21, 64, 8, "empty"), (16, 16, 16, "shift")]  # (R, D, BLOCK_R, what)
+    for R, D, block_r, what in cases:
+        out_p, out_s = torch.randn(R, D, generator=g), torch.randn(R, D, generator=g)
+        lse_p, lse_s = torch.randn(R, generator=g) * 3, torch.randn(R, generator=g) * 3
+        where = f"for R={R} rows, D={D}, BLOCK_R={block_r}"
+        if what == "empty":  # rows 0, 3, 6, ...: prefix empty; 1, 4, ...: suffix empty; 2, 11, 20: both
+            lse_p[0::3], lse_s[1::3], lse_p[2::9], lse_s[2::9] = (float("-inf"),) * 4
+            out_p[0::3], out_s[1::3], out_p[2::9], out_s[2::9] = 0.0, 0.0, 0.0, 0.0
+            where += " with empty parts (rows 0, 3, ...: lse_p = -inf; 1, 4, ...: lse_s = -inf; 2, 11, 20: both)"
+        elif what == "shift":
+            lse_p, lse_s = lse_p + 1000, lse_s + 1000
+            where += " with lse around +1000 (exp(lse) overflows: subtract the max first)"
+        want = ref.merge(out_p.double(), lse_p.double(), out_s.double(), lse_s.double())
+        got = _launch(kernel, *(x.to(dev) for x in (out_p, lse_p, out_s, lse_s)), block_r).cpu()
+        if torch.isnan(got).any():
+            rows = torch.isnan(got).any(-1).nonzero().flatten().tolist()
+            raise AssertionError(f"out has nan in rows {rows[:8]}{' ...' if len(rows) > 8 else ''} {where} "
+                                 f"(a row not stored, or exp(-inf - -inf) / 0 / 0 for an empty part)")
+        err = (got.double() - want).abs().max().item()
+        if not err <= 1e-5:
+            row = int((got.double() - want).abs().amax(-1).argmax())
+            raise AssertionError(f"out differs from minispec.attention.reference.merge by {err:.3g} (max abs, "
+                                 f"worst row {row}) {where}")
