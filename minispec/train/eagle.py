@@ -47,6 +47,7 @@ from ..config import cache_dir
 from ..drafters.base import Features
 from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from ..sampling import GREEDY
+from . import ddp
 from .data import TARGET, eagle_features, training_sequences
 from .distill_draft import lr_at
 from .eagle3 import record_measurement
@@ -102,6 +103,43 @@ def eagle_loss(head: EagleHead, target, batch, ce_weight: float, ce_frac: float,
     ce = -(p * (z.gather(1, ti) - torch.logsumexp(z, -1, keepdim=True))).sum(-1).mean()
     acc = (z.argmax(-1) == ti[:, 0]).float().mean()
     return l1 + ce_weight * ce, l1, ce, acc
+
+
+def train_step(head, target, seqs, feats, idx: list[int], opt, ce_weight: float, ce_frac: float, noise: float,
+               generator: torch.Generator | None = None, clip: float = 1.0):
+    """One optimizer step on the global batch ``idx``; returns (loss, smooth_l1, ce, acc, grad_norm).
+
+    In a single process this is ``make_batch`` + ``eagle_loss`` + backward + clipping + AdamW step.
+    Under torchrun (``head`` wrapped by ``ddp.wrap``) each rank takes its ``ddp.shard`` of ``idx``;
+    the loss terms are means over token positions and the shares hold different numbers of them, so
+    each rank scales its SmoothL1 by world x (its loss positions / all loss positions) and its CE by
+    world x (its CE positions / all CE positions): DDP's gradient average is then the gradient of the
+    single-process loss on the whole batch. The returned numbers are the global ones (all-reduced).
+    With ``noise`` > 0 or ``ce_frac`` < 1 the random draws are each rank's own (same distribution,
+    other samples than one process draws; the noise scale is the std of the rank's share).
+    """
+    world = ddp.world_size()
+    if world == 1:
+        loss, l1, ce, acc = eagle_loss(head, target, make_batch(seqs, feats, idx), ce_weight, ce_frac, noise, generator)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+    else:
+        batch = make_batch(seqs, feats, ddp.shard(idx, ddp.rank(), world))
+        l1, ce, acc = eagle_loss(head, target, batch, ce_weight, ce_frac, noise, generator)[1:]
+        n = int(batch[4].sum())  # this rank's loss positions, and its CE positions as eagle_loss picks them
+        counts = torch.tensor([n, max(1, int(ce_frac * n))], dtype=torch.float64)
+        total = counts.clone()
+        torch.distributed.all_reduce(total)
+        w_l1, w_ce = (world * counts / total).tolist()
+        loss = w_l1 * l1 + ce_weight * w_ce * ce
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # DDP all-reduces (averages) the gradients here
+        stats = torch.stack([loss.detach(), counts[0] * l1.detach(), counts[1] * ce.detach(), counts[1] * acc]).double()
+        torch.distributed.all_reduce(stats)
+        loss, l1, ce, acc = (stats / torch.cat([torch.tensor([float(world)], dtype=torch.float64), total[[0, 1, 1]]])).float()
+    gnorm = torch.nn.utils.clip_grad_norm_(head.parameters(), clip)
+    opt.step()
+    return loss, l1, ce, acc, gnorm
 
 
 @torch.no_grad()
@@ -219,23 +257,31 @@ def main(argv=None) -> dict:
     from ..models import load
 
     args = parse_args(argv)
+    rank, world, _ = ddp.setup(use_cuda=False)  # under torchrun: gloo, one CPU process per rank (no --device yet)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed + 7919 * rank)  # each rank its own noise / CE draws
     t_start = time.perf_counter()
     target, tok = load(TARGET)
     target.requires_grad_(False)
+    if not ddp.is_main():
+        ddp.barrier()  # rank 0 builds (and caches) the data and the features first
     train, held = training_sequences(tok, heldout=args.heldout, extra_sharegpt=args.extra_sharegpt,
                                      max_len=args.max_len, seed=args.seed, distill_prompts=args.distill_prompts)
+    if args.measure_only and world > 1:
+        raise SystemExit("--measure-only runs in one process (not under torchrun)")
     if args.measure_only:
         return run_measure(args, target, tok, held, json.loads(args.out.with_suffix(".json").read_text()))
     t0 = time.perf_counter()
     ftrain, fheld = eagle_features(target, train, held, args.topk)
     features_s = time.perf_counter() - t0
+    if ddp.is_main():
+        ddp.barrier()
 
     head = EagleHead(EagleConfig.for_target(target.cfg))
     if args.init_layer is not None:
         init_from_target(head, target, args.init_layer % target.cfg.n_layer)
+    model = ddp.wrap(head)  # DistributedDataParallel under torchrun (same parameters as head), else head
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     resume_path = cache_dir() / "eagle" / (args.out.stem + ".resume.pt")
     start, history, train_s, steps = 0, [], 0.0, args.steps
@@ -244,22 +290,25 @@ def main(argv=None) -> dict:
         head.load_state_dict(ck["head"])
         opt.load_state_dict(ck["opt"])
         start, history, train_s, steps, init_eval = ck["step"], ck["history"], ck["train_s"], ck["steps"], ck["init_eval"]
-        gen.manual_seed(args.seed + start)
-    else:
+        gen.manual_seed(args.seed + start + 7919 * rank)
+    elif ddp.is_main():
         init_eval = evaluate(head, target, held, fheld, tau_seqs=args.eval_tau_seqs)
 
     per_epoch = len(train) // args.batch_size
     t0 = time.perf_counter() - train_s
-    bar = tqdm(total=None if args.minutes else steps, initial=start, desc="eagle")
+    bar = tqdm(total=None if args.minutes else steps, initial=start, desc="eagle", disable=not ddp.is_main())
     step = start
     budget = args.minutes * 60
 
+    def elapsed() -> float:  # under torchrun, rank 0's clock: every rank follows one schedule
+        return time.perf_counter() - t0 if world == 1 else ddp.from_main(time.perf_counter() - t0)
+
     def done() -> bool:
-        return time.perf_counter() - t0 >= budget if budget else step >= steps
+        return elapsed() >= budget if budget else step >= steps
 
     while not done():
         if budget:  # time-based: the cosine follows the spent fraction of the budget (x1000 "steps")
-            frac = (time.perf_counter() - t0) / budget
+            frac = elapsed() / budget
             lr = lr_at(step, 1000, args.lr, args.warmup) if step < args.warmup else lr_at(
                 args.warmup + int(frac * (1000 - args.warmup)), 1000, args.lr, args.warmup)
         else:
@@ -268,29 +317,32 @@ def main(argv=None) -> dict:
             g["lr"] = lr
         epoch, i = divmod(step, per_epoch)
         perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(args.seed * 100_003 + epoch))
-        batch = make_batch(train, ftrain, perm[i * args.batch_size:(i + 1) * args.batch_size].tolist())
-        loss, l1, ce, acc = eagle_loss(head, target, batch, args.ce_weight, args.ce_frac, args.noise, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
+        idx = perm[i * args.batch_size:(i + 1) * args.batch_size].tolist()
+        loss, l1, ce, acc, gnorm = train_step(model, target, train, ftrain, idx, opt, args.ce_weight, args.ce_frac,
+                                              args.noise, gen)
         step += 1
         bar.update(1)
         bar.set_postfix(l1=f"{l1.item():.3f}", ce=f"{ce.item():.2f}", acc=f"{acc.item():.3f}")
-        if step % args.eval_every == 0 or done():
+        stop = done()
+        if not ddp.is_main():
+            continue  # only rank 0 evaluates, logs and checkpoints
+        if step % args.eval_every == 0 or stop:
             ev = evaluate(head, target, held, fheld, tau_seqs=args.eval_tau_seqs)
             history.append(dict(step=step, smooth_l1=l1.item(), ce=ce.item(), train_acc=acc.item(),
                                 grad_norm=gnorm.item(), heldout_acceptance=ev["acceptance"],
                                 heldout_tau_chain5=ev.get("tau_chain5"), train_s=round(time.perf_counter() - t0, 1)))
             bar.write(f"step {step}: held-out acceptance {ev['acceptance']:.3f}  tau(chain 5, "
                       f"{args.eval_tau_seqs} seqs) {ev.get('tau_chain5', float('nan')):.2f}")
-        if step % args.ckpt_every == 0 and not done():
+        if step % args.ckpt_every == 0 and not stop:
             resume_path.parent.mkdir(parents=True, exist_ok=True)
             torch.save(dict(head=head.state_dict(), opt=opt.state_dict(), step=step, steps=steps, history=history,
                             train_s=time.perf_counter() - t0, init_eval=init_eval), resume_path)
     bar.close()
     train_s = time.perf_counter() - t0
     steps = step
+    if not ddp.is_main():
+        ddp.cleanup()
+        return {}
 
     n_tok = lambda ss: sum(len(s.tokens) for s in ss)  # noqa: E731
     record = dict(
@@ -321,6 +373,7 @@ def main(argv=None) -> dict:
     args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
     resume_path.unlink(missing_ok=True)
     tqdm.write(json.dumps(dict(out=str(args.out), **record["eval"]["heldout"], train_s=record["training"]["train_s"])))
+    ddp.cleanup()
     return record
 
 
