@@ -39,8 +39,8 @@ def accept_prob(p_x: float, q_x: float) -> float:
     Returns:
         The acceptance probability, a float in [0, 1].
     """
-    # EXERCISE 1.1: return min(1, p_x / q_x), with the q_x = 0 cases described above
-    raise NotImplementedError("Exercise 1.1: return min(1, p_x / q_x), with the q_x = 0 cases described above")
+    # EXERCISE 1.1: accept so that q(x) * P(accept x) = min(p(x), q(x)); the docstring covers q_x = 0
+    raise NotImplementedError("Exercise 1.1: accept so that q(x) * P(accept x) = min(p(x), q(x)); the docstring covers q_x = 0")
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -57,8 +57,8 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         [..., V] residual distribution(s), each row summing to 1 (p's row where the residual
         is empty). The inputs are not modified.
     """
-    # EXERCISE 1.2: clamp p - q at 0, normalise each row, fall back to p for empty rows
-    raise NotImplementedError("Exercise 1.2: clamp p - q at 0, normalise each row, fall back to p for empty rows")
+    # EXERCISE 1.2: what accepted drafts leave of p, as a distribution per row (mind an empty residual)
+    raise NotImplementedError("Exercise 1.2: what accepted drafts leave of p, as a distribution per row (mind an empty residual)")
 
 
 def verify_chain(draft_tokens: list[int], p: torch.Tensor, q: torch.Tensor, chooser) -> tuple[int, int]:
@@ -79,8 +79,8 @@ def verify_chain(draft_tokens: list[int], p: torch.Tensor, q: torch.Tensor, choo
         (n, next_token): n accepted drafts (0..k) and the token emitted after them. The step
         commits draft_tokens[:n] + [next_token]: between 1 and k+1 tokens.
     """
-    # EXERCISE 1.3: accept/reject each draft in order; residual on rejection, bonus from p_k
-    raise NotImplementedError("Exercise 1.3: accept/reject each draft in order; residual on rejection, bonus from p_k")
+    # EXERCISE 1.3: one accept/reject per draft, in order: what ends the step, and what is emitted after it?
+    raise NotImplementedError("Exercise 1.3: one accept/reject per draft, in order: what ends the step, and what is emitted after it?")
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -97,8 +97,8 @@ def expected_tokens(alpha: float, k: int) -> float:
     Returns:
         The expected number of tokens per step, a float in [1, k + 1].
     """
-    # EXERCISE 1.4: the geometric series 1 + alpha + ... + alpha^k (careful at alpha = 1)
-    raise NotImplementedError("Exercise 1.4: the geometric series 1 + alpha + ... + alpha^k (careful at alpha = 1)")
+    # EXERCISE 1.4: a finite geometric series; what does its closed form become at alpha = 1?
+    raise NotImplementedError("Exercise 1.4: a finite geometric series; what does its closed form become at alpha = 1?")
 
 
 def speedup(alpha: float, k: int, c: float) -> float:
@@ -115,5 +115,5 @@ def speedup(alpha: float, k: int, c: float) -> float:
     Returns:
         expected_tokens(alpha, k) / (k * c + 1), a float.
     """
-    # EXERCISE 1.5: tokens per step divided by the cost of a step
-    raise NotImplementedError("Exercise 1.5: tokens per step divided by the cost of a step")
+    # EXERCISE 1.5: tokens per step over the cost of a step, both in units of one target forward
+    raise NotImplementedError("Exercise 1.5: tokens per step over the cost of a step, both in units of one target forward")

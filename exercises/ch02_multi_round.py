@@ -56,8 +56,8 @@ def mss_with_replacement(candidates: list[int], p: torch.Tensor, q: torch.Tensor
     Returns:
         (i, x_i) if candidate i is the first accepted, else (None, token drawn from p_n).
     """
-    # EXERCISE 2.1: one Leviathan step per candidate; update p to the residual after each rejection
-    raise NotImplementedError("Exercise 2.1: one Leviathan step per candidate; update p to the residual after each rejection")
+    # EXERCISE 2.1: one chapter-1 step per candidate; which target must the next round use to keep the output p?
+    raise NotImplementedError("Exercise 2.1: one chapter-1 step per candidate; which target must the next round use to keep the output p?")
 
 
 def mss_without_replacement(candidates: list[int], p: torch.Tensor, q: torch.Tensor, chooser) -> tuple[int | None, int]:
@@ -75,8 +75,8 @@ def mss_without_replacement(candidates: list[int], p: torch.Tensor, q: torch.Ten
     Returns:
         (i, x_i) if candidate i is the first accepted, else (None, token drawn from p_n).
     """
-    # EXERCISE 2.2: like 2.1, but q_i loses each rejected candidate (zero it, renormalise)
-    raise NotImplementedError("Exercise 2.2: like 2.1, but q_i loses each rejected candidate (zero it, renormalise)")
+    # EXERCISE 2.2: as 2.1, but each round must use the distribution its own candidate was drawn from
+    raise NotImplementedError("Exercise 2.2: as 2.1, but each round must use the distribution its own candidate was drawn from")
 
 
 def mss_onehot(candidates: list[int], p: torch.Tensor, chooser) -> tuple[int | None, int]:
@@ -94,8 +94,8 @@ def mss_onehot(candidates: list[int], p: torch.Tensor, chooser) -> tuple[int | N
     Returns:
         (i, x_i) if candidate i is the first accepted, else (None, token drawn from p_n).
     """
-    # EXERCISE 2.3: accept x_i with p_i(x_i); on rejection zero x_i in p and renormalise
-    raise NotImplementedError("Exercise 2.3: accept x_i with p_i(x_i); on rejection zero x_i in p and renormalise")
+    # EXERCISE 2.3: MSS with q a point mass on the candidate: what do the acceptance and the residual become?
+    raise NotImplementedError("Exercise 2.3: MSS with q a point mass on the candidate: what do the acceptance and the residual become?")
 
 
 def verify_tree(parents: list[int], tokens: list[int], p: torch.Tensor, q: torch.Tensor | None,
@@ -122,5 +122,5 @@ def verify_tree(parents: list[int], tokens: list[int], p: torch.Tensor, q: torch
         the token emitted after the last of them. The step commits [tokens[i] for i in path]
         + [next_token].
     """
-    # EXERCISE 2.4: list each node's children, then walk down from the root with 2.1/2.2/2.3
-    raise NotImplementedError("Exercise 2.4: list each node's children, then walk down from the root with 2.1/2.2/2.3")
+    # EXERCISE 2.4: group the nodes by parent, then walk down from the root with one MSS per level (2.1-2.3)
+    raise NotImplementedError("Exercise 2.4: group the nodes by parent, then walk down from the root with one MSS per level (2.1-2.3)")

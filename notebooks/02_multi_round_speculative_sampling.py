@@ -43,10 +43,15 @@ print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
 # 3. Know what **one-hot $q$** assumes (deterministic top-k drafts, as in EAGLE) and why it is
 #    still exact.
 # 4. Verify a draft **tree level by level**; see a chain as the degenerate tree.
-# 5. Check all of them by exact enumeration, and empirically on real models.
-# 6. Implement exercises 2.1–2.4 and grade them.
+# 5. Check all of them by exact enumeration, and on a real model by the TV distance of the
+#    joint law of its first tokens, watching a wrong rule stop improving as samples grow.
+# 6. Implement exercises 2.1–2.4, each right after the section that teaches it.
 #
 # Notation as in chapter 1: $p$ target, $q$ draft, candidates $x_0, \dots, x_{n-1}$ tried in order.
+#
+# **Exercises.** You write them in `exercises/ch02_multi_round.py`; each check cell below
+# grades your file and prints PASS or FAIL (it never raises). From a terminal:
+# `python -m minispec grade 2`. The file gives you chapter 1's `accept_prob` and `residual`.
 
 # %%
 import inspect
@@ -57,6 +62,7 @@ import numpy as np
 from minispec import exactness as ex
 from minispec import sampling
 from minispec import verify as vf
+from minispec.grading import check  # check("2.1"): grade one exercise of exercises/ (prints, never raises)
 
 def show(obj):
     """Print the source of a minispec function (the notebook never redefines library code)."""
@@ -93,17 +99,23 @@ print(f"alpha (one candidate) = {vf.acceptance_rate(p, q).item():.4f}")
 # and at $i = 0$ the output has law $p$. The residual is essential: without it each round
 # would just be a fresh chain-1 step, and rejections would bias toward what $q$ over-proposes.
 
-# %%
-show(vf._mss_replacement)
+# %% [markdown]
+# ### Exercise 2.1 — `mss_with_replacement(candidates, p, q, chooser)`
+#
+# *Hint.* Read the induction backwards: round $i$ is a chapter-1 step whose target is $p_i$.
+# What must $p_{i+1}$ be so that "accept here, or else whatever the later rounds emit" has
+# law $p_i$? Does anything about $q$ change between rounds, given how the candidates were drawn?
 
+# %%
+check("2.1")
 
 # %% [markdown]
-# ### A naive version for teaching
+# ### Compare: a naive version and the library's
 #
 # MSS with replacement in plain Python lists; the next cell asserts that the exact joint
 # law of (candidates, accepted index, emitted token) equals that of the library's
 # `verify_candidates(..., mode="mss_replacement")`, with the candidates themselves drawn
-# i.i.d. from $q$ inside the enumeration.
+# i.i.d. from $q$ inside the enumeration. Then the library's code.
 
 # %%
 def naive_mss(candidates, p, q, chooser):
@@ -134,6 +146,9 @@ for n in (1, 2, 3):
     target_err = max(abs(emitted.get(x, 0.0) - p[x].item()) for x in range(V))
     print(f"n={n}: naive vs library {err:.1e}; emitted token vs p {target_err:.1e} ({len(lib)} outcomes)")
 
+# %%
+show(vf._mss_replacement)
+
 # %% [markdown]
 # ## 2. Without replacement: recursive rejection sampling
 #
@@ -157,8 +172,6 @@ for n in (1, 2, 3):
 # without-replacement rule refuses repeated candidates, which its drafting cannot produce.)
 
 # %%
-show(vf._mss_no_replacement)
-
 n = 3
 print(f"{'drafting':<22} {'verified with':<20} {'max |law - p|':>14}")
 errors = {}
@@ -174,14 +187,27 @@ assert errors[True, "mss_replacement"] <= 1e-12 and errors[False, "mss_no_replac
 assert errors[False, "mss_replacement"] > 1e-6
 
 # %% [markdown]
+# ### Exercise 2.2 — `mss_without_replacement(candidates, p, q, chooser)`
+#
+# *Hint.* The one-step argument needs "the next candidate is distributed as the $q$ used in
+# its acceptance ratio". After a rejection of $x_i$, what is the law of $x_{i+1}$ when the
+# candidates were drawn without replacement? Update whatever must change so that this holds
+# in every round (and leave the caller's tensors alone).
+
+# %%
+check("2.2")
+
+# %%
+show(vf._mss_no_replacement)
+
+# %% [markdown]
 # ## 3. One-hot $q$: deterministic drafts
 #
 # EAGLE's drafts are the **top-k** tokens of the draft model: a deterministic function of
 # the context, not samples. There is no $q$ the candidates were "drawn from" — or rather,
 # conditional on the context, candidate $x_i$ was drawn from the point mass
-# $\mathrm{one\_hot}(x_i)$. Plug that into MSS: round $i$ accepts $x_i$ with probability
-# $\min(1, p_i(x_i)/1) = p_i(x_i)$, and the residual
-# $\mathrm{norm}(\max(0, p_i - \mathrm{one\_hot}(x_i)))$ is just $p_i$ with $x_i$ removed.
+# $\mathrm{one\_hot}(x_i)$. Plug that into MSS and each round becomes a Leviathan step
+# against a point mass.
 #
 # **What it assumes:** the candidates must not depend on the verifier's random coins
 # (they may depend on the context, and they may even be sampled beforehand — the argument
@@ -189,10 +215,11 @@ assert errors[False, "mss_replacement"] > 1e-6
 # and the output has law $p$. What one-hot $q$ gives up is acceptance: a sampled draft that
 # matches $p$ well is accepted with probability $\min(1, p/q)$, a one-hot one only with
 # $p(x)$. Using the real-$q$ rule on top-k drafts is wrong (a control below).
+#
+# The library's one-hot rule against $p$, for three ways of choosing the candidates, and the
+# real-$q$ rule on the top-3 drafts:
 
 # %%
-show(vf._mss_onehot)
-
 def onehot_error(draw, n=3):
     law = ex.outcome_distribution(lambda ch: vf.verify_candidates(draw(ch), p, mode="onehot", chooser=ch)[1])
     return max(abs(law.get(x, 0.0) - p[x].item()) for x in range(V))
@@ -212,9 +239,22 @@ bad = max(abs(law.get(x, 0.0) - p[x].item()) for x in range(V))
 print(f"real-q rule on the top-3 drafts (WRONG)            max |law - p| = {bad:.2e}")
 assert bad > 1e-6
 
+# %% [markdown]
+# ### Exercise 2.3 — `mss_onehot(candidates, p, chooser)`
+#
+# *Hint.* Take MSS with replacement and substitute $q = \mathrm{one\_hot}(x_i)$ in round $i$:
+# simplify the acceptance probability and the residual by hand before you write any code.
+# What happens to a candidate that appears twice?
+
+# %%
+check("2.3")
+
+# %%
+show(vf._mss_onehot)
+
 
 # %% [markdown]
-# ### How much do more candidates help?
+# ## 4. How much do more candidates help?
 #
 # The probability that *some* candidate is accepted at a node, computed exactly by
 # enumeration, for each rule (with its own drafting) as the number of candidates grows.
@@ -261,7 +301,7 @@ widgets.interact(explore, n=widgets.IntSlider(value=2, min=1, max=3),
                  draft_temperature=widgets.FloatSlider(value=1.0, min=0.2, max=2.0, step=0.1));
 
 # %% [markdown]
-# ## 4. Trees, level by level
+# ## 5. Trees, level by level
 #
 # A draft tree gives every node several children. Layout (the same everywhere in minispec):
 # nodes $0..N-1$ in topological order, `parents[i]` = $-1$ for a child of the root (the
@@ -275,9 +315,9 @@ widgets.interact(explore, n=widgets.IntSlider(value=2, min=1, max=3),
 # induction as chapter 1 the emitted sequence has the target's law. A **chain** is the
 # degenerate tree `parents = [-1, 0, 1, ..., k-1]`: one candidate per level, which is
 # exactly chapter 1's `verify_chain`.
-
-# %%
-show(vf.verify_tree)
+#
+# A small tree on a toy model (two children per node, two levels), verified a few times by
+# the library's `verify_tree`:
 
 # %%
 from collections import Counter
@@ -306,6 +346,19 @@ paths = Counter(tuple(vf.verify_tree(parents, tokens, P, Q, mode="mss_no_replace
 print(f"over {draws} verifications of this tree: " + ", ".join(f"path {list(k)}: {v / draws:.2f}" for k, v in sorted(paths.items())))
 
 # %% [markdown]
+# ### Exercise 2.4 — `verify_tree(parents, tokens, p, q, mode, chooser)`
+#
+# *Hint.* Two questions: for a given node, which nodes are its candidates, in which order,
+# and which row of `p` / `q` do they use? And when does the walk stop? Reuse your 2.1–2.3
+# for the node-level step; the chapter-1 chain is a good first test case.
+
+# %%
+check("2.4")
+
+# %%
+show(vf.verify_tree)
+
+# %% [markdown]
 # **A chain is the degenerate tree.** With the same generator state, `verify_tree` on
 # `parents = [-1, 0, ..., k-1]` makes the same random choices as `verify_chain`, so the
 # outputs are identical draw by draw; and their exact laws agree.
@@ -331,7 +384,7 @@ print(f"200 seeded draws: verify_tree(chain) == verify_chain every time; "
       f"exact laws of 2 tokens differ by {ex.max_abs_error(chain, tree):.1e}")
 
 # %% [markdown]
-# ## 5. Exact enumeration of every rule
+# ## 6. Exact enumeration of every rule
 #
 # Every rule, on single nodes and on trees, over toy models with different supports; the
 # law of the first two emitted tokens (several steps when a step emits one) against the
@@ -354,62 +407,125 @@ for mode in modes:
 assert max(table.values()) <= 1e-12
 
 # %% [markdown]
-# ## 6. Real models: MSS at the first position
+# ## 7. A real model: trees on SmolLM2, the joint law of the first three tokens
 #
-# The GPT-2 / DistilGPT-2 pair (or the tiny presets when no hub is reachable; the cell says
-# which) at the first generated position: $n = 3$ candidates per rule, verified with MSS,
-# compared with direct sampling from $p$.
+# Chapter 1's real-model check, now with a draft **tree** per step. Target:
+# **SmolLM2-135M-Instruct**; draft: **minispec's distilled 2-layer SmolLM2 draft** shipped in
+# `minispec/checkpoints` (in FAST mode only, if SmolLM2 cannot be loaded, the seeded tiny
+# presets stand in and the printed heading says so; they share no likely tokens, so the wrong
+# rules are not asserted on them). Both sample at temperature 1 with
+# top-$k$ = 4, so the target's law of its first three tokens lives on $4^3 = 64$ sequences
+# and is computed exactly.
+#
+# Each step drafts a tree with **two children per node**, two levels deep (never deeper than
+# the tokens still wanted), and verifies it level by level with one of the three rules, each
+# with its own drafting: i.i.d. candidates, candidates without replacement, the top-2 of $q$
+# (one-hot). Two wrong pairings run in the same cell: the real-$q$ rule on top-2 drafts (very
+# wrong) and the i.i.d. rule on distinct drafts (subtly wrong, section 2). The threshold
+# `tv_bound(N, K)` is exceeded by an honest sampler with probability below $10^{-6}$.
+#
+# The helpers are chapter 1's (section 6 there explains them; they live in
+# `minispec.joint_law`): next-token laws for many contexts from one packed forward, served
+# through the `ToyLM` interface so that `exactness.tree_step` runs on them unchanged.
 
 # %%
+from IPython.display import Markdown, display
 from minispec.sampling import SamplingParams, probs
 from minispec.tokenizer import encode_prompt
+from minispec.joint_law import first_tokens, joint_tv_check, load_tv_models, next_token_laws, table_lm
 
-def load_pair():
-    """GPT-2 target + DistilGPT-2 draft when a hub or cache has them, else the seeded tiny GPT-2 presets."""
-    try:
-        return ("gpt2", "distilgpt2"), minispec.load("gpt2"), minispec.load("distilgpt2")
-    except (minispec.ModelNotFound, OSError) as e:
-        print(f"gpt2 / distilgpt2 are not available here ({type(e).__name__}); "
-              "using the tiny presets instead: tiny-gpt2 (target) and tiny-gpt2-draft (draft)")
-        return ("tiny-gpt2", "tiny-gpt2-draft"), minispec.load("tiny-gpt2"), minispec.load("tiny-gpt2-draft")
-
-(target_name, draft_name), (gpt_target, gpt_tok), (gpt_draft, _) = load_pair()
-print(f"target: {target_name} ({gpt_target.cfg.n_layer} layers, vocab {gpt_target.cfg.vocab_size}); "
-      f"draft: {draft_name} ({gpt_draft.cfg.n_layer} layers)")
-
-params = SamplingParams(temperature=1.0, top_k=32)  # q is processed exactly like p
-ids = encode_prompt(gpt_tok, "The quick brown fox", chat=False)
-with torch.inference_mode():
-    p_full = probs(gpt_target(torch.tensor([ids])).logits[0, -1].double(), params)  # [V]
-    q_full = probs(gpt_draft(torch.tensor([ids])).logits[0, -1].double(), params)  # [V]
-support = ((p_full > 0) | (q_full > 0)).nonzero().flatten()  # tokens either model can emit
-p_lm, q_lm = p_full[support], q_full[support]  # [V_eff]: exact, nothing outside has mass
-print(f"next-token distributions after {len(ids)} prompt tokens, {params}: "
-      f"|supp p ∪ supp q| = {len(support)}, alpha = sum min(p, q) = {vf.acceptance_rate(p_lm, q_lm).item():.3f}")
-
+TV_TARGET, TV_DRAFT, tv_target, tv_draft, tv_tok = load_tv_models(FAST)
+display(Markdown(f"**TV check — target: {TV_TARGET}; draft: {TV_DRAFT}**"))
 
 # %%
-def mss_first_token(mode, n=3):
-    def draw(p, q, g):
-        if mode == "onehot":
-            xs = torch.argsort(-q, stable=True)[:n].tolist()
-        else:
-            xs = vf.sample_candidates(q, n, replacement=mode == "mss_replacement", generator=g)
-        return vf.verify_candidates(xs, p, None if mode == "onehot" else q, mode=mode, generator=g)[1]
-    return draw
+TOP_K, LENGTH, DEPTH, BRANCH = 4, 3, 2, 2
+params = SamplingParams(temperature=1.0, top_k=TOP_K)  # the same processing for p and q
+ids = encode_prompt(tv_tok, "Tell me a story about a dragon.")  # chat template when the tokenizer has one
+lm = table_lm(tv_target, tv_draft, ids, params, depth=LENGTH - 1)
+law = ex.target_distribution(lm, LENGTH)  # exact: {(x1, x2, x3): p(x1) p(x2 | x1) p(x3 | x1, x2)}
+deepest = max(lm.P, key=len)  # the packed forward equals a plain forward of prompt + context
+with torch.inference_mode():
+    plain = probs(tv_target(torch.tensor([ids + [lm.vocab[t] for t in deepest]])).logits[0, -1].double(), params)
+assert (plain[lm.vocab] - lm.p(deepest)).abs().max() <= 1e-4
 
-N = 4_000 if FAST else 40_000
-g = torch.Generator().manual_seed(3)
-samplers = {m: mss_first_token(m) for m in MODES}
-samplers["direct from p"] = lambda p, q, g: int(torch.multinomial(p, 1, generator=g))
-print(f"{target_name} target, {draft_name} draft, {N} samples each, V_eff = {len(p_lm)}")
-for name, draw in samplers.items():
-    r = ex.empirical_check(draw, p_lm, q_lm, N, g)
-    print(f"  {name:<20} TV = {r['tv']:.4f}   bound {r['tv_bound']:.4f}   chi-square p = {r['p_value']:.3f}")
-    assert r["tv"] <= r["tv_bound"]
+
+def tree_rule(mode, draft=None):
+    """A step: draft BRANCH children per node, `depth` levels, verify with `mode`."""
+    return lambda lm, ctx, depth, ch: ex.tree_step(lm, ctx, [BRANCH] * depth, mode, ch, draft)
+
+CORRECT = {"mss_replacement, i.i.d. drafts": tree_rule("mss_replacement"),
+           "mss_no_replacement, distinct drafts": tree_rule("mss_no_replacement"),
+           "onehot, top-2 drafts": tree_rule("onehot")}
+BLATANT = "WRONG: real-q rule, top-2 drafts"
+SUBTLE = "WRONG: i.i.d. rule, distinct drafts"
+steps = {**CORRECT, BLATANT: tree_rule("mss_replacement", "topk"), SUBTLE: tree_rule("mss_replacement", "no_replacement")}
+
+N = 5_000 if FAST else 40_000
+tv, bound, support, target = joint_tv_check(lm, law, steps, N, length=LENGTH, k=DEPTH)
+print(f"target {TV_TARGET}, draft {TV_DRAFT}; top-k {TOP_K}; trees of {BRANCH} children per node, "
+      f"up to {DEPTH} levels; {N} runs each")
+print(f"threshold tv_bound(N={N}, K={len(target)}) = {bound:.4f}   (0.5 sqrt(K/N) = {0.5 * np.sqrt(len(target) / N):.4f})")
+for name, r in tv.items():
+    print(f"  {name:<38} TV = {r['tv']:.4f}   {'FLAGGED' if r['tv'] > bound else 'passes'}")
+for name in CORRECT:
+    assert tv[name]["tv"] <= bound, f"{name}: a correct rule must pass"
+if TV_TARGET.startswith("SmolLM2"):
+    assert tv[BLATANT]["tv"] > bound, "the wrong rule must be flagged"
+else:  # random tiny models share no likely tokens (alpha = 0): every rule then just emits samples of p
+    print("fallback models: the wrong rules cannot be told apart when alpha = 0, so they are not asserted")
+need = next((int(m) for m in np.logspace(2, 9, 701) if ex.tv_bound(int(m), len(target)) < 0.8 * tv[SUBTLE]["tv"]), None)
+if need is not None:  # the threshold must fall well below the bias
+    print(f"the subtle mistake is off by about {tv[SUBTLE]['tv']:.3f} in TV; flagging it reliably takes about "
+          f"{need:,} runs ({'this run draws enough' if N >= need else 'more than this run draws'})")
+    if N >= need and TV_TARGET.startswith("SmolLM2"):
+        assert tv[SUBTLE]["tv"] > bound, "with this many samples the subtle mistake must be flagged too"
 
 # %% [markdown]
-# ## 7. Timing on SmolLM2-135M (on this CPU)
+# ### TV against the number of samples
+#
+# The TV of the first $n$ runs, for growing $n$, on a log-log scale. An exact sampler's TV
+# falls like the sampling bound $\frac12\sqrt{K/n}$ (slope $-\frac12$); a wrong one falls
+# only until the sampling noise drops below its bias, then levels off at its true distance to
+# the target. That plateau is what a TV check detects, and it tells how many samples a check
+# needs: the dashed threshold must fall below the plateau.
+
+# %%
+grid = np.unique(np.logspace(2, np.log10(N), 14).astype(int))
+fig, ax = plt.subplots(figsize=(8, 4.2))
+for name, r in tv.items():
+    curve = [0.5 * np.abs(np.bincount(r["draws"][:m], minlength=len(target)) / m - target).sum() for m in grid]
+    ax.loglog(grid, curve, "o-" if name in CORRECT else "s--", markersize=3, label=name)
+ax.loglog(grid, 0.5 * np.sqrt(len(target) / grid), "k-", lw=1, label="0.5 sqrt(K/n): bound on the mean TV")
+ax.loglog(grid, [ex.tv_bound(int(m), len(target)) for m in grid], "k:", lw=1, label="threshold tv_bound(n, K)")
+ax.set(xlabel="samples n (runs of the decoding loop)", ylabel="TV(first 3 tokens, target)",
+       title=f"{TV_TARGET}: TV against the number of samples")
+ax.legend(fontsize=7)
+plt.show()
+
+# %% [markdown]
+# ### GPT-2 and DistilGPT-2, when your machine has them
+#
+# The same tree check with GPT-2 as the target and DistilGPT-2 as the draft, from the Hugging
+# Face cache or hub, which this course does not assume; the cell says whether it ran.
+
+# %%
+try:
+    (gpt2, gpt2_tok), (distil, _) = minispec.load("gpt2"), minispec.load("distilgpt2")
+except (minispec.ModelNotFound, OSError) as e:
+    print(f"GPT-2 / DistilGPT-2 are not in a local cache here and the hub is not reachable: skipped "
+          f"({type(e).__name__})")
+else:
+    display(Markdown("**TV check — target: GPT-2; draft: DistilGPT-2**"))
+    lm2 = table_lm(gpt2, distil, encode_prompt(gpt2_tok, "The quick brown fox", chat=False), params, depth=LENGTH - 1)
+    law2 = ex.target_distribution(lm2, LENGTH)
+    tv2, bound2, _, _ = joint_tv_check(lm2, law2, {**CORRECT, BLATANT: steps[BLATANT]}, N, length=LENGTH, k=DEPTH)
+    for name, r in tv2.items():
+        print(f"  {name:<38} TV = {r['tv']:.4f}   {'FLAGGED' if r['tv'] > bound2 else 'passes'} (threshold {bound2:.4f})")
+    for name in CORRECT:
+        assert tv2[name]["tv"] <= bound2
+
+# %% [markdown]
+# ## 8. Timing on SmolLM2-135M (on this CPU)
 #
 # Greedy decoding with the distilled draft (chain SpS, $k$ = 2 and 4) and with prompt lookup,
 # a drafter whose drafts are deterministic n-gram copies and are verified as one-hot $q$,
@@ -417,7 +533,6 @@ for name, draw in samplers.items():
 # asks for text that repeats itself, which is where prompt lookup shines.
 
 # %%
-import platform
 from minispec import generate
 from minispec.drafters import DraftModel, PromptLookup
 
@@ -430,14 +545,17 @@ def cpu_name() -> str:
         pass
     return platform.processor() or platform.machine()
 
-smol, smol_tok = minispec.load("smollm2-135m")
-try:
-    from minispec.drafters.draft_checkpoint import load_draft_model
-    smol_draft = load_draft_model(smol)
-except (ImportError, FileNotFoundError) as e:
-    smol_draft = None
-    print(f"NOTE: the distilled SmolLM2 draft is not available ({type(e).__name__}: {e}); "
-          "so there is no SpS row; prompt lookup (a model-free drafter, one-hot q) is timed instead.")
+if TV_TARGET.startswith("SmolLM2"):  # loaded above
+    smol, smol_tok, smol_draft = tv_target, tv_tok, tv_draft
+else:
+    smol, smol_tok = minispec.load("smollm2-135m")
+    try:
+        from minispec.drafters.draft_checkpoint import load_draft_model
+        smol_draft = load_draft_model(smol)
+    except (ImportError, FileNotFoundError) as e:
+        smol_draft = None
+        print(f"NOTE: the distilled SmolLM2 draft is not available ({type(e).__name__}: {e}); "
+              "so there is no SpS row; prompt lookup (a model-free drafter, one-hot q) is timed instead.")
 prompt = "Copy this list exactly, one item per line: apples, bananas, cherries, dates, figs, grapes, lemons."
 drafters = {f"SpS, distilled draft, k={k}": DraftModel(smol_draft, k=k) for k in (2, 4)} if smol_draft is not None else {}
 drafters["prompt lookup (one-hot q), k=4"] = PromptLookup(k=4)
@@ -459,34 +577,122 @@ for name, r in runs.items():
 print("every speculative run emitted exactly the vanilla greedy tokens")
 
 # %% [markdown]
-# ## Exercises
+# ## Pen-and-paper questions
 #
-# Implement the functions in `exercises/ch02_multi_round.py` (generated from `solutions/`; same
-# signatures and docstrings). All randomness goes through the `chooser` argument, so the
-# grader can enumerate every random outcome of *your* code and compare its exact law with
-# the target and with minispec's own implementation.
+# Short questions to answer without a computer (answers at the end of the notebook).
 #
-# | exercise | function | task |
-# |---|---|---|
-# | 2.1 | `mss_with_replacement` | MSS for i.i.d. candidates: residual of $p$ after each rejection |
-# | 2.2 | `mss_without_replacement` | recursive rejection sampling: $q$ loses each rejected candidate |
-# | 2.3 | `mss_onehot` | one-hot $q$: accept with $p_i(x_i)$, else remove $x_i$ from $p$ |
-# | 2.4 | `verify_tree` | walk the tree level by level with 2.1 / 2.2 / 2.3 |
+# 1. Drop the residual update: with $n = 2$ i.i.d. candidates, each round is a chapter-1 step
+#    against the *original* $p$, and if both are rejected the token comes from
+#    $r = \mathrm{norm}(\max(0, p - q))$. Write the law of the emitted token with
+#    $m = \min(p, q)$ and $\alpha = \sum m$, and show that it differs from $p$ by
+#    $(1 - \alpha)(m - \alpha r)$.
+# 2. One-hot $q$ with $n$ distinct candidates: show that the probability that some candidate is
+#    accepted is $\sum_i p(x_i)$. With top-$n$ drafts, when is that more than chapter 1's
+#    $\alpha$ for one sampled draft?
+# 3. $\tau$ of a given tree: the root has two children and each child one child of its own
+#    (branching $[2, 1]$). At the root, MSS accepts some child with probability 0.8; below an
+#    accepted child, its single child is accepted with probability 0.6. What is $\tau$ (tokens
+#    per target forward)? Compare with a chain of two drafts accepted with probability 0.6 at
+#    each level. Give the general formula.
+# 4. Without replacement: why does a rejection of $x_i$ imply $p_{i+1}(x_i) = 0$? What breaks if
+#    $q$ is not updated after the rejection?
+# 5. $V = 2$, $p = (\frac12, \frac12)$, $q = (0.9, 0.1)$, and the draft is always the top-1
+#    token of $q$ (token 0). What does the real-$q$ rule emit, and what does the one-hot rule emit?
 #
-# Grade from a terminal with `python -m minispec grade 2` or
-# `pytest tests/test_exercises.py -m ch02 --impl exercises`; in this notebook with
-# `check("2.1")` (one exercise) or `check(2)` (the chapter). The cell below prints
-# the stub of the first exercise, then grades your file: it reports failures, it does not
-# raise, so until you fill in the stubs every line says "not implemented yet".
+# ## Summary
+#
+# - MSS tries candidates in order; each round is a chapter-1 step whose target is the residual
+#   left by the previous rejections, so the emitted token has law $p$ whatever the number of
+#   candidates.
+# - Every round must use the distribution its own candidate was drawn from: $q$ for i.i.d.
+#   candidates, $q$ with the earlier candidates removed for candidates without replacement, a
+#   point mass for deterministic (top-k) drafts. Mixing a rule with another drafting is biased.
+# - One-hot $q$ assumes only that the candidates do not depend on the verifier's coins; its
+#   acceptance at a node is $\sum_i p(x_i)$, the target mass on the candidates.
+# - A tree is verified level by level with MSS over the children of the accepted node; a chain
+#   is the degenerate tree and gives chapter 1's verifier.
+# - On a real model, the TV of the joint law of the first tokens follows $\frac12\sqrt{K/n}$
+#   for a correct rule and levels off for a wrong one; a check must draw enough samples for
+#   its threshold to fall below the bias it wants to catch.
+#
+# ## References
+#
+# - Miao et al. *SpecInfer: Accelerating Generative Large Language Model Serving with Tree-based
+#   Speculative Inference and Verification.* ASPLOS 2024.
+#   [arXiv:2305.09781](https://arxiv.org/abs/2305.09781)
+# - Jeon et al. *Recursive Speculative Decoding: Accelerating LLM Inference via Sampling Without
+#   Replacement.* 2024. [arXiv:2402.14160](https://arxiv.org/abs/2402.14160)
+# - Yang et al. *Multi-Candidate Speculative Decoding.* 2024.
+#   [arXiv:2401.06706](https://arxiv.org/abs/2401.06706)
+# - Sun et al. *SpecTr: Fast Speculative Decoding via Optimal Transport.* NeurIPS 2023.
+#   [arXiv:2310.15141](https://arxiv.org/abs/2310.15141)
+# - Li, Wei, Zhang, Zhang. *EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty.*
+#   ICML 2024 (top-k drafts, one-hot verification). [arXiv:2401.15077](https://arxiv.org/abs/2401.15077)
+# - Cai et al. *Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding Heads.*
+#   2024 (static trees). [arXiv:2401.10774](https://arxiv.org/abs/2401.10774)
+#
+# ## The whole chapter
+#
+# Your file, graded in one table (the same as `python -m minispec grade 2`), and what a
+# finished chapter looks like: the reference answers in `solutions/` pass every check.
 
 # %%
-import inspect
-from minispec.grading import check, load_impl
-
-mine = load_impl(2, "exercises")
-print(inspect.getsource(mine.mss_with_replacement))
-check(2, impl="exercises")
+check(2, impl="exercises")  # your file (the default unless MINISPEC_IMPL says otherwise)
 
 # %%
-# What a finished chapter looks like: the reference answers in solutions/ pass every check.
 check(2, impl="solutions")
+
+# %% [markdown]
+# ## Answers to the pen-and-paper questions
+#
+# <details><summary>1. MSS without the residual update</summary>
+#
+# Round 0 emits $y$ with probability $m(y)$; after a rejection (probability $1 - \alpha$) round 1
+# is a fresh step against $p$ and emits $y$ with probability $m(y)$; after two rejections $r$.
+# So $P(y) = m + (1 - \alpha) m + (1 - \alpha)^2 r$, while $p = m + (1 - \alpha) r$:
+# $P - p = (1 - \alpha)(m - \alpha r)$. It over-weights the tokens both models like (large
+# $m$) and under-weights those only the target likes; it is exact only when $\alpha \in \{0, 1\}$.
+# </details>
+#
+# <details><summary>2. Acceptance with one-hot q</summary>
+#
+# Round 0 accepts $x_0$ with probability $p(x_0)$. After rejecting $x_0, \dots, x_{i-1}$ (probability
+# $1 - \sum_{j<i} p(x_j)$) the target is $p$ without them, renormalised, so round $i$ accepts with
+# probability $\big(1 - \sum_{j<i} p(x_j)\big) \cdot \frac{p(x_i)}{1 - \sum_{j<i} p(x_j)} = p(x_i)$.
+# Summing: $\sum_i p(x_i)$, the target's mass on the candidates. With top-$n$ drafts this beats a
+# sampled draft's $\alpha = 1 - \mathrm{TV}(p, q)$ when the draft ranks well (the target's mass
+# sits on the draft's top tokens) even if its probabilities are poorly calibrated.
+# </details>
+#
+# <details><summary>3. τ of a tree</summary>
+#
+# $\tau = 1 + \sum_{\text{nodes}} P(\text{node on the accepted path})$: one token from the target
+# plus one per accepted node. Here $1 + 0.8 + 0.8 \cdot 0.6 = 2.28$; the chain gives
+# $1 + 0.6 + 0.6^2 = 1.96$. (The cell below prints both.)
+# </details>
+#
+# <details><summary>4. Without replacement</summary>
+#
+# A candidate with $p_i(x_i) \ge q_i(x_i)$ is accepted with probability 1, so a rejection implies
+# $p_i(x_i) < q_i(x_i)$ and $\max(0, p_i - q_i)(x_i) = 0$. If $q$ were not updated, round $i + 1$
+# would use $q$ in its acceptance ratio while its candidate was drawn from $q_{i+1}$ (the earlier
+# candidates removed): the one-step argument needs $P(\text{candidate} = y) = $ the $q$ in the
+# ratio, so the output is biased (the "WRONG pairing" row of section 2).
+# </details>
+#
+# <details><summary>5. The real-q rule on a deterministic draft</summary>
+#
+# Real-$q$ rule: accept token 0 with probability $\min(1, 0.5/0.9) = 5/9$, else draw from the
+# residual $\mathrm{norm}(\max(0, p - q)) = (0, 1)$: the output is $(5/9, 4/9) \ne p$. One-hot
+# rule: accept token 0 with probability $p(0) = 1/2$, else token 1: the output is $(1/2, 1/2) = p$.
+# (The cell below enumerates both.)
+# </details>
+
+# %%
+# Questions 3 and 5, checked.
+print(f"question 3: tree tau = {1 + 0.8 + 0.8 * 0.6:.2f}, chain tau = {vf.expected_tokens(0.6, 2):.2f}")
+p2 = torch.tensor([0.5, 0.5], dtype=torch.float64)
+q2 = torch.tensor([0.9, 0.1], dtype=torch.float64)
+for mode, qq in (("mss_replacement", q2), ("onehot", None)):
+    law = ex.outcome_distribution(lambda ch: vf.verify_candidates([0], p2, qq, mode=mode, chooser=ch)[1])
+    print(f"question 5: {mode:<16} emits token 0 w.p. {law.get(0, 0.0):.4f}, token 1 w.p. {law.get(1, 0.0):.4f}")

@@ -37,7 +37,7 @@ def accept_prob(p_x: float, q_x: float) -> float:
     Returns:
         The acceptance probability, a float in [0, 1].
     """
-    # EXERCISE 1.1: return min(1, p_x / q_x), with the q_x = 0 cases described above
+    # EXERCISE 1.1: accept so that q(x) * P(accept x) = min(p(x), q(x)); the docstring covers q_x = 0
     # BEGIN SOLUTION
     if q_x > 0:
         return min(1.0, p_x / q_x)
@@ -59,7 +59,7 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         [..., V] residual distribution(s), each row summing to 1 (p's row where the residual
         is empty). The inputs are not modified.
     """
-    # EXERCISE 1.2: clamp p - q at 0, normalise each row, fall back to p for empty rows
+    # EXERCISE 1.2: what accepted drafts leave of p, as a distribution per row (mind an empty residual)
     # BEGIN SOLUTION
     r = (p - q).clamp(min=0)  # [..., V]
     mass = r.sum(-1, keepdim=True)  # [..., 1]
@@ -86,7 +86,7 @@ def verify_chain(draft_tokens: list[int], p: torch.Tensor, q: torch.Tensor, choo
         (n, next_token): n accepted drafts (0..k) and the token emitted after them. The step
         commits draft_tokens[:n] + [next_token]: between 1 and k+1 tokens.
     """
-    # EXERCISE 1.3: accept/reject each draft in order; residual on rejection, bonus from p_k
+    # EXERCISE 1.3: one accept/reject per draft, in order: what ends the step, and what is emitted after it?
     # BEGIN SOLUTION
     k = len(draft_tokens)
     for i, x in enumerate(draft_tokens):
@@ -110,7 +110,7 @@ def expected_tokens(alpha: float, k: int) -> float:
     Returns:
         The expected number of tokens per step, a float in [1, k + 1].
     """
-    # EXERCISE 1.4: the geometric series 1 + alpha + ... + alpha^k (careful at alpha = 1)
+    # EXERCISE 1.4: a finite geometric series; what does its closed form become at alpha = 1?
     # BEGIN SOLUTION
     if alpha == 1.0:
         return float(k + 1)
@@ -132,7 +132,7 @@ def speedup(alpha: float, k: int, c: float) -> float:
     Returns:
         expected_tokens(alpha, k) / (k * c + 1), a float.
     """
-    # EXERCISE 1.5: tokens per step divided by the cost of a step
+    # EXERCISE 1.5: tokens per step over the cost of a step, both in units of one target forward
     # BEGIN SOLUTION
     return expected_tokens(alpha, k) / (k * c + 1.0)
     # END SOLUTION

@@ -1,0 +1,113 @@
+"""Exact and sampled joint laws of the first few tokens of a speculative loop on real models (chapters 1-2).
+
+The course checks its verifiers on SmolLM2-135M with the shipped draft: the exact law of the first
+``length`` tokens under top-k sampling is a finite table (1 + k + k^2 next-token distributions for
+three tokens), and a speculative loop run n times must reproduce it up to the sampling error
+``exactness.tv_bound(n, K)``. ``next_token_laws`` computes many next-token distributions in ONE
+forward pass: the contexts are packed after the prompt with a tree attention mask (chapter 4), so
+each row equals a separate forward of prompt + context. ``TableLM`` serves the tables through
+``exactness.ToyLM``'s interface (``p(ctx)``, ``q(ctx)``) on a compact vocabulary, so the step
+functions of ``minispec.exactness`` run on the real model unchanged.
+
+Shapes: L prompt tokens, T packed context tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import exactness as ex
+from . import verify as vf
+from .models import load
+from .sampling import probs
+
+
+def load_tv_models(fast: bool):
+    """(target name, draft name, target, draft, tokenizer): SmolLM2-135M + its shipped distilled draft;
+    in fast mode only, the seeded tiny presets when SmolLM2 cannot be loaded (labelled so)."""
+    try:
+        from minispec.drafters.draft_checkpoint import load_draft_model
+        target, tok = load("smollm2-135m")
+        draft = load_draft_model(target)
+        return ("SmolLM2-135M-Instruct", f"minispec's distilled SmolLM2 draft ({draft.cfg.n_layer} layers)",
+                target, draft, tok)
+    except Exception as e:
+        if not fast:
+            raise
+        print(f"SmolLM2-135M or its draft could not be loaded ({type(e).__name__}: {e})")
+        (target, tok), (draft, _) = load("tiny-gpt2"), load("tiny-gpt2-draft")
+        return ("tiny-gpt2 (seeded random weights; CI fast-mode fallback)",
+                "tiny-gpt2-draft (seeded random weights; CI fast-mode fallback)", target, draft, tok)
+
+
+def next_token_laws(model, prompt_ids, contexts, params):
+    """{context: p(. | prompt + context) [V]} for token-id tuples `contexts`, from one forward pass."""
+    nodes = sorted({c[:i] for c in contexts for i in range(1, len(c) + 1)}, key=len)  # every non-empty prefix
+    at = {c: i for i, c in enumerate(nodes)}
+    L, T = len(prompt_ids), len(nodes)
+    tokens = list(prompt_ids) + [c[-1] for c in nodes]  # [L + T]
+    positions = list(range(L)) + [L + len(c) - 1 for c in nodes]  # [L + T]
+    mask = torch.ones(L + T, L + T, dtype=torch.bool).tril()  # [L+T, L+T]: causal over the prompt
+    mask[L:, L:] = False
+    for c, i in at.items():  # a packed token sees its own context (itself included)
+        mask[L + i, [L + at[c[:j]] for j in range(1, len(c) + 1)]] = True
+    with torch.inference_mode():
+        logits = model(torch.tensor([tokens]), positions=torch.tensor(positions), mask=mask).logits[0]  # [L+T, V]
+    row = {(): L - 1, **{c: L + i for c, i in at.items()}}
+    return {c: probs(logits[row[c]].double(), params) for c in contexts}
+
+
+class TableLM:
+    """p(ctx), q(ctx) (ToyLM's interface) from tables of real next-token laws, on a compact vocabulary."""
+
+    def __init__(self, P, Q):
+        self.vocab = sorted({t for D in (P, Q) for row in D.values() for t in row.nonzero().flatten().tolist()})
+        local, cols = {t: i for i, t in enumerate(self.vocab)}, torch.tensor(self.vocab)
+        self.V = len(self.vocab)  # every row has all its mass on these tokens
+        self.P = {tuple(local[t] for t in c): row[cols] for c, row in P.items()}  # {ctx: [V]}
+        self.Q = {tuple(local[t] for t in c): row[cols] for c, row in Q.items()}
+
+    def p(self, ctx):
+        return self.P[ctx]
+
+    def q(self, ctx):
+        return self.Q[ctx]
+
+    def text(self, tok, seq):
+        return repr("".join(tok.decode([self.vocab[t]]) for t in seq))
+
+
+def table_lm(target, draft, prompt_ids, params, depth):
+    """Every law a loop emitting depth + 1 tokens can ask for: after each context of <= depth tokens
+    that p or q can produce."""
+    P, Q, level = {}, {}, [()]
+    for d in range(depth + 1):
+        P.update(next_token_laws(target, prompt_ids, level, params))
+        Q.update(next_token_laws(draft, prompt_ids, level, params))
+        level = [c + (t,) for c in level for t in ((P[c] > 0) | (Q[c] > 0)).nonzero().flatten().tolist()]
+    return TableLM(P, Q)
+
+
+def first_tokens(lm, step, length, k, chooser):
+    """The first `length` tokens of a speculative loop: each step(lm, ctx, k', chooser) drafts
+    k' = min(k, tokens still wanted - 1) tokens (the step's own residual/bonus token is the last one)."""
+    out = ()
+    while len(out) < length:
+        out += step(lm, out, min(k, length - len(out) - 1), chooser)
+    return out[:length]
+
+
+def joint_tv_check(lm, law, steps, n, seed=0, length=3, k=2):
+    """Sample n runs of each step rule; TV of the first `length` tokens to the exact `law`.
+    Returns {name: dict(tv, counts, draws)}, the bound tv_bound(n, K), the support and the target law."""
+    support = sorted(law)
+    index = {s: i for i, s in enumerate(support)}
+    target = np.array([law[s] for s in support] + [0.0])  # last bin: sequences the target never emits
+    out = {}
+    for name, step in steps.items():
+        ch = vf.TorchChooser(torch.Generator().manual_seed(seed))
+        draws = np.array([index.get(first_tokens(lm, step, length, k, ch), len(support)) for _ in range(n)])
+        counts = np.bincount(draws, minlength=len(target))
+        out[name] = dict(tv=0.5 * float(np.abs(counts / n - target).sum()), counts=counts, draws=draws)
+    return out, ex.tv_bound(n, len(target)), support, target

@@ -1,0 +1,161 @@
+"""Exercises sit where their idea is taught, and no notebook prints an answer before the exercise.
+
+For each reworked chapter, parsed from its jupytext source ``notebooks/NN_*.py``:
+  (a) every graded exercise N.M has a statement (a markdown heading "Exercise N.M") and, after
+      it, a check cell (``check("N.M")``) with no new section in between; both sit inside the
+      section that teaches the idea (``TAUGHT_IN`` below); and no code cell before the check
+      cell prints the library function that answers it (``show(...)`` / ``getsource(...)``);
+  (b) the check cells are spread over the notebook: each is inside its own teaching section,
+      not gathered in one block at the end.
+
+Later chapters join ``CHAPTERS_CHECKED`` (with their entries in ``TAUGHT_IN`` and ``ANSWERS``)
+when their notebooks are reworked the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jupytext
+import pytest
+
+from minispec.grading import chapter_module
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+
+# Chapters whose notebooks follow the rule; later chapters join when reworked.
+CHAPTERS_CHECKED = ["01", "02", "05", "07"]
+
+# Exercise -> a phrase of the "## " heading of the section that teaches it (case-insensitive).
+TAUGHT_IN = {
+    "1.1": "one draft token", "1.2": "one draft token", "1.3": "a chain of",
+    "1.4": "tokens per step", "1.5": "tokens per step",
+    "2.1": "with replacement", "2.2": "without replacement", "2.3": "one-hot", "2.4": "trees, level by level",
+    "5.1": "expand and rerank", "5.2": "expand and rerank", "5.4": "expand and rerank", "5.3": "the cost model",
+    "7.1": "reserving a forward", "7.2": "a tree step", "7.3": "ragged acceptance",
+}
+
+# Exercise -> the library functions (last dotted name) whose source is its answer. The function
+# of the same name as the exercise is always included (minispec.verify shares the names).
+ANSWERS = {
+    "2.1": ["_mss_replacement", "verify_candidates"],
+    "2.2": ["_mss_no_replacement", "verify_candidates"],
+    "2.3": ["_mss_onehot", "verify_candidates"],
+    "5.4": ["_dynamic"],
+}
+
+
+def notebook_source(chapter: str) -> Path:
+    [path] = sorted(NOTEBOOKS.glob(f"{chapter}_*.py"))
+    return path
+
+
+def exercises(chapter: str) -> list[tuple[str, str]]:
+    """[(id, function name)] of a chapter's graded exercises (minispec.grading.chNN)."""
+    return [(ex.id, ex.name) for ex in chapter_module(int(chapter)).EXERCISES]
+
+
+def _heading(cell) -> str | None:
+    """The text of the first "## " heading of a markdown cell, if any."""
+    if cell.cell_type != "markdown":
+        return None
+    m = re.search(r"(?m)^##\s+(.*)$", cell.source)
+    return m[1].strip() if m else None
+
+
+def code(cell) -> str:
+    """A code cell's source without comments ("" for markdown)."""
+    return re.sub(r"(?m)#.*$", "", cell.source) if cell.cell_type == "code" else ""
+
+
+def is_exercise(cell) -> bool:
+    """An exercise statement ("### Exercise N.M") or a check cell (check("N.M"))."""
+    if cell.cell_type == "markdown":
+        return bool(re.search(r"(?m)^#+\s*Exercise\s+\d+\.\d+", cell.source))
+    return bool(re.search(r"""\bcheck\(\s*["']\d+\.\d+["']""", code(cell)))
+
+
+def order_problems(chapter: str, text: str) -> list[str]:
+    """Why the notebook source ``text`` of ``chapter`` breaks the rules above ([] if it does not)."""
+    cells = jupytext.reads(text, fmt="py:percent").cells
+    section = []  # the "## " heading each cell belongs to
+    current = None
+    for c in cells:
+        current = _heading(c) or current
+        section.append(current)
+    out = []
+    checks = []
+    for ex_id, name in exercises(chapter):
+        where = f"exercise {ex_id} ({name})"
+        check_re = re.compile(r"""\bcheck\(\s*["']""" + re.escape(ex_id) + r"""["']""")
+        found = [i for i, c in enumerate(cells) if check_re.search(code(c))]
+        statement_re = re.compile(r"(?m)^#+\s*Exercise\s+" + re.escape(ex_id) + r"\b")
+        statements = [i for i, c in enumerate(cells) if c.cell_type == "markdown" and statement_re.search(c.source)]
+        names = sorted({name, *ANSWERS.get(ex_id, [])})
+        show_re = re.compile(r"\b(?:show|getsource)\(\s*(?:[\w.]+\.)?(" + "|".join(map(re.escape, names)) + r")\s*\)")
+        if not found:
+            out.append(f"{where}: no check cell calling check({ex_id!r})")
+            whole = [i for i, c in enumerate(cells) if re.search(r"\bcheck\(", code(c))]  # a chapter-wide check
+            end = whole[0] if whole else len(cells)
+            out += [f"{where}: cell {i} prints the library's answer ({m[0]}) before the exercise (cell {end})"
+                    for i, c in enumerate(cells[:end]) if (m := show_re.search(code(c)))]
+            continue
+        ci = found[0]
+        checks.append(ci)
+        if not statements or statements[0] > ci:
+            out.append(f"{where}: no markdown statement '### Exercise {ex_id}' before its check cell (cell {ci})")
+        elif section[statements[0]] != section[ci]:
+            out.append(f"{where}: a new section starts between its statement (cell {statements[0]}) and its "
+                       f"check cell (cell {ci})")
+        phrase = TAUGHT_IN.get(ex_id)
+        if phrase is None:
+            out.append(f"{where}: add it to TAUGHT_IN in this test (the section that teaches it)")
+        else:
+            taught = [i for i, c in enumerate(cells) if phrase in (_heading(c) or "").lower()]
+            if not taught:
+                out.append(f"{where}: no '## ' section heading containing {phrase!r}")
+            elif phrase not in (section[ci] or "").lower():
+                out.append(f"{where}: its check cell (cell {ci}) is in section {section[ci]!r}, not in the "
+                           f"section that teaches it ({phrase!r}, cell {taught[0]})")
+            else:
+                stop = statements[0] if statements else ci
+                lesson = [cells[j].source for j in range(taught[0], stop) if not is_exercise(cells[j])]
+                if len("".join(lesson)) - len(section[ci]) < 200:  # the heading alone teaches nothing
+                    out.append(f"{where}: the section {section[ci]!r} teaches nothing before the exercise")
+        for i, c in enumerate(cells[:ci]):
+            if m := show_re.search(code(c)):
+                out.append(f"{where}: cell {i} prints the library's answer ({m[0]}) before the exercise's check "
+                           f"cell (cell {ci})")
+    # (b) not one block at the end: the check cells are separated by teaching sections
+    if len(checks) > 1 and len({section[i] for i in checks}) == 1:
+        out.append(f"all check cells sit in one section ({section[checks[0]]!r}): move each after the section "
+                   "that teaches it")
+    return out
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS_CHECKED)
+def test_exercises_follow_their_sections(chapter):
+    problems = order_problems(chapter, notebook_source(chapter).read_text())
+    assert not problems, f"notebooks/{notebook_source(chapter).name}:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS_CHECKED)
+def test_every_exercise_is_mapped(chapter):
+    assert {ex_id for ex_id, _ in exercises(chapter)} <= set(TAUGHT_IN)
+
+
+def test_the_check_can_fail():
+    """The rules flag the old layout: every exercise in one block at the end, the answer printed above it."""
+    text = notebook_source("01").read_text()
+    cells = jupytext.reads(text, fmt="py:percent").cells
+    head = jupytext.reads("# %% [markdown]\n# ## Exercises\n", fmt="py:percent").cells[0]
+    moved = [c for c in cells if not is_exercise(c)] + [head] + [c for c in cells if is_exercise(c)]
+    moved.insert(3, jupytext.reads("# %%\nshow(vf.verify_chain)\n", fmt="py:percent").cells[0])
+    nb = jupytext.reads(text, fmt="py:percent")
+    nb.cells = moved
+    problems = order_problems("01", jupytext.writes(nb, fmt="py:percent"))
+    assert any("prints the library's answer (show(vf.verify_chain))" in p for p in problems), problems
+    assert any("not in the section that teaches it" in p for p in problems), problems
+    assert any("all check cells sit in one section" in p for p in problems), problems
