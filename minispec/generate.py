@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from .drafters.base import Drafter, Features
-from .kv import KVCache
+from .kv import KVCache, PagedKVCache
 from .sampling import GREEDY, SamplingParams, next_token, probs
 from .tokenizer import encode_prompt
 from .tree import Tree
@@ -111,7 +111,8 @@ class Decoder:
     """
 
     def __init__(self, target, ids: list[int], drafter=None, params: SamplingParams = GREEDY,
-                 max_new_tokens: int = 64, eos: set[int] = frozenset(), generator: torch.Generator | None = None):
+                 max_new_tokens: int = 64, eos: set[int] = frozenset(), generator: torch.Generator | None = None,
+                 kv_block_size: int | None = None):
         if drafter is not None:
             if not isinstance(drafter, Drafter):
                 raise TypeError(f"{drafter!r} is not a minispec Drafter: subclass minispec.drafters.Drafter "
@@ -120,7 +121,9 @@ class Decoder:
         self.target, self.ids, self.drafter, self.params = target, list(ids), drafter, params
         self.max_new_tokens, self.eos, self.gen = max_new_tokens, eos, generator
         self.max_nodes = drafter.max_nodes if drafter is not None else 0
-        self.kv = KVCache.for_model(target, capacity=len(ids) + max_new_tokens + self.max_nodes)
+        capacity = len(ids) + max_new_tokens + self.max_nodes
+        self.kv = KVCache.for_model(target, capacity) if kv_block_size is None else \
+            PagedKVCache.for_model(target, capacity, block_size=kv_block_size)  # chapter 7: same interface
         reads = drafter is not None and drafter.reads_features
         self.layers = tuple(drafter.target_layers) if reads else ()
         self.reads_features = reads
@@ -206,7 +209,7 @@ class Decoder:
 @torch.inference_mode()
 def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64, chat: bool = True,
-             seed: int | None = None, stop_at_eos: bool = True) -> GenerationResult:
+             seed: int | None = None, stop_at_eos: bool = True, kv_block_size: int | None = None) -> GenerationResult:
     """Generate a continuation of ``prompt`` with ``target``, optionally speculatively.
 
     Args:
@@ -219,6 +222,8 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
         max_new_tokens: upper bound on new tokens.
         seed: seed of the sampling generator (ignored when greedy).
         stop_at_eos: stop after the tokenizer's / model's end-of-sequence token.
+        kv_block_size: None for the contiguous KV cache; a number of tokens for a paged cache with
+            blocks of that size (``minispec.kv.PagedKVCache``, chapter 7). The output is the same.
     Returns:
         GenerationResult(text, tokens, prompt_tokens, stats).
     """
@@ -237,7 +242,10 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
     if max(ids) >= target.cfg.vocab_size or min(ids) < 0:
         raise ValueError(f"prompt token ids must be in [0, {target.cfg.vocab_size}), got {min(ids)}..{max(ids)}")
     gen = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
-    dec = Decoder(target, ids, drafter, params, max_new_tokens, _eos_ids(target, tokenizer) if stop_at_eos else set(), gen)
+    if kv_block_size is not None and (not isinstance(kv_block_size, int) or kv_block_size < 1):
+        raise ValueError(f"kv_block_size must be a positive number of tokens or None, got {kv_block_size!r}")
+    dec = Decoder(target, ids, drafter, params, max_new_tokens, _eos_ids(target, tokenizer) if stop_at_eos else set(),
+                  gen, kv_block_size)
     dec.prefill()
     while not dec.done:
         dec.step()

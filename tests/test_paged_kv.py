@@ -334,3 +334,26 @@ def test_model_forward_on_an_exhausted_pool_changes_nothing(model):
     model(torch.tensor([[11, 12]]), kv=kv)  # fits the last block
     kv.commit()
     assert kv.length == 12
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 16])
+def test_generate_with_a_paged_cache_equals_the_contiguous_one(block_size):
+    """The decode loop on a paged cache (``generate(kv_block_size=...)``): vanilla, lookup, a chain and a
+    branching tree give the contiguous cache's greedy tokens, and sampling with a seed its samples."""
+    from minispec import generate
+    from minispec.drafters import DraftModel, PromptLookup
+
+    (model, tok), (draft, _) = load("tiny-llama"), load("tiny-gpt2-draft")
+    prompt = "abcabcabc abc ab"
+    makers = {"vanilla": lambda: None, "lookup": lambda: PromptLookup(k=4),
+              "chain": lambda: DraftModel(draft, k=3), "tree": lambda: DraftModel(draft, tree="3,2,6")}
+    for name, make in makers.items():
+        want = generate(model, tok, prompt, drafter=make(), max_new_tokens=40)
+        got = generate(model, tok, prompt, drafter=make(), max_new_tokens=40, kv_block_size=block_size)
+        assert got.tokens == want.tokens, name
+    want = generate(model, tok, prompt, drafter=PromptLookup(k=3), max_new_tokens=30, temperature=0.9, seed=3)
+    got = generate(model, tok, prompt, drafter=PromptLookup(k=3), max_new_tokens=30, temperature=0.9, seed=3,
+                   kv_block_size=block_size)
+    assert got.tokens == want.tokens
+    with pytest.raises(ValueError, match="kv_block_size"):
+        generate(model, tok, prompt, max_new_tokens=4, kv_block_size=0)
