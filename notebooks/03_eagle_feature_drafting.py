@@ -72,6 +72,7 @@ import numpy as np
 from minispec import generate
 from minispec.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
 from minispec.drafters.loader import load_drafter
+from minispec.grading import check  # check("3.1", impl="exercises"): grade one exercise of exercises/ (prints, never raises)
 from minispec.methods import Methods, shipped_head
 from minispec.tokenizer import encode_prompt
 
@@ -136,6 +137,19 @@ ax2.set_title("EAGLE's pairs: token x_j+1 with feature f_j; output g_j+1 predict
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
+# ### Exercise 3.1 — `eagle_input(embedding, tokens, features)`
+#
+# Implement `eagle_input` in `exercises/ch03_eagle.py`: the head's input rows
+# $\mathrm{cat}[e(x_{j+1}), f_j]$ for a context, the shifted pairs, embedding first.
+#
+# *Hint.* Look at the right-hand figure: which token does feature $f_j$ travel with, and which
+# token of the context has no feature yet? Count the rows you must return from the shapes in
+# the docstring, and mind the order of the two halves of each row.
+
+# %%
+check("3.1", impl="exercises")
+
+# %% [markdown]
 # The head itself (`EagleHead.forward`): `fc` on the concatenation, then one Llama decoder
 # layer without its input norm (the features are already normed) and no final norm; its
 # output is a predicted feature, scored by the target's own LM head.
@@ -187,6 +201,32 @@ print(f"EAGLE-3 drafts over {e3.draft_vocab_size} of {e3.vocab_size} target toke
 plt.figure(figsize=(6, 3))
 plt.barh(list(sizes), [n / 1e6 for n in sizes.values()], color=["tab:blue", "tab:green", "tab:orange", "0.5"])
 plt.xlabel("own parameters (millions)"); plt.title("drafter sizes for SmolLM2-135M"); plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# ### Exercise 3.3 — `build_vocab_map(token_counts, draft_vocab_size)`
+#
+# Implement `build_vocab_map`: EAGLE-3's draft vocabulary, the `d2t` offsets and the `t2d` mask.
+#
+# *Hint.* Decide first which target ids are kept (the most frequent ones; the docstring says
+# how to break ties), then in which order they become draft ids. `d2t` stores an *offset*, not
+# a target id: what must you add to draft id $i$ to get its target id back? And which inputs
+# must be refused?
+
+# %%
+check("3.3", impl="exercises")
+
+# %% [markdown]
+# ### Exercise 3.4 — `to_target_logits(draft_logits, d2t, vocab_size)`
+#
+# Implement `to_target_logits`: the head's draft-vocabulary logits placed into the target
+# vocabulary, $-\infty$ elsewhere.
+#
+# *Hint.* Where does draft id $i$ land in the target vocabulary (exercise 3.3)? Start from a
+# tensor that gives every target id probability zero under the draft, then fill in the draft
+# ids; your function must accept any leading dimensions and keep the input's dtype.
+
+# %%
+check("3.4", impl="exercises")
 
 # %% [markdown]
 # ## 3. Training an EAGLE head, in miniature
@@ -247,6 +287,20 @@ for kind, p in HEADS.items():
     ev = rec.get("eval", {}).get("heldout")
     if ev is not None:
         print(f"    held-out (teacher-forced) eval: {ev}")
+
+# %% [markdown]
+# ### Exercise 3.2 — `eagle_loss(pred_feat, target_feat, pred_logits, top_idx, top_logp, w_cls)`
+#
+# Implement `eagle_loss`: SmoothL1 on features + $w_{cls}$ × soft cross-entropy against the
+# target's top-$K$ (the loss above, on $N$ positions).
+#
+# *Hint.* The two terms are separate: the feature term compares $g_{t+1}$ with $f_{t+1}$; the
+# token term needs the target's distribution over its $K$ kept tokens (the stored
+# log-probabilities need not sum to 1) and the head's log-probabilities *at those same
+# tokens*. Average over positions, and keep everything a torch operation so gradients flow.
+
+# %%
+check("3.2", impl="exercises")
 
 # %% [markdown]
 # ## 4. Acceptance per draft position: SpS vs Medusa vs EAGLE-1 vs EAGLE-3
@@ -398,10 +452,12 @@ for tree in ("chain:3", "2,2,3"):
     assert tv <= bound, f"{tree}: TV {tv:.4f} above the bound {bound:.4f}"
 
 # %% [markdown]
-# ## Exercises
+# ## Exercises: the whole chapter
 #
-# Implement the functions in `exercises/ch03_eagle.py` (generated from `solutions/`; same
-# signatures and docstrings). The checks compare your functions with minispec's own code (`EagleDrafter`'s head input, `minispec.train.eagle.eagle_loss`, `minispec.drafters.eagle3`) on seeded random tensors.
+# Exercises 3.1–3.4 sit after the sections that teach them; their functions are in
+# `exercises/ch03_eagle.py` (generated from `solutions/`; same signatures and docstrings). The
+# checks compare your functions with minispec's own code (`EagleDrafter`'s head input,
+# `minispec.train.eagle.eagle_loss`, `minispec.drafters.eagle3`) on seeded random tensors.
 #
 # | exercise | function | task |
 # |---|---|---|
@@ -413,8 +469,8 @@ for tree in ("chain:3", "2,2,3"):
 # Grade from a terminal with `python -m minispec grade 3` or
 # `pytest tests/test_exercises.py -m ch03 --impl exercises`; in this notebook with
 # `check("3.1")` (one exercise) or `check(3)` (the chapter). The cell below prints
-# the stub of the first exercise, then grades your file: it reports failures, it does not
-# raise, so until you fill in the stubs every line says "not implemented yet".
+# your `eagle_input` (exercise 3.1), then grades your whole file: it reports failures, it does
+# not raise, so until you fill in the stubs every line says "not implemented yet".
 
 # %%
 import inspect

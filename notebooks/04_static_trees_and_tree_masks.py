@@ -45,12 +45,28 @@ print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
 # 4. Compare a chain ($k$ = 4) with EAGLE's static tree: $\tau$ and tokens/s, output
 #    identical to plain greedy decoding.
 # 5. Check that tree verification with one-hot $q$ is lossless when sampling (total variation).
-# 6. Implement exercises 4.1–4.5 and grade them.
+# 6. Implement exercises 4.1–4.5, each right after the section that teaches it.
 #
 # **Layout** (the same everywhere in minispec): a tree of $N$ nodes has `tokens[i]` and
 # `parents[i]`, in topological order: `parents[i]` is $-1$ (a child of the **root**, the
 # last committed token) or an earlier node. The target's forward runs over $N+1$ new tokens,
 # the root at row 0 and node $i$ at row $i+1$ ("row = node + 1").
+#
+# **Exercises.** You write them in `exercises/ch04_static_trees.py` (generated from
+# `solutions/`; same signatures and docstrings). These functions are deterministic: the grader
+# runs yours on many seeded random trees (and on EAGLE's and Medusa's `mc_sim_7b_63`) and
+# compares every output with minispec's own. Each check cell below grades one exercise and
+# reports failures, it does not raise: until you fill in a stub it says "not implemented yet".
+# From a terminal: `python -m minispec grade 4` or
+# `pytest tests/test_exercises.py -m ch04 --impl exercises`.
+#
+# | exercise | function | task |
+# |---|---|---|
+# | 4.1 | `tree_mask` | the $[N+1, N+1]$ ancestor mask |
+# | 4.2 | `tree_positions` | position ids: prefix length + depth (the root at the prefix length) |
+# | 4.3 | `retrieve_indices` | root-to-leaf paths of node indices, padded with $-1$ |
+# | 4.4 | `choices_to_parents` | a choices list $\to$ parents and sibling ranks (and its errors) |
+# | 4.5 | `greedy_verify` | the accepted path of a tree under greedy verification |
 
 # %%
 import inspect
@@ -63,6 +79,7 @@ from minispec import generate
 from minispec import verify as vf
 from minispec.drafters import DraftModel, TreeSpec
 from minispec.drafters.draft_checkpoint import load_draft_model
+from minispec.grading import check  # check("4.1", impl="exercises"): grade one exercise (prints, never raises)
 from minispec.kv import KVCache
 from minispec.sampling import GREEDY, SamplingParams, probs
 from minispec.tokenizer import encode_prompt
@@ -85,8 +102,6 @@ def show(obj):
 # Medusa's 63 nodes and depth 4.
 
 # %%
-show(parse_choices)
-
 small = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 ct = parse_choices(small)
 print(f"{'node':>4}  {'choice':<10} {'parent':>6} {'rank':>4}")
@@ -96,6 +111,28 @@ for name, cs in (("EAGLE", EAGLE_MC_SIM_7B_63), ("Medusa", MEDUSA_MC_SIM_7B_63))
     t = Tree.from_choices(cs)
     print(f"{name} mc_sim_7b_63: {len(t)} nodes, depth {t.depth}, {len(t.leaves())} leaves, "
           f"nodes per depth {np.bincount(t.depths())[1:].tolist()}")
+
+# %% [markdown]
+# ### Exercise 4.4 — `choices_to_parents(choices)`
+#
+# Turn a choices list into parents and sibling ranks, and reject the lists that are not a
+# tree (the errors listed in the docstring).
+#
+# *Hint.* Which order of the choices puts every parent before its children, and is it the one
+# the table above printed? Once the choices are in node order, how can you find the index of a
+# choice's parent without searching the whole list each time? For the errors: what does a
+# duplicate, or a choice whose parent is missing, look like in that lookup?
+
+# %%
+check("4.4", impl="exercises")
+
+# %% [markdown]
+# ### The library's version
+#
+# Now that you have written it: `parse_choices` in `minispec/tree.py`.
+
+# %%
+show(parse_choices)
 
 
 # %% [markdown]
@@ -123,7 +160,6 @@ def naive_mask(parents):
             i = parents[i]
     return torch.tensor(m)
 
-show(Tree.mask)
 rng = np.random.default_rng(0)
 examples = [ct.parents, Tree.from_choices(EAGLE_MC_SIM_7B_63).parents, Tree.from_choices(MEDUSA_MC_SIM_7B_63).parents]
 examples += [[int(rng.integers(-1, i)) if i else -1 for i in range(n)] for n in rng.integers(1, 40, size=50)]
@@ -132,6 +168,26 @@ for parents in examples:
 chain = Tree.chain([0] * 6)
 assert torch.equal(chain.mask(), torch.ones(7, 7, dtype=torch.bool).tril())
 print(f"naive mask == Tree.mask on {len(examples)} trees; a chain's mask is causal")
+
+# %% [markdown]
+# ### Exercise 4.1 — `tree_mask(parents)`
+#
+# Build the $[N+1, N+1]$ ancestor mask of root + $N$ nodes (row $a$ = query, column $b$ = key).
+#
+# *Hint.* The naive version above walks up the parents of every row, again and again. Since
+# nodes come in topological order, what do you already know about a node's parent's row when
+# you reach the node's own row? How does a node's row differ from its parent's?
+
+# %%
+check("4.1", impl="exercises")
+
+# %% [markdown]
+# ### The library's version
+#
+# Now that you have written it: `Tree.mask` in `minispec/tree.py`.
+
+# %%
+show(Tree.mask)
 
 # %% [markdown]
 # ### Drawing trees with real tokens
@@ -233,6 +289,29 @@ for row in ri.tolist():
     print(f"  {str(path):<18} {tok.decode([root] + [t.tokens[i] for i in path])!r}")
 assert all(p == [i for i in row if i >= 0] for p, row in zip(t.paths(), ri.tolist()))
 
+# %% [markdown]
+# ### Exercise 4.2 — `tree_positions(parents, prefix_len)`
+#
+# The position ids of root + $N$ nodes: prefix length + depth (the root at the prefix length).
+#
+# *Hint.* In topological order, can a node's depth be read off something you have already
+# computed?
+
+# %%
+check("4.2", impl="exercises")
+
+# %% [markdown]
+# ### Exercise 4.3 — `retrieve_indices(parents)`
+#
+# The root-to-leaf paths of node indices, one row per leaf, padded with $-1$ to the tree's depth.
+#
+# *Hint.* Which nodes are leaves, and how do you find them from `parents` alone? From a leaf,
+# which direction can you walk, and in which order does that give you the path? Mind the shape
+# the docstring asks for when the tree is empty.
+
+# %%
+check("4.3", impl="exercises")
+
 
 # %% [markdown]
 # ## 4. One real tree step on SmolLM2
@@ -289,6 +368,20 @@ with torch.inference_mode():
         worst = max(worst, (full - tree_rows).abs().max().item())
 print(f"{len(t.paths())} root-to-leaf paths: max |causal logits - tree logits| = {worst:.2e}")
 assert worst < 1e-3
+
+# %% [markdown]
+# ### Exercise 4.5 — `greedy_verify(parents, tokens, logits)`
+#
+# The accepted path of a tree under greedy verification, and the token emitted after it: what
+# `verify_tree(..., mode="greedy")` returned in `tree_step` above.
+#
+# *Hint.* At each step you stand at one row of the logits: what does the target want there, and
+# which nodes are allowed to offer it? What do you need to know, for each row, to answer that
+# quickly? Which row do you move to when a child is accepted, and what is emitted when none is
+# (including after a leaf)?
+
+# %%
+check("4.5", impl="exercises")
 
 # %% [markdown]
 # ### Explorer: a few steps of drafting and verification
@@ -435,24 +528,12 @@ for name, r in results.items():
 print(f"{N} verifications each: one-hot tree verification emits p's law; greedy matching does not")
 
 # %% [markdown]
-# ## Exercises
+# ## The whole chapter
 #
-# Implement the functions in `exercises/ch04_static_trees.py` (generated from `solutions/`; same
-# signatures and docstrings). These functions are deterministic: the grader runs yours on many seeded random trees (and on EAGLE's and Medusa's `mc_sim_7b_63`) and compares every output with minispec's own.
-#
-# | exercise | function | task |
-# |---|---|---|
-# | 4.1 | `tree_mask` | the $[N+1, N+1]$ ancestor mask: a node's row is its parent's row plus itself |
-# | 4.2 | `tree_positions` | position ids: prefix length + depth (the root at the prefix length) |
-# | 4.3 | `retrieve_indices` | root-to-leaf paths of node indices, padded with $-1$ |
-# | 4.4 | `choices_to_parents` | a choices list $\to$ parents and sibling ranks (and its errors) |
-# | 4.5 | `greedy_verify` | the accepted path of a tree under greedy verification |
-#
-# Grade from a terminal with `python -m minispec grade 4` or
-# `pytest tests/test_exercises.py -m ch04 --impl exercises`; in this notebook with
-# `check("4.1")` (one exercise) or `check(4)` (the chapter). The cell below prints
-# the stub of the first exercise, then grades your file: it reports failures, it does not
-# raise, so until you fill in the stubs every line says "not implemented yet".
+# Exercises 4.1–4.5 at once: `check(4)` grades the whole chapter (from a terminal:
+# `python -m minispec grade 4`). The cell below prints the stub of the first exercise, then
+# grades your file: it reports failures, it does not raise, so until you fill in the stubs
+# every line says "not implemented yet".
 
 # %%
 import inspect

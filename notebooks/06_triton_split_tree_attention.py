@@ -97,6 +97,26 @@ print(f"max |merged - whole| = {(merged - whole).abs().max():.2e}, "
       f"max |lse diff| = {(merged_lse - lse).abs().max():.2e}")
 
 # %% [markdown]
+# ### Exercise 6.1 — `merge_partials`
+#
+# Log-sum-exp merge of two partial results; stable; empty parts. Implement `merge_partials` in
+# `exercises/ch06_split_attention.py` (generated from `solutions/`; same signatures and
+# docstrings): given `(out_a, lse_a)` and `(out_b, lse_b)` over disjoint key sets, return
+# `(out, lse)` over their union. The grader runs it on random float64 inputs and compares with
+# attention computed directly over all keys, to 1e-9 (the merge is exact, so only rounding may
+# differ); it also shifts both lse by +1000 and passes empty parts (`lse = -inf`, `out = 0`),
+# one or both.
+#
+# *Hints.* Which quantity can you subtract from both lse before exponentiating so that neither
+# weight can overflow? When both parts are empty that quantity is $-\infty$ itself: what
+# would $e^{-\infty - (-\infty)}$ give, and what finite stand-in leaves the weights at 0?
+
+# %%
+from minispec.grading import check, load_impl  # check("6.1"): grade one exercise (prints, never raises)
+
+check("6.1", impl="exercises")
+
+# %% [markdown]
 # ## 1b. Triton puzzle: the merge as a kernel (exercise 6.5)
 #
 # Before reading the library's kernels (section 4), write the smallest one yourself: the merge
@@ -119,10 +139,8 @@ print(f"max |merged - whole| = {(merged - whole).abs().max():.2e}, "
 #   results, no GPU — slow, so the checks use small $R$.
 #
 # The empty part is the trap: with `lse_p = lse_s = -inf`, $m = -\infty$ and
-# $e^{-\infty - (-\infty)}$ is nan. Write `merge_kernel` in `exercises/ch06_split_attention.py`
-# (the launcher `merge_triton` is given); the check compares it with the PyTorch merge on
-# several $(R, D, \texttt{BLOCK\_R})$, rows past the last block, $D = 24$, empty parts and
-# $\ell \approx 1000$.
+# $e^{-\infty - (-\infty)}$ is nan. Exercise 6.5 below asks for this kernel; the cell after
+# this one prints your stub and the given launcher, and tries your kernel on section 1's example.
 
 # %%
 from minispec.grading import check, load_impl  # check("6.5"): grade one exercise (prints, never raises)
@@ -135,6 +153,19 @@ try:                                              # try yours on the example of 
     print(f"your kernel: max |merge_triton - merge| = {(got - merged).abs().max():.2e}")
 except Exception as e:
     print(f"your kernel does not run yet: {type(e).__name__}: {e}"[:300])
+
+# %% [markdown]
+# ### Exercise 6.5 — `merge_kernel`
+#
+# The merge as a Triton kernel: program ids, masked loads / stores. Write `merge_kernel` in
+# `exercises/ch06_split_attention.py` (the launcher `merge_triton` is given); the check compares
+# it with the PyTorch merge on several $(R, D, \texttt{BLOCK\_R})$, rows past the last block,
+# $D = 24$, empty parts and $\ell \approx 1000$.
+#
+# *Hints.* Which rows does program `tl.program_id(0)` own, and which of them (and which
+# columns) exist? Work out the row-wise weights first, as vectors of `BLOCK_R`, then broadcast
+# them over the `[BLOCK_R, BLOCK_D]` tiles. For the empty parts, use the same stand-in for an
+# infinite maximum as in exercise 6.1.
 
 # %%
 check("6.5")
@@ -179,7 +210,6 @@ print(f"mask entries: dense {full.numel()}, split needs only the tree block's {t
 from minispec.attention import dense_attention, split_attention
 from minispec.attention import reference
 
-print(inspect.getsource(reference.split_attention))
 B, H, Hkv, hd = 2, 8, 2, 32
 for P in (0, 1, 37, 100):
     qq = torch.randn(B, H, T, hd, generator=g)
@@ -188,6 +218,23 @@ for P in (0, 1, 37, 100):
     err = (split_attention(qq, kk, vv, P, tm) - dense_attention(qq, kk, vv, fm)).abs().max().item()
     print(f"P={P:>3}: max |split - dense| = {err:.2e}")
     assert err < 1e-5
+
+# %% [markdown]
+# ### Exercise 6.2 — `masked_attention_lse`
+#
+# Masked attention that returns the row log-sum-exps (the tree suffix). Implement
+# `masked_attention_lse(q, k, v, mask)`: softmax attention of `q [..., T, hd]` over
+# `k, v [..., N, hd]` where only the `True` entries of the boolean `mask` (broadcastable to
+# `[..., T, N]`) may attend, returning `(out, lse)`. A row whose mask is all `False` must give
+# `out = 0` and `lse = -inf`, without nan. The grader tries random, causal, per-head and tree
+# ancestor masks, with a row that sees nothing, in float64 to 1e-9.
+#
+# *Hints.* Which score value makes a masked key contribute nothing to both the log-sum-exp and
+# the output? Once you have each row's lse, how do you turn the scores into probabilities
+# without a second max-and-sum — and what must you do for a row whose lse is $-\infty$?
+
+# %%
+check("6.2", impl="exercises")
 
 # %% [markdown]
 # ## 4. The Triton kernels
@@ -206,6 +253,25 @@ for P in (0, 1, 37, 100):
 # Keys and values are read straight from the KV cache's layout `[B, Hkv, S, hd]` through
 # strides; the prefix addressing is one function, ready to become a block-table lookup for the
 # paged cache of chapter 7.
+
+# %% [markdown]
+# ### Exercise 6.3 — `tiled_attention`
+#
+# The online softmax over key tiles (the prefix), in PyTorch: `tiled_attention(q, k, v, block)`
+# returns `(out, lse)` equal to unmasked softmax attention over all $N$ keys, but reads the keys
+# in tiles of `block` and never builds the full $T \times N$ score matrix. $N$ may be 0
+# (`out = 0`, `lse = -inf`) and need not be a multiple of `block`. The grader tries
+# $N \in \{0, 1, 7, 16, 37\}$ with tiles of 1, 4, 16 and 64 keys and sharp softmaxes, in
+# float64 to 1e-9.
+#
+# *Hints.* Keep per query row a running max $m$, a running sum $l = \sum e^{s - m}$ and an
+# unnormalised output $\text{acc} = \sum e^{s - m} v$. When a tile raises the max, by what
+# factor must the old $l$ and acc be rescaled so that they refer to the new max? What are $m$,
+# $l$ and acc before the first tile, and how do you read the lse off them at the end (and
+# when no tile came)?
+
+# %%
+check("6.3", impl="exercises")
 
 # %%
 from minispec.attention import triton_available
@@ -228,6 +294,28 @@ for B, H, Hkv, T_, P, hd in cases:
     err = (out - ref).abs().max().item()
     print(f"B={B} H={H} Hkv={Hkv} T={T_:>2} P={P:>3}: max |triton - torch split| = {err:.2e}")
     assert err < 1e-4
+
+# %% [markdown]
+# ### Exercise 6.4 — `split_tree_attention`
+#
+# 6.3 + 6.2 + 6.1 with grouped-query heads: `split_tree_attention(q, k, v, prefix_len,
+# tree_mask, block=16)` with `q [B, H, T, hd]` and `k, v [B, Hkv, prefix_len + T, hd]` (the
+# cache prefix, then the tree) returns `[B, H, T, hd]`, equal to softmax attention with the
+# mask [all prefix | `tree_mask`]: the prefix through your tiled attention (no mask), the tree
+# through your masked attention, merged. The grader tries several $(B, H, H_{kv}, T, P)$,
+# $P = 0$ included, with random trees, in float64 to 1e-9.
+#
+# *Hints.* Query head $h$ reads KV head $h // G$ with $G = H / H_{kv}$: how do you give every
+# query head its KV head (the kernels above stack rows instead; either is exact)? Which slices
+# of `k` and `v` are the prefix and which the tree? With $P = 0$ the prefix part is empty:
+# does your 6.3 already return what your 6.1 expects from an empty part?
+
+# %%
+check("6.4", impl="exercises")
+
+# %%
+# The library's answer to exercise 6.4, in minispec.attention.reference: prefix + suffix + merge.
+print(inspect.getsource(reference.split_attention))
 
 # %% [markdown]
 # ## 5. The model's attention backend
@@ -395,17 +483,17 @@ if path is not None:
 # %% [markdown]
 # ## Exercises
 #
-# Implement the functions in `exercises/ch06_split_attention.py` (generated from
-# `solutions/`; same signatures and docstrings). The grader runs your functions on random
-# float64 inputs and compares with attention computed directly over all keys, to 1e-9:
-# the split is exact, so only rounding may differ.
+# The functions of `exercises/ch06_split_attention.py` (generated from `solutions/`; same
+# signatures and docstrings), each met in the section that teaches it. The grader runs 6.1–6.4
+# on random float64 inputs and compares with attention computed directly over all keys, to
+# 1e-9: the split is exact, so only rounding may differ.
 #
 # | exercise | function | task |
 # |---|---|---|
-# | 6.1 | `merge_partials` | log-sum-exp merge of two partial results; stable; empty parts |
-# | 6.2 | `masked_attention_lse` | masked attention that returns the row log-sum-exps (the tree suffix) |
-# | 6.3 | `tiled_attention` | the online softmax over key tiles (the prefix) |
-# | 6.4 | `split_tree_attention` | 6.3 + 6.2 + 6.1 with grouped-query heads |
+# | 6.1 | `merge_partials` | log-sum-exp merge of two partial results; stable; empty parts (section 1) |
+# | 6.2 | `masked_attention_lse` | masked attention that returns the row log-sum-exps (the tree suffix; section 3) |
+# | 6.3 | `tiled_attention` | the online softmax over key tiles (the prefix; section 4) |
+# | 6.4 | `split_tree_attention` | 6.3 + 6.2 + 6.1 with grouped-query heads (section 4) |
 # | 6.5 | `merge_kernel` | the merge as a Triton kernel: program ids, masked loads / stores (section 1b) |
 #
 # Grade from a terminal with `python -m minispec grade 6` or

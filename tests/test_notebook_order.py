@@ -8,8 +8,8 @@ For each reworked chapter, parsed from its jupytext source ``notebooks/NN_*.py``
   (b) the check cells are spread over the notebook: each is inside its own teaching section,
       not gathered in one block at the end.
 
-Later chapters join ``CHAPTERS_CHECKED`` (with their entries in ``TAUGHT_IN`` and ``ANSWERS``)
-when their notebooks are reworked the same way.
+Every chapter is checked; a new chapter joins ``CHAPTERS_CHECKED`` with its entries in
+``TAUGHT_IN`` and ``ANSWERS``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from minispec.grading import chapter_module
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 
-# Chapters whose notebooks follow the rule; later chapters join when reworked.
-CHAPTERS_CHECKED = ["01", "02", "05", "07"]
+# Chapters whose notebooks follow the rule: all of them.
+CHAPTERS_CHECKED = ["01", "02", "03", "04", "05", "06", "07"]
 
 # Exercise -> a phrase of the "## " heading of the section that teaches it (case-insensitive).
 TAUGHT_IN = {
@@ -34,6 +34,12 @@ TAUGHT_IN = {
     "1.4": "tokens per step", "1.5": "tokens per step",
     "2.1": "with replacement", "2.2": "without replacement", "2.3": "one-hot", "2.4": "trees, level by level",
     "5.1": "expand and rerank", "5.2": "expand and rerank", "5.4": "expand and rerank", "5.3": "the cost model",
+    "3.1": "why the shifted token", "3.2": "training an eagle head", "3.3": "the heads, their sizes",
+    "3.4": "the heads, their sizes",
+    "4.1": "the tree attention mask", "4.2": "positions and paths", "4.3": "positions and paths",
+    "4.4": "from choices to a tree", "4.5": "one real tree step",
+    "6.1": "the log-sum-exp merge", "6.2": "pytorch references", "6.3": "the triton kernels",
+    "6.4": "the triton kernels", "6.5": "triton puzzle",
     "7.1": "reserving a forward", "7.2": "a tree step", "7.3": "ragged acceptance",
 }
 
@@ -43,7 +49,12 @@ ANSWERS = {
     "2.1": ["_mss_replacement", "verify_candidates"],
     "2.2": ["_mss_no_replacement", "verify_candidates"],
     "2.3": ["_mss_onehot", "verify_candidates"],
+    "3.1": ["forward"], "3.2": ["eagle_loss"], "3.3": ["build_vocab_map"], "3.4": ["to_target_logits"],
+    "4.1": ["mask"], "4.2": ["positions"], "4.3": ["retrieve_indices"], "4.4": ["parse_choices"], "4.5": ["verify_tree"],
     "5.4": ["_dynamic"],
+    "6.1": ["merge"], "6.2": ["attention_with_lse", "suffix_attention"],
+    "6.3": ["prefix_attention", "_online_softmax_step", "_prefix_kernel"], "6.4": ["split_attention"],
+    "6.5": ["_merge_kernel", "merge"],
 }
 
 
