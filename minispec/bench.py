@@ -66,6 +66,7 @@ class _Totals:
 def _runners(methods, model_name, k, draft_path, pld_k, tree=None, drafter_path=None, batch_size=1, draft_vocab=None):
     """Build one callable per method: ids, params, seed -> (new tokens, seconds, stats or None)."""
     from . import generate, load, load_hf
+    from .batch import generate_batch
     from .methods import Methods
 
     target, tok = load(model_name)
@@ -74,6 +75,14 @@ def _runners(methods, model_name, k, draft_path, pld_k, tree=None, drafter_path=
                    draft_vocab=draft_vocab)
 
     def minispec_runner(method):
+        if batch_size > 1:
+            def run_batch(ids, params, seeds):  # ids: B prompts -> (B answers, seconds, B stats)
+                t = time.perf_counter()
+                rs, _ = generate_batch(target, tok, ids, drafter=made.drafter(method), max_new_tokens=params["max_new_tokens"],
+                                       temperature=params["temperature"], top_p=params["top_p"], seed=seeds)
+                return [r.tokens for r in rs], time.perf_counter() - t, [r.stats for r in rs]
+            return run_batch
+
         def run(ids, params, seed):
             t = time.perf_counter()
             r = generate(target, tok, ids, drafter=made.drafter(method), max_new_tokens=params["max_new_tokens"],
@@ -93,6 +102,12 @@ def _runners(methods, model_name, k, draft_path, pld_k, tree=None, drafter_path=
             resolved[m] = real
         runners[m] = minispec_runner(real)
     draft = None
+    if batch_size > 1 and {"hf_assisted", "hf_pld"} & set(methods):
+        raise ValueError("hf_assisted and hf_pld generate one sequence at a time (transformers); bench them at "
+                         "--batch-size 1")
+    if batch_size > 1:  # the reference of ``identical``: each question decoded alone, vanilla greedy
+        runners["_alone"] = lambda ids, params, seed: (generate(target, tok, ids, max_new_tokens=params["max_new_tokens"],
+                                                                 temperature=0.0).tokens, 0.0, None)
     if "hf_assisted" in methods:
         from .drafters.draft_checkpoint import load_draft_model
 
@@ -108,6 +123,9 @@ def _runners(methods, model_name, k, draft_path, pld_k, tree=None, drafter_path=
             assistant.generation_config.num_assistant_tokens_schedule = "constant"
 
         def hf_runner(**extra):
+            if batch_size > 1:
+                return hf_batch_runner(**extra)
+
             @torch.inference_mode()
             def run(ids, params, seed):
                 x = torch.tensor([ids])
@@ -119,6 +137,29 @@ def _runners(methods, model_name, k, draft_path, pld_k, tree=None, drafter_path=
                 out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=params["max_new_tokens"], **kw, **extra)
                 return out[0, x.shape[1]:].tolist(), time.perf_counter() - t, None
             return run
+
+        def hf_batch_runner(**extra):
+            pad = tok.pad_token_id if tok.pad_token_id is not None else target.cfg.eos_token_id
+            eos = {tok.eos_token_id, target.cfg.eos_token_id} - {None}
+
+            @torch.inference_mode()
+            def run_batch(ids, params, seeds):  # left-padded batch, as transformers generates batches
+                T = max(len(x) for x in ids)
+                x = torch.tensor([[pad] * (T - len(i)) + list(i) for i in ids])  # [B, T]
+                att = torch.tensor([[0] * (T - len(i)) + [1] * len(i) for i in ids])
+                sampling = params["temperature"] > 0
+                kw = dict(do_sample=sampling, temperature=params["temperature"] if sampling else None,
+                          top_p=params["top_p"] if sampling else None, top_k=None, pad_token_id=pad)
+                torch.manual_seed(seeds[0])
+                t = time.perf_counter()
+                out = hf.generate(x, attention_mask=att, max_new_tokens=params["max_new_tokens"], **kw, **extra)
+                seconds = time.perf_counter() - t
+                answers = []
+                for row in out[:, T:].tolist():  # a finished row continues with padding: cut after its end
+                    cut = next((j + 1 for j, tkn in enumerate(row) if tkn in eos), len(row))
+                    answers.append(row[:cut])
+                return answers, seconds, [None] * len(ids)
+            return run_batch
 
         if "hf" in methods:
             runners["hf"] = hf_runner()
@@ -132,8 +173,8 @@ def _runners(methods, model_name, k, draft_path, pld_k, tree=None, drafter_path=
 def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), model: str = "smollm2-135m",
               max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, k: int = 4, pld_k: int = 8,
               draft_path=None, seed: int = 0, progress: bool = True, tree=None, drafter_path=None,
-              draft_vocab: int | None = None) -> dict:
-    """Run every method on every question, interleaved per question.
+              draft_vocab: int | None = None, batch_size: int = 1) -> dict:
+    """Run every method on every question, interleaved per question (per batch of questions).
 
     Args:
         questions: [{"question_id", "category", "prompt"}] (see ``minispec.prompts.spec_bench``).
@@ -144,6 +185,9 @@ def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), mo
         tree: tree for branching methods listed without ``@TREE`` (default: each method's own).
         drafter_path: head checkpoint for eagle / eagle2 / eagle3 / medusa (default: the shipped ones).
         draft_vocab: draft vocabulary of eagle / eagle2 (None: ``methods.DRAFT_VOCAB``, 0: the full vocabulary).
+        batch_size: B > 1 decodes B questions at a time (``minispec.batch``; ``hf``: transformers'
+            batched ``generate``, left-padded); tokens/s is then the batch's throughput, and
+            ``identical`` compares each answer with the question decoded alone (vanilla, greedy).
     Returns:
         {"summary": {method: {...}}, "by_category": {category: {method: {...}}}, "rows": [...]}.
     """
@@ -162,30 +206,49 @@ def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), mo
         raise ValueError(f"a method is listed twice: {methods}")
     if not questions:
         raise ValueError("no questions to run")
-    runners, tok, resolved = _runners(methods, model, k, draft_path, pld_k, tree, drafter_path, draft_vocab=draft_vocab)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    runners, tok, resolved = _runners(methods, model, k, draft_path, pld_k, tree, drafter_path, batch_size=batch_size,
+                                      draft_vocab=draft_vocab)
     params = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     warm = encode_prompt(tok, "Hello!")
     for m in methods:  # warm-up: first calls allocate buffers and pick kernels
-        runners[m](warm, dict(params, max_new_tokens=8), seed)
+        if batch_size > 1:
+            runners[m]([warm, warm[1:]], dict(params, max_new_tokens=8), [seed, seed])
+        else:
+            runners[m](warm, dict(params, max_new_tokens=8), seed)
 
     totals = {m: _Totals() for m in methods}
     by_cat: dict[str, dict[str, _Totals]] = {}
     rows = []
-    for i, q in enumerate(tqdm(questions, desc="bench", disable=not progress)):
-        ids = encode_prompt(tok, q["prompt"])
+    batches = [questions[i:i + batch_size] for i in range(0, len(questions), batch_size)]
+    bar = tqdm(total=len(questions), desc="bench" if batch_size == 1 else f"bench (batches of {batch_size})",
+               disable=not progress)
+    for i, qs in enumerate(batches):
+        ids = [encode_prompt(tok, q["prompt"]) for q in qs]
+        seeds = [seed + i * batch_size + j for j in range(len(qs))]
         order = list(methods[i % len(methods):]) + list(methods[:i % len(methods)])  # rotate who goes first
-        results = {m: runners[m](ids, params, seed + i) for m in order}
-        ref = results["vanilla"][0] if "vanilla" in results else None
-        cat = by_cat.setdefault(q["category"], {m: _Totals() for m in methods})
-        row = dict(question_id=q["question_id"], category=q["category"], prompt_tokens=len(ids))
-        for m in methods:
-            tokens, seconds, stats = results[m]
-            same = ref is not None and tokens == ref
-            totals[m].add(tokens, seconds, stats, same)
-            cat[m].add(tokens, seconds, stats, same)
-            row[m] = dict(new_tokens=len(tokens), seconds=seconds, identical=same,
-                          tau=stats.tau if stats is not None else None)
-        rows.append(row)
+        if batch_size == 1:
+            results = {m: [runners[m](ids[0], params, seeds[0])] for m in order}
+            refs = [results["vanilla"][0][0] if "vanilla" in results else None]
+        else:
+            batch = {m: runners[m](ids, params, seeds) for m in order}  # (answers, seconds, stats) per method
+            results = {m: [(a, s / len(qs), st) for a, st in zip(answers, stats)]  # the batch's time, shared
+                       for m, (answers, s, stats) in batch.items()}
+            refs = [runners["_alone"](x, params, None)[0] for x in ids]
+        for q, x, ref, j in zip(qs, ids, refs, range(len(qs))):
+            cat = by_cat.setdefault(q["category"], {m: _Totals() for m in methods})
+            row = dict(question_id=q["question_id"], category=q["category"], prompt_tokens=len(x))
+            for m in methods:
+                tokens, seconds, stats = results[m][j]
+                same = ref is not None and tokens == ref
+                totals[m].add(tokens, seconds, stats, same)
+                cat[m].add(tokens, seconds, stats, same)
+                row[m] = dict(new_tokens=len(tokens), seconds=seconds, identical=same,
+                              tau=stats.tau if stats is not None else None)
+            rows.append(row)
+        bar.update(len(qs))
+    bar.close()
 
     def summarise(t: dict[str, _Totals]) -> dict:
         def tps(m):
@@ -197,7 +260,9 @@ def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), mo
                               top_p=top_p, k=k, pld_k=pld_k, draft=str(draft_path) if draft_path else "shipped",
                               tree=str(tree) if tree else "default", auto=resolved.get("auto"),
                               drafter=str(drafter_path) if drafter_path else "shipped",
-                              seed=seed, questions=len(questions), threads=torch.get_num_threads()))
+                              seed=seed, questions=len(questions), threads=torch.get_num_threads(),
+                              batch_size=batch_size,
+                              identical_to="each question alone, vanilla greedy" if batch_size > 1 else "vanilla"))
 
 
 def format_table(result: dict) -> str:

@@ -109,7 +109,7 @@ def _bench(args) -> int:
     result = run_bench(questions, methods=[m.strip() for m in args.methods.split(",") if m.strip()], model=args.model,
                        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, k=args.k,
                        pld_k=args.pld_k, draft_path=args.draft, seed=args.seed, tree=args.tree,
-                       drafter_path=args.drafter, draft_vocab=args.draft_vocab)
+                       drafter_path=args.drafter, draft_vocab=args.draft_vocab, batch_size=args.batch_size)
     print(format_table(result))
     if args.json:
         print(f"saved {save_json(args.json, dict(benchmark='bench', **result))}")
@@ -172,6 +172,8 @@ def main(argv=None) -> int:
     b.add_argument("--drafter", default=None, help="head checkpoint for eagle/eagle2/eagle3/medusa (default: shipped)")
     b.add_argument("--draft-vocab", type=int, default=None, help=DRAFT_VOCAB_HELP)
     b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--batch-size", type=int, default=1,
+                   help="decode B questions at a time (chapter 7); identical = equal to the question decoded alone")
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--top-p", type=float, default=1.0)
     b.add_argument("--k", type=int, default=4, help="draft length of sps / hf_assisted")

@@ -107,12 +107,13 @@ class Decoder:
         kv.commit(root + accepted path)                  keep their keys and values
         drafter.commit(emitted, features of kept rows)   tell the drafter what was committed
 
-    Args: those of ``generate`` (``ids`` already encoded and checked).
+    Args: those of ``generate`` (``ids`` already encoded and checked); ``kv`` a cache to use
+    instead of a new one (``BatchDecoder``).
     """
 
     def __init__(self, target, ids: list[int], drafter=None, params: SamplingParams = GREEDY,
                  max_new_tokens: int = 64, eos: set[int] = frozenset(), generator: torch.Generator | None = None,
-                 kv_block_size: int | None = None):
+                 kv_block_size: int | None = None, kv=None):
         if drafter is not None:
             if not isinstance(drafter, Drafter):
                 raise TypeError(f"{drafter!r} is not a minispec Drafter: subclass minispec.drafters.Drafter "
@@ -122,8 +123,10 @@ class Decoder:
         self.max_new_tokens, self.eos, self.gen = max_new_tokens, eos, generator
         self.max_nodes = drafter.max_nodes if drafter is not None else 0
         capacity = len(ids) + max_new_tokens + self.max_nodes
-        self.kv = KVCache.for_model(target, capacity) if kv_block_size is None else \
-            PagedKVCache.for_model(target, capacity, block_size=kv_block_size)  # chapter 7: same interface
+        if kv is None:
+            kv = KVCache.for_model(target, capacity) if kv_block_size is None else \
+                PagedKVCache.for_model(target, capacity, block_size=kv_block_size)  # chapter 7: same interface
+        self.kv = kv  # (a BatchDecoder's members share its paged cache and never call prefill / step)
         reads = drafter is not None and drafter.reads_features
         self.layers = tuple(drafter.target_layers) if reads else ()
         self.reads_features = reads
@@ -131,10 +134,11 @@ class Decoder:
         self.stats = GenerationStats(prompt_tokens=len(ids))
         self._clock = 0.0
 
-    def _features(self, out, rows) -> Features | None:
+    def _features(self, out, rows, r: int = 0) -> Features | None:
+        """The drafter's share of the forward ``out``: row ``r``'s hidden states at ``rows``."""
         if not self.reads_features:
             return None
-        return Features(out.hidden[0, rows], {i: h[0, rows] for i, h in out.layer_inputs.items()})
+        return Features(out.hidden[r, rows], {i: out.layer_inputs[i][r, rows] for i in self.layers})
 
     @property
     def done(self) -> bool:
@@ -161,34 +165,49 @@ class Decoder:
 
     def step(self) -> list[int]:
         """One target forward: draft, verify, commit. Returns the tokens it emitted."""
-        d, kv, root = self.drafter, self.kv, self.new[-1]
-        budget = self.max_new_tokens - len(self.new) - 1  # drafts beyond this could never be emitted
+        kv, root = self.kv, self.new[-1]
         self._lap("other")
-        tree = d.propose(self.params, budget, self.gen) if d is not None else EMPTY
-        self._lap("draft" if d is not None else "other")
-        self.check(tree, budget)
+        tree = self.propose()
+        self._lap("draft" if self.drafter is not None else "other")
         tokens = torch.tensor([[root] + tree.tokens], device=self.target.device)  # [1, N + 1]: root + nodes
         tree_args = {} if tree.is_chain else dict(positions=tree.positions(kv.length).to(self.target.device),
                                                   mask=tree.mask().to(self.target.device))  # chain: causal
         out = self.target(tokens, kv=kv, hidden_layers=self.layers, **tree_args)
         self._lap("target")
-        p = out.logits[0] if self.params.greedy else probs(out.logits[0], self.params)  # [N + 1, V]
-        res = verify_tree(tree.parents, tree.tokens, p, tree.q, mode=tree.verify_mode(self.params.greedy),
-                          generator=self.gen)
-        rows = [0] + [i + 1 for i in res.path]  # the root and the accepted path
+        res, rows = self.verify(tree, out.logits[0])
         self._lap("verify")
         kv.commit(rows)
         self._lap("commit")
-        emitted = self._cut(res.emitted)
-        if d is not None:
-            d.commit(emitted, self._features(out, rows[:len(emitted)]))
+        emitted = self.advance(tree, res, out, rows)
         self._lap("hand_off")
+        return emitted
+
+    def propose(self) -> Tree:
+        """The drafter's tree for this step (empty for vanilla), checked."""
+        budget = self.max_new_tokens - len(self.new) - 1  # drafts beyond this could never be emitted
+        tree = self.drafter.propose(self.params, budget, self.gen) if self.drafter is not None else EMPTY
+        self.check(tree, budget)
+        return tree
+
+    def verify(self, tree: Tree, logits: torch.Tensor):
+        """Verify ``tree`` against the target's logits [N + 1, V] over root + nodes; returns the
+        verification result and the rows to keep in the KV cache (the root and the accepted path)."""
+        p = logits if self.params.greedy else probs(logits, self.params)  # [N + 1, V]
+        res = verify_tree(tree.parents, tree.tokens, p, tree.q, mode=tree.verify_mode(self.params.greedy),
+                          generator=self.gen)
+        return res, [0] + [i + 1 for i in res.path]
+
+    def advance(self, tree: Tree, res, out, rows: list[int], r: int = 0) -> list[int]:
+        """After the KV commit: emit the verified tokens, tell the drafter (with the features of row
+        ``r`` of ``out`` at the kept ``rows``), count. Returns the emitted tokens."""
+        emitted = self._cut(res.emitted)
+        if self.drafter is not None:
+            self.drafter.commit(emitted, self._features(out, rows[:len(emitted)], r))
         self.new += emitted
         self.stats.record(tree, res.path)
         self.stats.nodes.append(len(tree))
         self.stats.target_forwards += 1
         self.stats.tokens_per_step.append(len(emitted))
-        self._lap("other")
         return emitted
 
     def check(self, tree: Tree, budget: int) -> None:

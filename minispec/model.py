@@ -58,6 +58,13 @@ class ModelOutput:
     layer_inputs: dict[int, torch.Tensor]  # layer index -> [B, T, D] hidden entering that layer
 
 
+@dataclass
+class Ragged:
+    """A ragged batch's attention plan: per forward row (sequence in the paged cache, its new
+    tokens n, tree mask, full mask), each as that sequence's forward alone would build them."""
+    rows: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, d: int, eps: float):
         super().__init__()
@@ -102,6 +109,13 @@ class Attention(nn.Module):
         v = v.view(B, T, Hkv, hd).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if isinstance(mask, Ragged):  # chapter 7: each sequence attends over its own prefix, as if alone
+            kv.store(self.layer, k, v)
+            out = torch.zeros_like(q)  # [B, H, T, hd]; a row's padding stays 0
+            for r, (seq, n, tree_r, mask_r) in enumerate(mask.rows):
+                k_r, v_r = kv.read(self.layer, seq)  # [1, Hkv, prefix_r + n, hd]
+                out[r, :, :n] = attend(self.backend, q[r:r + 1, :, :n], k_r, v_r, k_r.shape[2] - n, tree_r, mask_r)[0]
+            return self.wo(out.transpose(1, 2).reshape(B, T, H * hd))
         if kv is not None:
             k, v = kv.write(self.layer, k, v)  # [B, Hkv, S, hd] committed prefix + new
         # dense: SDPA with the full mask; split_*: mask-free prefix + masked tree, merged by log-sum-exp
@@ -178,7 +192,8 @@ class Transformer(nn.Module):
         return self.tok_emb.weight.dtype
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                kv=None, hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False) -> ModelOutput:
+                kv=None, hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False,
+                ragged: dict[int, int] | None = None) -> ModelOutput:
         """Run the model on T new tokens.
 
         Args:
@@ -192,6 +207,13 @@ class Transformer(nn.Module):
                 caller keeps with ``kv.commit(...)`` or drops with ``kv.discard()``.
             hidden_layers: layer indices whose input hidden states to return (EAGLE-3 fusion).
             last_logits_only: compute the LM head for the last token only (prefill).
+            ragged: a batch of sequences of different lengths on a paged KV cache (chapter 7):
+                ``{sequence in kv: its n new tokens}`` in row order, tokens right-padded to T. Row r's
+                first n tokens are its new ones; ``mask`` is None (causal) or one entry per row, None
+                or a bool [n, n] tree mask; ``positions`` default to each sequence's length + arange.
+                Every row computes what its sequence's forward alone computes, bit for bit (the
+                linear layers are row-invariant, ``minispec.linear``, and attention runs per row);
+                the padding rows' outputs are meaningless; last_logits_only takes each row's n-th.
         Returns:
             ModelOutput(logits [B, T, V], hidden [B, T, D], layer_inputs {i: [B, T, D]}).
         """
@@ -199,20 +221,19 @@ class Transformer(nn.Module):
         if tokens.dim() == 1:
             tokens = tokens[None]
         B, T = tokens.shape
-        prefix = kv.length if kv is not None else 0
-        if positions is None:
-            positions = torch.arange(prefix, prefix + T, device=tokens.device)
+        if ragged is not None:
+            positions, mask = self._ragged_plan(ragged, tokens, positions, mask, kv)
+            tree = None
+        else:
+            prefix = kv.length if kv is not None else 0
+            if positions is None:
+                positions = torch.arange(prefix, prefix + T, device=tokens.device)
+            tree, mask = self._masks(mask, B, T, prefix, tokens.device)
         positions = positions.expand(B, T) if positions.dim() == 1 else positions
         if int(positions.max()) >= cfg.max_seq_len:
             raise ValueError(f"position {int(positions.max())} is beyond the model's context of {cfg.max_seq_len} tokens")
-        tree = None  # [B or 1, T, T] when the whole prefix is visible: the split backends' suffix mask
-        if mask is None and T > 1 and prefix and self.attention == "dense":
-            mask = causal_mask(T, prefix + T, tokens.device)  # [T, S] built once, not in every layer
-        if mask is not None:
-            tree = (mask if mask.dim() == 3 else mask[None]) if mask.shape[-1] == T else None
-            mask = self._full_mask(mask, B, T, prefix)
         if kv is not None:
-            kv.begin(B, T)  # raises on overflow before anything is written
+            kv.begin(B, T if ragged is None else ragged)  # raises on overflow before anything is written
         try:
             x = self.tok_emb(tokens)  # [B, T, D]
             if cfg.arch == "gpt2":
@@ -230,8 +251,38 @@ class Transformer(nn.Module):
             if kv is not None:
                 kv.discard()
             raise
-        logits = self.lm_head(h[:, -1:] if last_logits_only else h)  # [B, T or 1, V]
+        if last_logits_only:
+            h_last = h[:, -1:] if ragged is None else h[torch.arange(B), torch.tensor(list(ragged.values())) - 1][:, None]
+        logits = self.lm_head(h_last if last_logits_only else h)  # [B, T or 1, V]
         return ModelOutput(logits=logits, hidden=h, layer_inputs=layer_inputs)
+
+    def _masks(self, mask, B: int, T: int, prefix: int, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(tree, mask): the split backends' [B or 1, T, T] suffix mask when the whole prefix is
+        visible (else None), and the dense [B, 1, T, S] mask (None: plain causal)."""
+        tree = None
+        if mask is None and T > 1 and prefix and self.attention == "dense":
+            mask = causal_mask(T, prefix + T, device)  # [T, S] built once, not in every layer
+        if mask is not None:
+            tree = (mask if mask.dim() == 3 else mask[None]) if mask.shape[-1] == T else None
+            mask = self._full_mask(mask, B, T, prefix)
+        return tree, mask
+
+    def _ragged_plan(self, ragged: dict[int, int], tokens, positions, mask, kv) -> tuple[torch.Tensor, Ragged]:
+        """Positions [B, T] and the per-row attention plan of a ragged batch (see ``forward``)."""
+        B, T = tokens.shape
+        seqs, ns = list(ragged), [int(n) for n in ragged.values()]
+        if kv is None or not hasattr(kv, "read"):
+            raise TypeError("a ragged batch needs a paged KV cache (minispec.kv.PagedKVCache)")
+        if len(seqs) != B or not all(1 <= n <= T for n in ns):
+            raise ValueError(f"ragged={ragged} must give 1..{T} new tokens for each of the {B} rows")
+        masks = [None] * B if mask is None else list(mask)
+        if len(masks) != B:
+            raise ValueError(f"a ragged batch takes one mask (or None) per row, got {len(masks)} for {B} rows")
+        prefix = [kv.lengths[s] for s in seqs]
+        if positions is None:
+            positions = torch.tensor(prefix, device=tokens.device)[:, None] + torch.arange(T, device=tokens.device)
+        return positions, Ragged([(s, n, *self._masks(m, 1, n, p, tokens.device))
+                                  for s, n, m, p in zip(seqs, ns, masks, prefix)])
 
     @staticmethod
     def _full_mask(mask: torch.Tensor, B: int, T: int, prefix: int) -> torch.Tensor:

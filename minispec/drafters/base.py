@@ -26,6 +26,7 @@ as one-hot q. Both are lossless.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -91,3 +92,11 @@ class Drafter(ABC):
         """The loop committed ``tokens`` (accepted drafts + the target's token); ``features`` holds
         the target's features at the positions that produced them, one row per token."""
         self.context += tokens
+
+    def fresh(self) -> "Drafter":
+        """A new drafter of the same kind for another sequence (a batch, chapter 7): its own state
+        (context, KV caches), the same weights (every ``nn.Module`` attribute is shared, not copied)."""
+        shared = {id(v): v for v in vars(self).values() if isinstance(v, torch.nn.Module)}
+        new = copy.deepcopy(self, shared)
+        new.prefill([])
+        return new

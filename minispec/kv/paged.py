@@ -79,6 +79,8 @@ class PagedKVCache:
         self.lengths = [0] * batch_size  # committed tokens per sequence
         self.pendings = [0] * batch_size  # tokens written by the last forward, not yet committed
         self._plan = None  # this forward's slot indices (see _write_plan), while tokens are pending
+        self.rows = list(range(batch_size))  # the sequences of the pending forward's rows
+        self._reads: dict = {}  # sequence -> its (blocks, offsets) for read(), per forward
 
     @classmethod
     def for_model(cls, model, capacity: int, batch_size: int = 1, block_size: int = 16,
@@ -116,17 +118,28 @@ class PagedKVCache:
         while len(self.tables[b]) > keep:
             self.free_list.append(self.tables[b].pop())
 
-    def begin(self, batch_size: int, n_new: int | Sequence[int]) -> None:
-        """Reserve the blocks for n_new pending tokens per sequence (an int, or one per sequence);
-        all or nothing: raises without changing anything if it cannot."""
+    def begin(self, batch_size: int, n_new: int | Sequence[int] | dict[int, int]) -> None:
+        """Reserve the blocks for n_new pending tokens per sequence; all or nothing: raises without
+        changing anything if it cannot. ``n_new``: one count for every sequence, one per sequence, or
+        ``{sequence: count}`` for a forward over some of the sequences only (row r of the forward is
+        the r-th key; the others, e.g. finished ones, take no part). ``rows`` lists them."""
         if self.pending:
             raise RuntimeError(f"{self.pending} pending KV entries from the last forward: "
                                "call commit() or discard() first")
-        if batch_size != self.batch_size:
-            raise ValueError(f"batch of {batch_size} does not match the KV cache's batch of {self.batch_size}")
-        ns = [int(n) for n in (n_new if isinstance(n_new, (list, tuple)) else [n_new] * batch_size)]
-        if len(ns) != batch_size or min(ns) < 0:
-            raise ValueError(f"n_new={n_new} must be a count >= 0 or one per sequence ({batch_size})")
+        if isinstance(n_new, dict):
+            rows = [int(s) for s in n_new]
+            if len(set(rows)) != len(rows) or any(not 0 <= s < self.batch_size for s in rows):
+                raise ValueError(f"sequences {rows} must be distinct indices into the batch of {self.batch_size}")
+            ns = [0] * self.batch_size
+            for s, n in zip(rows, n_new.values()):
+                ns[s] = int(n)
+        else:
+            rows = list(range(self.batch_size))
+            ns = [int(n) for n in (n_new if isinstance(n_new, (list, tuple)) else [n_new] * self.batch_size)]
+        if batch_size != len(rows):
+            raise ValueError(f"batch of {batch_size} does not match the KV cache's batch of {len(rows)}")
+        if len(ns) != self.batch_size or min(ns) < 0:
+            raise ValueError(f"n_new={n_new} must be a count >= 0 or one per sequence ({self.batch_size})")
         bs = self.block_size
         need = [_cdiv(L + n, bs) - len(t) for L, n, t in zip(self.lengths, ns, self.tables)]
         if sum(need) > len(self.free_list):
@@ -136,24 +149,32 @@ class PagedKVCache:
                 "free finished sequences or allocate a larger pool")
         for b, n in enumerate(need):  # tree padding: every block the whole pending write touches, up front
             self.tables[b] += [self.free_list.pop() for _ in range(n)]
-        self.pendings = ns
+        self.pendings, self.rows, self._reads = ns, rows, {}
         self._plan = self._write_plan()
 
     def _write_plan(self):
         """Index tensors for this forward's writes (and reads), built once and used by every layer."""
         dev, bs = self.k_pool.device, self.block_size
         table = self.block_table().long()  # [B, W]
-        ns = torch.tensor(self.pendings, device=dev)
-        rows = torch.repeat_interleave(torch.arange(self.batch_size, device=dev), ns)  # [n]: sequence of each new token
-        toks = torch.cat([torch.arange(n, device=dev) for n in self.pendings])  # [n]: its index among the new tokens
-        pos = torch.tensor(self.lengths, device=dev)[rows] + toks  # [n]: its position in the sequence
-        write = rows, toks, table[rows, pos // bs], pos % bs  # (source row, source token) -> (block, offset)
+        slot = torch.tensor(self.rows, device=dev)  # [R]: the sequence of each forward row
+        ns = torch.tensor([self.pendings[s] for s in self.rows], device=dev)  # [R]
+        rows = torch.repeat_interleave(torch.arange(len(self.rows), device=dev), ns)  # [n]: forward row of each new token
+        toks = torch.cat([torch.arange(self.pendings[s], device=dev) for s in self.rows])  # [n]: index among the new
+        seq = slot[rows]
+        pos = torch.tensor(self.lengths, device=dev)[seq] + toks  # [n]: its position in the sequence
+        write = rows, toks, table[seq, pos // bs], pos % bs  # (source row, source token) -> (block, offset)
         S = {L + n for L, n in zip(self.lengths, self.pendings)}
         read = None
-        if len(S) == 1:  # every sequence holds S tokens: prefix + new can be one [B, Hkv, S, hd] tensor
+        if len(S) == 1 and len(self.rows) == self.batch_size:  # one [B, Hkv, S, hd] tensor holds prefix + new
             pos = torch.arange(S.pop(), device=dev)
             read = table[:, pos // bs], pos % bs  # [B, S] blocks, [S] offsets
         return write, read
+
+    @property
+    def ragged(self) -> bool:
+        """Whether the pending forward's sequences differ in length (or leave some sequences out):
+        then ``write`` cannot return one tensor and each sequence attends on its own (``read``)."""
+        return self._plan is not None and self._plan[1] is None
 
     # ------------------------------------------------------------------ the model's side
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -180,6 +201,15 @@ class PagedKVCache:
         return (self.k_pool[layer, blk, :, off].transpose(1, 2),  # [B, S, Hkv, hd] -> [B, Hkv, S, hd]
                 self.v_pool[layer, blk, :, off].transpose(1, 2))
 
+    def read(self, layer: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's K and V [1, Hkv, n, hd] of sequence ``seq``: its committed tokens and those of
+        the pending forward (a copy, what a ragged batch's attention reads sequence by sequence)."""
+        if seq not in self._reads:  # the same slots in every layer of this forward
+            self._reads[seq] = self._slots(seq, range(self.lengths[seq] + self.pendings[seq]))
+        blk, off = self._reads[seq]
+        return (self.k_pool[layer, blk, :, off].transpose(0, 1)[None],  # [n, Hkv, hd] -> [1, Hkv, n, hd]
+                self.v_pool[layer, blk, :, off].transpose(0, 1)[None])
+
     def gather(self, seq: int, pending: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The contiguous K and V [L, Hkv, n, hd] of sequence ``seq``: its committed tokens (and the
         pending ones too if ``pending``). A copy; for reference attention and tests."""
@@ -190,10 +220,10 @@ class PagedKVCache:
 
     def _slots(self, b: int, positions) -> tuple[torch.Tensor, torch.Tensor]:
         """(block ids, offsets) [n] of token positions of sequence b."""
-        bs, t = self.block_size, self.tables[b]
         dev = self.k_pool.device
-        return (torch.tensor([t[p // bs] for p in positions], dtype=torch.long, device=dev),
-                torch.tensor([p % bs for p in positions], dtype=torch.long, device=dev))
+        pos = torch.as_tensor(list(positions), dtype=torch.long, device=dev)  # [n]
+        table = torch.tensor(self.tables[b] or [0], dtype=torch.long, device=dev)
+        return table[pos // self.block_size], pos % self.block_size
 
     def block_table(self) -> torch.Tensor:
         """int32 [B, max blocks] block ids of every sequence, padded with -1 (never read)."""

@@ -1,0 +1,233 @@
+"""Batched decoding (chapter 7): B sequences, one target forward per step, ragged acceptance.
+
+Each sequence of the batch is a ``generate.Decoder`` with its own prompt, drafter, sampling
+generator and statistics; the batch shares the target's forward and one paged KV cache
+(``minispec.kv.PagedKVCache``). A step:
+
+    trees = [dec.propose() for each unfinished sequence]      each drafter drafts its own tree
+    out   = target(root + tree of every row, ragged=...)      ONE forward, rows right-padded
+    rows  = [dec.verify(tree_r, logits of row r)]             each sequence accepts its own path
+    kv.commit(rows per sequence)                              ragged commit, blocks freed
+    finished sequences free their blocks and leave the batch
+
+Sequences differ in prompt length, accepted length and tree shape, so the batch is ragged:
+the forward takes ``ragged={sequence: new tokens}``, every row attends over its own prefix
+(read through its block table), and the linear layers are row-invariant (``minispec.linear``),
+so each row computes, bit for bit, what that sequence's forward alone computes. Hence greedy
+batched output equals unbatched output, and sampled output too, given each sequence's seed:
+every random draw stays in its own sequence's generator.
+
+Drafting is done sequence by sequence (each drafter holds its own context); the batching is in
+the target's forward, which on a memory-bound machine costs about the same for B rows as for
+one, until the rows make it compute-bound: speculation's gain shrinks as the batch grows
+(``python -m minispec bench --batch-size B``).
+
+References: Yu et al., "Orca: A Distributed Serving System for Transformer-Based Generative
+Models" (2022, iteration-level batching); Kwon et al. (vLLM, 2023, paged KV).
+
+Shapes: R rows in this step's forward (unfinished sequences), T = most new tokens of a row.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from .drafters.base import Drafter
+from .generate import GenerationResult, GenerationStats, Decoder, _eos_ids
+from .kv import PagedKVCache
+from .sampling import GREEDY, SamplingParams, next_token
+from .tokenizer import encode_prompt
+
+
+class BatchDecoder:
+    """B generations at once: ``prefill()`` once, then ``step()`` until ``done``.
+
+    Args:
+        target: a minispec Transformer.
+        prompts: B lists of prompt token ids (checked by ``generate_batch``).
+        drafters: None (vanilla) or one Drafter per sequence (each keeps its own context).
+        params, max_new_tokens, eos: as for ``Decoder``.
+        generators: None or one sampling generator per sequence.
+        block_size: tokens per KV block of the shared paged cache.
+    """
+
+    def __init__(self, target, prompts: Sequence[Sequence[int]], drafters: Sequence[Drafter | None] | None = None,
+                 params: SamplingParams = GREEDY, max_new_tokens: int = 64, eos: set[int] = frozenset(),
+                 generators: Sequence[torch.Generator | None] | None = None, block_size: int = 16):
+        B = len(prompts)
+        drafters = list(drafters) if drafters is not None else [None] * B
+        generators = list(generators) if generators is not None else [None] * B
+        if len(drafters) != B or len(generators) != B:
+            raise ValueError(f"{B} prompts need {B} drafters and {B} generators, got {len(drafters)} and {len(generators)}")
+        if len({id(d) for d in drafters if d is not None}) < sum(d is not None for d in drafters):
+            raise ValueError("each sequence needs a drafter of its own (a drafter holds its sequence's context)")
+        most = max((d.max_nodes for d in drafters if d is not None), default=0)
+        capacity = [len(p) + max_new_tokens + most for p in prompts]
+        n_blocks = sum(-(-c // block_size) for c in capacity)
+        self.kv = PagedKVCache.for_model(target, max(capacity), batch_size=B, block_size=block_size, n_blocks=n_blocks)
+        self.decs = [Decoder(target, ids, d, params, max_new_tokens, eos, g, kv=self.kv)
+                     for ids, d, g in zip(prompts, drafters, generators)]
+        self.target = target
+        self.layers = tuple(sorted({i for dec in self.decs for i in dec.layers}))
+        self.phase_s = dict.fromkeys(("draft", "target", "verify", "commit", "hand_off"), 0.0)
+        self.prefill_s = self.decode_s = 0.0
+        self.steps = 0
+        self.rows_per_step: list[int] = []  # sequences in each step's forward
+
+    @property
+    def done(self) -> bool:
+        return all(dec.done for dec in self.decs)
+
+    def active(self) -> list[int]:
+        """The unfinished sequences (their order is the forward's row order)."""
+        return [b for b, dec in enumerate(self.decs) if not dec.done]
+
+    def _forward(self, rows: dict[int, list[int]], positions: torch.Tensor | None = None, masks=None,
+                 last_logits_only: bool = False):
+        """One target forward over ``{sequence: its new tokens}``, right-padded into [R, T]."""
+        T = max(len(t) for t in rows.values())
+        tokens = torch.zeros(len(rows), T, dtype=torch.long)  # [R, T]
+        for r, t in enumerate(rows.values()):
+            tokens[r, :len(t)] = torch.tensor(t)
+        dev = self.target.device
+        return self.target(tokens.to(dev), positions=None if positions is None else positions.to(dev),
+                           mask=masks, kv=self.kv, hidden_layers=self.layers, last_logits_only=last_logits_only,
+                           ragged={b: len(t) for b, t in rows.items()})
+
+    def prefill(self) -> None:
+        """Every prompt in one forward; each sequence's first token and its drafter's prefill."""
+        t0 = time.perf_counter()
+        out = self._forward({b: dec.ids for b, dec in enumerate(self.decs)}, last_logits_only=True)
+        self.kv.commit()
+        for r, dec in enumerate(self.decs):
+            dec.new = [int(next_token(out.logits[r, -1], dec.params, dec.gen))]
+            if dec.drafter is not None:
+                dec.drafter.prefill(dec.ids + dec.new, dec._features(out, slice(0, len(dec.ids)), r))
+            dec.stats.target_forwards = 1
+            dec.stats.tokens_per_step.append(1)
+        self._finish()
+        self.prefill_s = time.perf_counter() - t0
+
+    def step(self) -> dict[int, list[int]]:
+        """One target forward for every unfinished sequence. Returns {sequence: tokens it emitted}."""
+        laps = [time.perf_counter()]
+
+        def lap(phase: str) -> None:
+            laps.append(time.perf_counter())
+            self.phase_s[phase] += laps[-1] - laps[-2]
+
+        active = self.active()
+        trees = {b: self.decs[b].propose() for b in active}
+        lap("draft")
+        T = 1 + max(len(t) for t in trees.values())
+        positions = torch.zeros(len(active), T, dtype=torch.long)  # [R, T]; padding at the sequence's length
+        masks = []
+        for r, (b, tree) in enumerate(trees.items()):
+            L = self.kv.lengths[b]
+            positions[r] = L
+            positions[r, :1 + len(tree)] = L + torch.arange(1 + len(tree)) if tree.is_chain else tree.positions(L)
+            masks.append(None if tree.is_chain else tree.mask().to(self.target.device))  # as the sequence alone
+        out = self._forward({b: [self.decs[b].new[-1]] + t.tokens for b, t in trees.items()}, positions, masks)
+        lap("target")
+        verified = {b: self.decs[b].verify(tree, out.logits[r, :1 + len(tree)]) for r, (b, tree) in enumerate(trees.items())}
+        lap("verify")
+        keep: list[list[int] | None] = [None] * len(self.decs)  # None: nothing pending (finished sequences)
+        for b, (_, rows) in verified.items():
+            keep[b] = rows
+        self.kv.commit(keep)
+        lap("commit")
+        emitted = {b: self.decs[b].advance(trees[b], res, out, rows, r)
+                   for r, (b, (res, rows)) in enumerate(verified.items())}
+        self._finish()
+        lap("hand_off")
+        self.steps += 1
+        self.rows_per_step.append(len(active))
+        self.decode_s += laps[-1] - laps[0]
+        return emitted
+
+    def _finish(self) -> None:
+        """Finished sequences leave the batch: their KV blocks return to the pool."""
+        for b, dec in enumerate(self.decs):
+            if dec.done and self.kv.tables[b]:
+                self.kv.free(b)
+
+
+def _drafters(drafter, B: int) -> list[Drafter | None]:
+    """One drafter per sequence: None, a list of B, a factory, or one drafter and B - 1 ``fresh()`` copies."""
+    if drafter is None:
+        return [None] * B
+    if isinstance(drafter, Drafter):
+        return [drafter] + [drafter.fresh() for _ in range(B - 1)]
+    drafters = list(drafter) if isinstance(drafter, (list, tuple)) else [drafter() for _ in range(B)]
+    if len(drafters) != B:
+        raise ValueError(f"{B} prompts need {B} drafters, got {len(drafters)}")
+    for d in drafters:
+        if d is not None and not isinstance(d, Drafter):
+            raise TypeError(f"{d!r} is not a minispec Drafter")
+    return drafters
+
+
+@torch.inference_mode()
+def generate_batch(target, tokenizer, prompts: Sequence[str | Sequence[int]],
+                   drafter: Sequence[Drafter] | Callable[[], Drafter] | None = None, temperature: float = 0.0,
+                   top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64, chat: bool = True,
+                   seed: int | Sequence[int] | None = None, stop_at_eos: bool = True,
+                   kv_block_size: int = 16) -> tuple[list[GenerationResult], BatchDecoder]:
+    """Generate continuations of B prompts together (chapter 7); each equals ``generate`` alone.
+
+    Args:
+        prompts: B prompts, text or ids (as ``generate``'s ``prompt``).
+        drafter: None (vanilla); a drafter (the other sequences get ``drafter.fresh()`` copies,
+            sharing its weights); a list of B drafters; or a function returning a new drafter.
+        seed: None, one seed for all, or one per prompt; sequence b samples from its own
+            generator, so its output equals ``generate(..., seed=seed_b)``.
+        kv_block_size: tokens per block of the shared paged KV cache.
+        The rest as for ``generate``.
+    Returns:
+        (one GenerationResult per prompt, the BatchDecoder: batch timings ``prefill_s``,
+        ``decode_s``, ``phase_s``, ``rows_per_step``). Per-sequence stats count forwards, tokens
+        and acceptance; their times are the batch's.
+    """
+    params = SamplingParams(temperature, top_k, top_p)  # validates
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if isinstance(prompts, str) or not len(prompts):
+        raise ValueError("prompts must be a non-empty list of prompts")
+    if not isinstance(kv_block_size, int) or kv_block_size < 1:
+        raise ValueError(f"kv_block_size must be a positive number of tokens, got {kv_block_size!r}")
+    ids = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str) and not p.strip():
+            raise ValueError(f"prompt {i} is empty")
+        t = encode_prompt(tokenizer, p, chat)
+        if not t:
+            raise ValueError(f"prompt {i} is empty")
+        if len(t) + max_new_tokens > target.cfg.max_seq_len:
+            raise ValueError(f"prompt {i} of {len(t)} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
+                             f"context of {target.cfg.max_seq_len} tokens")
+        if max(t) >= target.cfg.vocab_size or min(t) < 0:
+            raise ValueError(f"prompt {i}: token ids must be in [0, {target.cfg.vocab_size})")
+        ids.append(t)
+    B = len(ids)
+    seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * B
+    if len(seeds) != B:
+        raise ValueError(f"{B} prompts need one seed or {B} seeds, got {len(seeds)}")
+    gens = [torch.Generator(device="cpu").manual_seed(s) if s is not None else None for s in seeds]
+    drafters = _drafters(drafter, B)
+    batch = BatchDecoder(target, ids, drafters, params, max_new_tokens,
+                         _eos_ids(target, tokenizer) if stop_at_eos else set(), gens, kv_block_size)
+    batch.prefill()
+    while not batch.done:
+        batch.step()
+    results = []
+    for dec in batch.decs:
+        st: GenerationStats = dec.stats
+        st.new_tokens = len(dec.new)
+        st.draft_forwards = dec.drafter.forwards if dec.drafter is not None else 0
+        st.prefill_s, st.decode_s = batch.prefill_s, batch.decode_s
+        results.append(GenerationResult(text=tokenizer.decode(dec.new, skip_special_tokens=True), tokens=dec.new,
+                                        prompt_tokens=dec.ids, stats=st))
+    return results, batch
