@@ -49,13 +49,13 @@ class BatchDecoder:
         target: a minispec Transformer.
         prompts: B lists of prompt token ids (checked by ``generate_batch``).
         drafters: None (vanilla) or one Drafter per sequence (each keeps its own context).
-        params, max_new_tokens, eos: as for ``Decoder``.
+        params, eos: as for ``Decoder``; max_new_tokens: one budget, or one per sequence.
         generators: None or one sampling generator per sequence.
         block_size: tokens per KV block of the shared paged cache.
     """
 
     def __init__(self, target, prompts: Sequence[Sequence[int]], drafters: Sequence[Drafter | None] | None = None,
-                 params: SamplingParams = GREEDY, max_new_tokens: int = 64, eos: set[int] = frozenset(),
+                 params: SamplingParams = GREEDY, max_new_tokens: int | Sequence[int] = 64, eos: set[int] = frozenset(),
                  generators: Sequence[torch.Generator | None] | None = None, block_size: int = 16):
         B = len(prompts)
         drafters = list(drafters) if drafters is not None else [None] * B
@@ -64,12 +64,15 @@ class BatchDecoder:
             raise ValueError(f"{B} prompts need {B} drafters and {B} generators, got {len(drafters)} and {len(generators)}")
         if len({id(d) for d in drafters if d is not None}) < sum(d is not None for d in drafters):
             raise ValueError("each sequence needs a drafter of its own (a drafter holds its sequence's context)")
+        budgets = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * B
+        if len(budgets) != B:
+            raise ValueError(f"{B} prompts need one max_new_tokens or {B}, got {len(budgets)}")
         most = max((d.max_nodes for d in drafters if d is not None), default=0)
-        capacity = [len(p) + max_new_tokens + most for p in prompts]
+        capacity = [len(p) + n + most for p, n in zip(prompts, budgets)]
         n_blocks = sum(-(-c // block_size) for c in capacity)
         self.kv = PagedKVCache.for_model(target, max(capacity), batch_size=B, block_size=block_size, n_blocks=n_blocks)
-        self.decs = [Decoder(target, ids, d, params, max_new_tokens, eos, g, kv=self.kv)
-                     for ids, d, g in zip(prompts, drafters, generators)]
+        self.decs = [Decoder(target, ids, d, params, n, eos, g, kv=self.kv)
+                     for ids, d, g, n in zip(prompts, drafters, generators, budgets)]
         self.target = target
         self.layers = tuple(sorted({i for dec in self.decs for i in dec.layers}))
         self.phase_s = dict.fromkeys(("draft", "target", "verify", "commit", "hand_off"), 0.0)
@@ -106,7 +109,7 @@ class BatchDecoder:
             dec.new = [int(next_token(out.logits[r, -1], dec.params, dec.gen))]
             if dec.drafter is not None:
                 dec.drafter.prefill(dec.ids + dec.new, dec._features(out, slice(0, len(dec.ids)), r))
-            dec.stats.target_forwards = 1
+            dec.stats.target_forwards = dec.stats.new_tokens = 1
             dec.stats.tokens_per_step.append(1)
         self._finish()
         self.prefill_s = time.perf_counter() - t0

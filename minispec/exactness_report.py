@@ -13,8 +13,13 @@ Three parts, each a list of records:
                  misses every other token of p's top 20, so q = 0 where p > 0 and only the
                  residual can emit those tokens. Pass: TV below the stated bound and a chi-square
                  p-value above 0.001 / (number of settings) (Bonferroni).
-    controls     deliberately wrong verifiers; they must be flagged as failing and do not
-                 count toward the exit status.
+                 Batched (chapter 7): the decode loop itself, ``minispec.batch.generate_batch``
+                 with 32 rows per batch, each with its own draft-model chain or tree and seed;
+                 the joint law of the first three tokens (top-k 3: 27 outcomes) on the seeded
+                 tiny-gpt2 with a noisy copy of it as the draft; 10k samples in full mode (the loop drafts
+                 row by row in Python), judged by the TV bound of that size and chi-square.
+    controls     deliberately wrong verifiers (and, for the batched loop, drafters whose trees
+                 lie about q); they must be flagged as failing and do not count toward the exit status.
 
 Full mode (default): >= 100k samples per setting, TV bound 0.01. Fast mode (MINISPEC_FAST=1
 or --fast): fewer samples, with the TV bound that sample size supports stated in the output.
@@ -26,6 +31,8 @@ import argparse
 import json
 import sys
 
+import numpy as np
+import scipy.stats
 import torch
 
 from . import exactness as ex
@@ -91,28 +98,121 @@ def run_model_suite(n_samples: int, tv_limit: float | None, alpha: float, seed: 
     return records, controls, (tname, dname)
 
 
-def run_all(full: bool, samples: int | None = None, seed: int = 0) -> dict:
-    """Run the three parts; returns the report dict (``passed`` is the overall verdict)."""
+BATCHED_DRAFTERS = {"batched_chain_k2": "chain:2", "batched_tree_2,2,4": "2,2,4"}  # name -> draft-model tree
+BATCHED_PARAMS = SamplingParams(1.0, 3, 1.0)  # top-k 3: 27 outcomes of the first three tokens
+
+
+class _FakeQ:
+    """Control for the batched loop: a draft model whose deterministic (top-k) drafts claim to have
+    been sampled from a uniform q, so verification accepts them with min(1, p / q) as if they were
+    random draws: the emitted law leans toward the draft's favourite tokens."""
+
+    def __new__(cls, drafter):
+        propose = drafter.propose
+
+        def lying(*a, **kw):
+            tree = propose(*a, **kw)
+            V = drafter.model.cfg.vocab_size
+            tree.q = torch.full((len(tree) + 1, V), 1.0 / V)  # [N + 1, V]
+            return tree
+        drafter.propose = lying
+        return drafter
+
+
+def run_batched_suite(n_samples: int, alpha: float, seed: int = 0, batch: int = 32):
+    """The batched decode loop itself (chapter 7, ``minispec.batch``): the joint law of the first three
+    tokens of sequences sampled ``batch`` at a time, each row with its own draft-model tree and seed,
+    against the target's exact law (27 outcomes). Token 1 comes from the prefill; tokens 2 and 3 from
+    the first speculative step (a tree of depth 2 drafted after it, verified, plus the bonus). The
+    loop runs each row's drafter in Python, so this part takes fewer samples than the others and
+    is judged by the TV bound of its own sample size. Returns (records, controls)."""
+    from tqdm.auto import tqdm
+
+    from .batch import generate_batch
+    from .drafters import DraftModel
+    from .models import load
+
+    (t, tok), (d, _) = load("tiny-gpt2"), load("tiny-gpt2")
+    with torch.no_grad():  # the draft: a noisy copy of the target, so its drafts are often right (an
+        g = torch.Generator().manual_seed(seed)  # unrelated tiny draft misses p's top 3: a bug would not show)
+        d.lm_head.weight.add_(0.05 * torch.randn(d.lm_head.weight.shape, generator=g))
+    ids = tok.encode(PROMPT)
+    with torch.no_grad():
+        def p_after(seq):
+            return probs(t(torch.tensor([seq])).logits[0, -1].double(), BATCHED_PARAMS)
+        p1 = p_after(ids)
+        exact = {}
+        for a in p1.nonzero().flatten().tolist():
+            p2 = p_after(ids + [a])
+            for b in p2.nonzero().flatten().tolist():
+                p3 = p_after(ids + [a, b])
+                for c in p3.nonzero().flatten().tolist():
+                    exact[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
+    records, controls = [], []
+    runs = [(name, tree, False, records) for name, tree in BATCHED_DRAFTERS.items()] + \
+           [(f"{name}_fake_uniform_q", tree, True, controls) for name, tree in BATCHED_DRAFTERS.items()]
+    for name, tree, wrong, out in runs:
+        n = n_samples
+        counts, tested, accepted = dict.fromkeys(exact, 0), 0, 0
+        for start in tqdm(range(0, n, batch), desc=f"batched {name}", leave=False, disable=None):
+            make = (lambda: _FakeQ(DraftModel(d, tree=tree))) if wrong else (lambda: DraftModel(d, tree=tree))
+            rows = min(batch, n - start)
+            got, _ = generate_batch(t, tok, [ids] * rows, drafter=make, chat=False, max_new_tokens=4, stop_at_eos=False,
+                                    temperature=BATCHED_PARAMS.temperature, top_k=BATCHED_PARAMS.top_k,
+                                    seed=[seed * 10_000_019 + start + j for j in range(rows)])
+            for r in got:
+                key = tuple(r.tokens[:3])
+                counts[key] = counts.get(key, 0) + 1  # a key outside the support fails below
+                tested += sum(r.stats.tested_at_depth)
+                accepted += sum(r.stats.accepted_at_depth)
+        keys = list(exact)
+        obs = np.array([counts[k] for k in keys], dtype=float)
+        exp = np.array([exact[k] for k in keys]) * n
+        outside = n - int(obs.sum())
+        tv = float(0.5 * (np.abs(obs - exp).sum() + outside) / n)
+        p_value = float(scipy.stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue) if obs.sum() else 0.0
+        bound = ex.tv_bound(n, len(keys))
+        out.append(dict(verifier=name, setting=f"tiny-gpt2/noisy copy/t1.0_topk3/batch{batch}/3 tokens",
+                        samples=n, tv=tv, tv_bound=ex.tv_bound(n, len(keys)), tv_limit=bound, p_value=p_value,
+                        support=len(keys), drafts_verified=tested, drafts_accepted=accepted,
+                        passed=bool(outside == 0 and tv < bound and p_value > alpha)))
+    return records, controls
+
+
+PARTS = ("enumeration", "empirical", "batched")
+
+
+def run_all(full: bool, samples: int | None = None, seed: int = 0, parts=PARTS) -> dict:
+    """Run the parts (all three by default); returns the report dict (``passed`` is the overall verdict)."""
+    if not parts or set(parts) - set(PARTS):
+        raise ValueError(f"parts must be among {PARTS}, got {parts}")
     n = samples or (100_000 if full else 4_000)
     n_model = len(MODEL_SETTINGS) + len(REDUCED_VOCAB)
-    n_settings = n_model * len(MODEL_VERIFIERS) + len(ex.EMPIRICAL_VERIFIERS)  # + the synthetic suite
+    n_settings = n_model * len(MODEL_VERIFIERS) + len(ex.EMPIRICAL_VERIFIERS) + len(BATCHED_DRAFTERS)
     alpha = 0.001 / n_settings
     tv_limit = 0.01 if full else None  # fast mode: the sample-size bound of exactness.tv_bound
-    enum, enum_controls = ex.run_enumeration_suite(seed)
-    synth, synth_controls = ex.run_empirical_suite(n_samples=n, seed=seed, control_samples=min(n, 5000))
-    for r in synth:  # same verdict rule as the model suite
-        r["tv_limit"] = tv_limit if tv_limit is not None else r["tv_bound"]
-        r["passed"] = r["tv"] < r["tv_limit"] and r["p_value"] > alpha
-    model, model_controls, names = run_model_suite(n, tv_limit, alpha, seed)
+    enum, enum_controls, synth, synth_controls, model, model_controls, batched, batched_controls = [[]] * 8
+    names = ("-", "-")
+    if "enumeration" in parts:
+        enum, enum_controls = ex.run_enumeration_suite(seed)
+    if "empirical" in parts:
+        synth, synth_controls = ex.run_empirical_suite(n_samples=n, seed=seed, control_samples=min(n, 5000))
+        for r in synth:  # same verdict rule as the model suite
+            r["tv_limit"] = tv_limit if tv_limit is not None else r["tv_bound"]
+            r["passed"] = r["tv"] < r["tv_limit"] and r["p_value"] > alpha
+        model, model_controls, names = run_model_suite(n, tv_limit, alpha, seed)
+    if "batched" in parts:
+        batched, batched_controls = run_batched_suite(10_000 if full else min(n, 800), alpha, seed)
     controls = [dict(r, part="enumeration") for r in enum_controls] + \
-               [dict(r, part="empirical") for r in synth_controls + model_controls]
+               [dict(r, part="empirical") for r in synth_controls + model_controls] + \
+               [dict(r, part="batched") for r in batched_controls]
     report = dict(
-        mode="full" if full else "fast", samples_per_setting=n, models=dict(target=names[0], draft=names[1]),
+        mode="full" if full else "fast", parts=list(parts), samples_per_setting=n, models=dict(target=names[0], draft=names[1]),
         criteria=dict(enumeration_max_abs_error=ex.TOL, tv_limit=tv_limit if tv_limit is not None else
                       f"tv_bound(n={n}, V) = 0.5*sqrt(V/n) + sqrt(log(1e6)/(2n)), e.g. {ex.tv_bound(n, 20):.4f} for V=20",
                       chi_square_alpha=alpha, chi_square_correction=f"Bonferroni over {n_settings} empirical settings"),
-        enumeration=enum, empirical=synth + model, controls=controls)
-    report["passed"] = all(r["passed"] for r in enum + synth + model)
+        enumeration=enum, empirical=synth + model, batched=batched, controls=controls)
+    report["passed"] = all(r["passed"] for r in enum + synth + model + batched)
     # a verifier is wrong if any one setting exposes it: each control must fail somewhere
     report["controls_flagged"] = {name: any(not r["passed"] for r in controls if r["verifier"] == name)
                                   for name in dict.fromkeys(r["verifier"] for r in controls)}
@@ -121,13 +221,18 @@ def run_all(full: bool, samples: int | None = None, seed: int = 0) -> dict:
 
 def format_report(rep: dict) -> str:
     enum = rep["enumeration"]
-    worst = max(enum, key=lambda r: r["max_abs_error"])
     lines = [f"exactness ({rep['mode']} mode, {rep['samples_per_setting']} samples per empirical setting; "
-             f"models {rep['models']['target']} / {rep['models']['draft']})",
-             f"enumeration: {sum(r['passed'] for r in enum)}/{len(enum)} pass; worst error "
-             f"{worst['max_abs_error']:.1e} ({worst['verifier']}, {worst['setting']}); limit {rep['criteria']['enumeration_max_abs_error']:.0e}",
-             f"{'empirical setting':<58} {'verifier':<22} {'TV':>7} {'limit':>7} {'p-value':>8}  verdict"]
+             f"models {rep['models']['target']} / {rep['models']['draft']}; parts {', '.join(rep['parts'])})"]
+    if enum:
+        worst = max(enum, key=lambda r: r["max_abs_error"])
+        lines.append(f"enumeration: {sum(r['passed'] for r in enum)}/{len(enum)} pass; worst error "
+                     f"{worst['max_abs_error']:.1e} ({worst['verifier']}, {worst['setting']}); "
+                     f"limit {rep['criteria']['enumeration_max_abs_error']:.0e}")
+    lines += [f"{'empirical setting':<58} {'verifier':<22} {'TV':>7} {'limit':>7} {'p-value':>8}  verdict"]
     for r in rep["empirical"]:
+        lines.append(f"{r['setting']:<58} {r['verifier']:<22} {r['tv']:>7.4f} {r['tv_limit']:>7.4f} {r['p_value']:>8.3g}  "
+                     f"{'PASS' if r['passed'] else 'FAIL'}")
+    for r in rep.get("batched", []):
         lines.append(f"{r['setting']:<58} {r['verifier']:<22} {r['tv']:>7.4f} {r['tv_limit']:>7.4f} {r['p_value']:>8.3g}  "
                      f"{'PASS' if r['passed'] else 'FAIL'}")
     lines.append("controls (deliberately wrong; must FAIL, not counted):")
@@ -151,10 +256,11 @@ def main(argv=None) -> int:
     mode.add_argument("--fast", action="store_true", help="fewer samples; the TV limit is the bound for that size")
     ap.add_argument("--samples", type=int, default=None, help="samples per empirical setting")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)} (default: all)")
     ap.add_argument("--out", default=None, help="also write the report, with the device and versions, to this JSON file")
     args = ap.parse_args(argv)
     full = args.full or not (args.fast or fast())
-    rep = run_all(full, args.samples, args.seed)
+    rep = run_all(full, args.samples, args.seed, tuple(p.strip() for p in args.parts.split(",") if p.strip()))
     print(json.dumps(rep, indent=1) if args.json else format_report(rep))
     status = 0 if rep["passed"] else 1
     if args.out:

@@ -154,6 +154,7 @@ class Decoder:
         if self.drafter is not None:
             self.drafter.prefill(self.ids + self.new, self._features(out, slice(None)))
         self.stats.target_forwards, self.stats.prefill_s = 1, time.perf_counter() - t0  # drafter's prefill included
+        self.stats.new_tokens = 1
         self.stats.tokens_per_step.append(1)
         self._clock = time.perf_counter()
 
@@ -204,6 +205,7 @@ class Decoder:
         if self.drafter is not None:
             self.drafter.commit(emitted, self._features(out, rows[:len(emitted)], r))
         self.new += emitted
+        self.stats.new_tokens = len(self.new)
         self.stats.record(tree, res.path)
         self.stats.nodes.append(len(tree))
         self.stats.target_forwards += 1

@@ -60,6 +60,8 @@ print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MIN
 # 5. Commit a batch with ragged acceptance and free finished sequences (exercise 7.3).
 # 6. Check that paged attention equals attention over the contiguous K/V, and that a model decodes
 #    the same with either cache.
+# 7. Run the batched decode loop on ragged trees, check it against single-sequence decoding, and
+#    read why speculation's gain shrinks as the batch grows.
 #
 # **Notation** as in every chapter: $p$ the target's distribution, $q$ the draft's, $k$ draft
 # tokens in a chain, a tree of $N$ nodes is scored in one forward over $T = N + 1$ new tokens
@@ -473,12 +475,8 @@ print(kv)
 # A few more steps: the lengths drift apart and stay apart. When the pool cannot hold the next
 # step's trees, `begin` refuses and changes nothing; here the scheduler then finishes the longest
 # sequence (`free`) and a new request starts in its slot. This is bookkeeping only — no model
-# runs here. **The batched decode loop is the engine's next step; it is not in minispec yet.**
-# `generate` decodes one sequence (batch 1). The cache is ready for more: `begin` takes one count
-# per sequence, `commit` one path per sequence, `free` a finished one, and paged attention reads
-# each sequence's own prefix length (next section). What the loop still needs is ragged
-# positions and masks in the model's forward (`Transformer.forward` reads one shared
-# `kv.length` today), a drafter and verifier per sequence, and admitting new requests into freed slots.
+# runs here; section 7 runs the batched decode loop (`minispec.batch`) on exactly these calls:
+# `begin` with one count per sequence, `commit` with one path per sequence, `free` for a finished one.
 
 # %%
 for step in range(1, (10 if FAST else 20) + 1):
@@ -603,6 +601,112 @@ print(f"lengths {n_got} == {n_want}; max |logits paged - contiguous| over 3 forw
 assert n_got == n_want and err < 1e-5
 
 # %% [markdown]
+# ## 7. The batched decode loop: ragged trees in one forward
+#
+# `minispec.batch.BatchDecoder` decodes $B$ sequences with **one target forward per step**. Each
+# sequence is a chapter-1 `Decoder` with its own prompt, drafter, sampling generator and
+# statistics; the batch shares the forward and one paged cache. A step:
+#
+# ```
+# trees = [dec.propose() for each unfinished sequence]     each drafter drafts its own tree
+# out   = target(rows, ragged={seq: 1 + N_seq})            ONE forward; row r = root + tree, right-padded
+# rows  = [dec.verify(tree_r, logits of row r)]            each sequence accepts its own path
+# kv.commit(rows per sequence)                             ragged commit (section 5)
+# finished sequences free their blocks and leave the batch
+# ```
+#
+# The forward is ragged in three ways: prompt lengths (so prefix lengths), tree sizes (so rows are
+# padded to the largest) and tree shapes (so masks and positions differ per row). `Transformer.forward`
+# takes `ragged={sequence: new tokens}`: the linear layers run on all rows at once, and attention
+# runs row by row over that sequence's own prefix, read through its block table. Because
+# minispec's linear layers give each row the same bits whatever the row count (`minispec.linear`),
+# **every row computes exactly what its sequence alone computes**: batched greedy output equals
+# unbatched output token for token, and with one seed per sequence, sampled output too.
+#
+# Below: six prompts of different lengths, three kinds of drafter mixed in one batch, on the
+# seeded tiny models. The table shows each sequence's tokens per step — acceptance is ragged —
+# and the batch shrinking as sequences finish.
+
+# %%
+from minispec import generate
+from minispec.batch import BatchDecoder, generate_batch
+from minispec.drafters import DraftModel, PromptLookup
+
+target, tok = load("tiny-llama")
+draft, _ = load("tiny-llama")                         # the draft: a noisy copy of the target, often right
+with torch.no_grad():
+    draft.lm_head.weight.add_(0.05 * torch.randn(draft.lm_head.weight.shape, generator=torch.Generator().manual_seed(0)))
+prompts = ["abcabcabc abc ab", "the cat", "x", "a quick brown fox jumps over the lazy dog, a quick brown",
+           "0101010", "hello hello hello world"]
+makers = [lambda: PromptLookup(k=4), lambda: DraftModel(draft, k=3), lambda: DraftModel(draft, tree="3,2,6")] * 2
+ids = [tok.encode(p) for p in prompts]
+budgets = [12, 30, 20, 30, 8, 30]                     # a finished sequence leaves the batch
+batch = BatchDecoder(target, ids, [m() for m in makers], max_new_tokens=budgets, block_size=4)
+batch.prefill()
+per_step = []                                         # {sequence: tokens emitted} per step
+while not batch.done:
+    per_step.append(batch.step())
+print(f"{'seq':>3} {'prompt':>6} {'drafter':<24} {'tokens per step (ragged acceptance)':<48} {'tau':>5}  alone?")
+for b, (dec, make) in enumerate(zip(batch.decs, makers)):
+    alone = generate(target, tok, ids[b], drafter=make(), max_new_tokens=budgets[b], chat=False)
+    steps = [len(s[b]) for s in per_step if b in s]
+    print(f"{b:>3} {len(ids[b]):>6} {repr(dec.drafter)[:24]:<24} {' '.join(map(str, steps)):<48} "
+          f"{dec.stats.tau:>5.2f}  {'same' if dec.new == alone.tokens else 'DIFFERENT'}")
+    assert dec.new == alone.tokens
+print("rows in each step's forward:", batch.rows_per_step)
+print(f"KV blocks free after the batch: {len(batch.kv.free_list)}/{batch.kv.n_blocks}")
+
+fig, ax = plt.subplots(figsize=(10, 3.2))
+for b in range(len(ids)):
+    xs = [i for i, s in enumerate(per_step) if b in s]
+    ax.plot(xs, [len(per_step[i][b]) for i in xs], "o-", ms=3, color=COLORS[b], label=f"seq {b}")
+ax.set_xlabel("decode step (one target forward for the whole batch)"); ax.set_ylabel("tokens committed")
+ax.set_title("ragged acceptance: each sequence commits its own number of tokens per forward")
+ax.legend(ncol=6, fontsize=8); plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# **Throughput and its economics.** Batching and speculation both buy tokens per weight read:
+# batching with more sequences, speculation with more rows per sequence. At batch 1 a CPU's
+# forward is bound by memory bandwidth, so the $N$ extra rows of a tree are nearly free and
+# speculation gains $\approx \tau$ minus the drafting cost. At batch $B$ the forward already carries
+# $B$ rows; trees make it $B (N + 1)$, and once the matrix products are **compute-bound** every
+# extra row costs its FLOPs. Meanwhile drafting is paid per sequence. So speculation's gain over
+# batched vanilla shrinks as $B$ grows and becomes a loss: serving systems turn speculation down
+# (smaller trees, or off) as the batch fills.
+#
+# `python benchmarks/batch_throughput.py` measures it: tokens/s of transformers' batched
+# `generate`, minispec's batched vanilla and batched EAGLE-2 at $B$ = 1, 4, 16 on the same
+# Spec-Bench questions, in one process; the plot reads its committed JSON (device in the title).
+
+# %%
+import json
+from pathlib import Path
+
+import minispec
+
+path = Path(minispec.__file__).resolve().parent.parent / "benchmarks" / "results" / "batch_throughput_cpu.json"
+if not path.exists():
+    print(f"no {path.name} yet: run python benchmarks/batch_throughput.py --json {path}")
+else:
+    res = json.loads(path.read_text())
+    sizes = res["batch_sizes"]
+    dev = res["device"].get("gpu") or res["device"].get("cpu_model", "CPU")
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for m in res["methods"]:
+        a1.plot(sizes, [res["tokens_per_s"][str(B)][m] for B in sizes], "o-", label=m)
+    a1.set_xscale("log", base=2); a1.set_xticks(sizes, [str(B) for B in sizes])
+    a1.set_xlabel("batch size B"); a1.set_ylabel("tokens/s (whole batch)"); a1.legend()
+    a1.set_title(f"throughput, {res['threads']} threads, {res['max_new_tokens']} tokens")
+    for m in [m for m in res["methods"] if m != "vanilla"]:
+        a2.plot(sizes, [res["vs_vanilla"][str(B)][m] for B in sizes], "o-", label=f"{m} / vanilla")
+    a2.axhline(1.0, color="grey", lw=0.8); a2.set_xscale("log", base=2); a2.set_xticks(sizes, [str(B) for B in sizes])
+    a2.set_xlabel("batch size B"); a2.set_ylabel("speedup over batched vanilla"); a2.legend()
+    a2.set_title("speculation's gain as the batch grows")
+    fig.suptitle(f"{dev} — {res['date'][:10]}", fontsize=9); plt.tight_layout(); plt.show()
+    print("identical to each question decoded alone:", res["identical"])
+    print("tau:", {B: {m: (round(t, 2) if t else None) for m, t in v.items()} for B, v in res["tau"].items()})
+
+# %% [markdown]
 # ## Summary
 #
 # * A paged cache stores K/V in fixed-size blocks from a shared pool; a per-sequence **block table**
@@ -616,8 +720,11 @@ assert n_got == n_want and err < 1e-5
 # * In a batch, acceptance is **ragged**: one kept-row list per sequence, lengths diverge, and
 #   attention reads each sequence's own prefix through its table. Paged attention equals
 #   contiguous attention, and the model decodes the same tokens with either cache.
-# * Next: the batched decode loop on top of this cache (ragged positions and masks in the
-#   forward, per-sequence drafting and verification), then CUDA graphs (chapter 8).
+# * The batched loop (`minispec.batch`) runs one forward for all sequences, ragged in prompt
+#   length, tree size and shape; every row equals its sequence decoded alone, bit for bit, so
+#   batched output is exact. Batching and speculation compete for the same spare compute:
+#   speculation's gain shrinks as the batch grows.
+# * Next: CUDA graphs for draft and verify (chapter 8).
 #
 # ## Exercises
 #
@@ -640,6 +747,8 @@ check(7, impl="solutions")
 # %% [markdown]
 # ## References
 #
+# * Yu et al., *Orca: A Distributed Serving System for Transformer-Based Generative Models* (OSDI 2022)
+#   — iteration-level batching: sequences join and leave the batch between steps.
 # * Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*
 #   (SOSP 2023) — block tables, a shared block pool, copy-free sharing. <https://arxiv.org/abs/2309.06180>
 # * Pope et al., *Efficiently Scaling Transformer Inference* (2022) — the KV cache and its memory.

@@ -25,7 +25,11 @@ def test_every_verifier_passes_and_every_control_is_flagged(report):
     assert all(r["support"] <= 20 for r in report["empirical"] if "support" in r)
     reduced = [r for r in report["empirical"] if r["setting"].endswith("_reduced_vocab")]  # FR-Spec drafting
     assert len(reduced) == 2 * 5 and all(r["passed"] for r in reduced)
-    n = len(report["empirical"])  # the Bonferroni correction counts every empirical setting that was run
+    batched = report["batched"]  # the batched decode loop (chapter 7): each draft kind passes, drafts were accepted
+    assert len(batched) == 2 and all(r["passed"] and r["drafts_accepted"] > r["samples"] / 4 for r in batched)
+    assert {r["verifier"] for r in report["controls"] if r["part"] == "batched"} == \
+        {"batched_chain_k2_fake_uniform_q", "batched_tree_2,2,4_fake_uniform_q"}
+    n = len(report["empirical"]) + len(batched)  # the Bonferroni correction counts every empirical setting run
     assert report["criteria"]["chi_square_correction"] == f"Bonferroni over {n} empirical settings"
     assert report["criteria"]["chi_square_alpha"] == pytest.approx(0.001 / n)
 
@@ -35,6 +39,7 @@ def test_a_wrong_verifier_in_the_main_list_makes_the_command_fail(monkeypatch, c
     from minispec import exactness_report as er
 
     monkeypatch.setattr(er, "MODEL_VERIFIERS", ("chain_k1", "resample_from_p"))
+    monkeypatch.setattr(er, "run_batched_suite", lambda *a, **kw: ([], []))  # checked above; not again
     monkeypatch.setitem(ex.VERIFIERS, "resample_from_p", ex.CONTROLS["resample_from_p"])
     saved = tmp_path / "report.json"
     assert main(["exactness", "--fast", "--samples", "3000", "--json", "--out", str(saved)]) == 1
