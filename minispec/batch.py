@@ -36,10 +36,9 @@ from typing import Callable, Sequence
 import torch
 
 from .drafters.base import Drafter
-from .generate import GenerationResult, GenerationStats, Decoder, _eos_ids
+from .generate import Decoder, GenerationResult, GenerationStats, _eos_ids, encode_checked
 from .kv import PagedKVCache
 from .sampling import GREEDY, SamplingParams, next_token
-from .tokenizer import encode_prompt
 
 
 class BatchDecoder:
@@ -195,25 +194,11 @@ def generate_batch(target, tokenizer, prompts: Sequence[str | Sequence[int]],
         and acceptance; their times are the batch's.
     """
     params = SamplingParams(temperature, top_k, top_p)  # validates
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if isinstance(prompts, str) or not len(prompts):
         raise ValueError("prompts must be a non-empty list of prompts")
     if not isinstance(kv_block_size, int) or kv_block_size < 1:
         raise ValueError(f"kv_block_size must be a positive number of tokens, got {kv_block_size!r}")
-    ids = []
-    for i, p in enumerate(prompts):
-        if isinstance(p, str) and not p.strip():
-            raise ValueError(f"prompt {i} is empty")
-        t = encode_prompt(tokenizer, p, chat)
-        if not t:
-            raise ValueError(f"prompt {i} is empty")
-        if len(t) + max_new_tokens > target.cfg.max_seq_len:
-            raise ValueError(f"prompt {i} of {len(t)} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
-                             f"context of {target.cfg.max_seq_len} tokens")
-        if max(t) >= target.cfg.vocab_size or min(t) < 0:
-            raise ValueError(f"prompt {i}: token ids must be in [0, {target.cfg.vocab_size})")
-        ids.append(t)
+    ids = [encode_checked(target, tokenizer, p, chat, max_new_tokens, f"prompt {i}") for i, p in enumerate(prompts)]
     B = len(ids)
     seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * B
     if len(seeds) != B:

@@ -102,21 +102,19 @@ BATCHED_DRAFTERS = {"batched_chain_k2": "chain:2", "batched_tree_2,2,4": "2,2,4"
 BATCHED_PARAMS = SamplingParams(1.0, 3, 1.0)  # top-k 3: 27 outcomes of the first three tokens
 
 
-class _FakeQ:
-    """Control for the batched loop: a draft model whose deterministic (top-k) drafts claim to have
-    been sampled from a uniform q, so verification accepts them with min(1, p / q) as if they were
-    random draws: the emitted law leans toward the draft's favourite tokens."""
+def fake_uniform_q(drafter):
+    """Control for the batched loop: ``drafter`` (a draft model drafting deterministic top-k trees)
+    made to claim its drafts were sampled from a uniform q, so verification accepts them with
+    min(1, p / q) as if they were random draws: the emitted law leans toward the draft's favourites."""
+    propose = drafter.propose
 
-    def __new__(cls, drafter):
-        propose = drafter.propose
-
-        def lying(*a, **kw):
-            tree = propose(*a, **kw)
-            V = drafter.model.cfg.vocab_size
-            tree.q = torch.full((len(tree) + 1, V), 1.0 / V)  # [N + 1, V]
-            return tree
-        drafter.propose = lying
-        return drafter
+    def lying(*a, **kw):
+        tree = propose(*a, **kw)
+        V = drafter.model.cfg.vocab_size
+        tree.q = torch.full((len(tree) + 1, V), 1.0 / V)  # [N + 1, V]
+        return tree
+    drafter.propose = lying
+    return drafter
 
 
 def run_batched_suite(n_samples: int, alpha: float, seed: int = 0, batch: int = 32):
@@ -155,7 +153,7 @@ def run_batched_suite(n_samples: int, alpha: float, seed: int = 0, batch: int = 
         n = n_samples
         counts, tested, accepted = dict.fromkeys(exact, 0), 0, 0
         for start in tqdm(range(0, n, batch), desc=f"batched {name}", leave=False, disable=None):
-            make = (lambda: _FakeQ(DraftModel(d, tree=tree))) if wrong else (lambda: DraftModel(d, tree=tree))
+            make = (lambda: fake_uniform_q(DraftModel(d, tree=tree))) if wrong else (lambda: DraftModel(d, tree=tree))
             rows = min(batch, n - start)
             got, _ = generate_batch(t, tok, [ids] * rows, drafter=make, chat=False, max_new_tokens=4, stop_at_eos=False,
                                     temperature=BATCHED_PARAMS.temperature, top_k=BATCHED_PARAMS.top_k,

@@ -227,6 +227,26 @@ class Decoder:
         return emitted
 
 
+def encode_checked(target, tokenizer, prompt, chat: bool, max_new_tokens: int, name: str = "the prompt") -> list[int]:
+    """``prompt`` as token ids (chat template applied when ``chat``), after checking the request:
+    a positive token budget, a non-empty prompt, prompt + budget within the context, ids in the
+    vocabulary. ValueError names ``name`` and the problem."""
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if isinstance(prompt, str) and not prompt.strip():
+        raise ValueError(f"{name} is empty (a chat template alone is no prompt)")
+    ids = encode_prompt(tokenizer, prompt, chat)
+    ctx = target.cfg.max_seq_len
+    if not ids:
+        raise ValueError(f"{name} is empty")
+    if len(ids) + max_new_tokens > ctx:
+        raise ValueError(f"{name} of {len(ids)} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
+                         f"context of {ctx} tokens; shorten the prompt or ask for fewer tokens")
+    if max(ids) >= target.cfg.vocab_size or min(ids) < 0:
+        raise ValueError(f"{name}: token ids must be in [0, {target.cfg.vocab_size}), got {min(ids)}..{max(ids)}")
+    return ids
+
+
 @torch.inference_mode()
 def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64, chat: bool = True,
@@ -249,19 +269,7 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
         GenerationResult(text, tokens, prompt_tokens, stats).
     """
     params = SamplingParams(temperature, top_k, top_p)  # validates
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    if isinstance(prompt, str) and not prompt.strip():
-        raise ValueError("the prompt is empty (a chat template alone is no prompt)")
-    ids = encode_prompt(tokenizer, prompt, chat)
-    ctx = target.cfg.max_seq_len
-    if not ids:
-        raise ValueError("the prompt is empty")
-    if len(ids) + max_new_tokens > ctx:
-        raise ValueError(f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
-                         f"context of {ctx} tokens; shorten the prompt or ask for fewer tokens")
-    if max(ids) >= target.cfg.vocab_size or min(ids) < 0:
-        raise ValueError(f"prompt token ids must be in [0, {target.cfg.vocab_size}), got {min(ids)}..{max(ids)}")
+    ids = encode_checked(target, tokenizer, prompt, chat, max_new_tokens)
     gen = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
     if kv_block_size is not None and (not isinstance(kv_block_size, int) or kv_block_size < 1):
         raise ValueError(f"kv_block_size must be a positive number of tokens or None, got {kv_block_size!r}")

@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import attend, causal_mask, check_backend
+from .kv import PagedKVCache
 from .linear import Linear
 
 @dataclass
@@ -271,7 +272,7 @@ class Transformer(nn.Module):
         """Positions [B, T] and the per-row attention plan of a ragged batch (see ``forward``)."""
         B, T = tokens.shape
         seqs, ns = list(ragged), [int(n) for n in ragged.values()]
-        if kv is None or not hasattr(kv, "read"):
+        if not isinstance(kv, PagedKVCache):
             raise TypeError("a ragged batch needs a paged KV cache (minispec.kv.PagedKVCache)")
         if len(seqs) != B or not all(1 <= n <= T for n in ns):
             raise ValueError(f"ragged={ragged} must give 1..{T} new tokens for each of the {B} rows")
