@@ -31,8 +31,6 @@ import argparse
 import json
 import sys
 
-import numpy as np
-import scipy.stats
 import torch
 
 from . import exactness as ex
@@ -102,78 +100,36 @@ BATCHED_DRAFTERS = {"batched_chain_k2": "chain:2", "batched_tree_2,2,4": "2,2,4"
 BATCHED_PARAMS = SamplingParams(1.0, 3, 1.0)  # top-k 3: 27 outcomes of the first three tokens
 
 
-def fake_uniform_q(drafter):
-    """Control for the batched loop: ``drafter`` (a draft model drafting deterministic top-k trees)
-    made to claim its drafts were sampled from a uniform q, so verification accepts them with
-    min(1, p / q) as if they were random draws: the emitted law leans toward the draft's favourites."""
-    propose = drafter.propose
-
-    def lying(*a, **kw):
-        tree = propose(*a, **kw)
-        V = drafter.model.cfg.vocab_size
-        tree.q = torch.full((len(tree) + 1, V), 1.0 / V)  # [N + 1, V]
-        return tree
-    drafter.propose = lying
-    return drafter
-
-
 def run_batched_suite(n_samples: int, alpha: float, seed: int = 0, batch: int = 32):
     """The batched decode loop itself (chapter 7, ``minispec.batch``): the joint law of the first three
     tokens of sequences sampled ``batch`` at a time, each row with its own draft-model tree and seed,
-    against the target's exact law (27 outcomes). Token 1 comes from the prefill; tokens 2 and 3 from
-    the first speculative step (a tree of depth 2 drafted after it, verified, plus the bonus). The
-    loop runs each row's drafter in Python, so this part takes fewer samples than the others and
-    is judged by the TV bound of its own sample size. Returns (records, controls)."""
-    from tqdm.auto import tqdm
-
-    from .batch import generate_batch
+    against the target's exact law (27 outcomes), by ``joint_law.loop_tv_check``. Token 1 comes from
+    the prefill; tokens 2 and 3 from the first speculative step (a tree of depth 2 drafted after it,
+    verified, plus the bonus). The controls are the same drafters made to claim a uniform q
+    (``joint_law.claim_uniform_q``). The loop runs each row's drafter in Python, so this part takes
+    fewer samples than the others and is judged by the TV bound of its own sample size.
+    Returns (records, controls)."""
     from .drafters import DraftModel
+    from .joint_law import claim_uniform_q, loop_tv_check
     from .models import load
 
     (t, tok), (d, _) = load("tiny-gpt2"), load("tiny-gpt2")
     with torch.no_grad():  # the draft: a noisy copy of the target, so its drafts are often right (an
         g = torch.Generator().manual_seed(seed)  # unrelated tiny draft misses p's top 3: a bug would not show)
         d.lm_head.weight.add_(0.05 * torch.randn(d.lm_head.weight.shape, generator=g))
-    ids = tok.encode(PROMPT)
-    with torch.no_grad():
-        def p_after(seq):
-            return probs(t(torch.tensor([seq])).logits[0, -1].double(), BATCHED_PARAMS)
-        p1 = p_after(ids)
-        exact = {}
-        for a in p1.nonzero().flatten().tolist():
-            p2 = p_after(ids + [a])
-            for b in p2.nonzero().flatten().tolist():
-                p3 = p_after(ids + [a, b])
-                for c in p3.nonzero().flatten().tolist():
-                    exact[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
+    drafters = {name: (lambda tree=tree: DraftModel(d, tree=tree)) for name, tree in BATCHED_DRAFTERS.items()}
+    wrong = {f"{name}_fake_uniform_q": (lambda make=make: claim_uniform_q(make())) for name, make in drafters.items()}
+    res, bound, support, _ = loop_tv_check(t, tok, tok.encode(PROMPT), {**drafters, **wrong}, BATCHED_PARAMS,
+                                           n_samples, length=3, batch=batch, seed=seed)
+    bound = ex.tv_bound(n_samples, len(support))  # K = the 27 outcomes, as in the committed full run
     records, controls = [], []
-    runs = [(name, tree, False, records) for name, tree in BATCHED_DRAFTERS.items()] + \
-           [(f"{name}_fake_uniform_q", tree, True, controls) for name, tree in BATCHED_DRAFTERS.items()]
-    for name, tree, wrong, out in runs:
-        n = n_samples
-        counts, tested, accepted = dict.fromkeys(exact, 0), 0, 0
-        for start in tqdm(range(0, n, batch), desc=f"batched {name}", leave=False, disable=None):
-            make = (lambda: fake_uniform_q(DraftModel(d, tree=tree))) if wrong else (lambda: DraftModel(d, tree=tree))
-            rows = min(batch, n - start)
-            got, _ = generate_batch(t, tok, [ids] * rows, drafter=make, chat=False, max_new_tokens=4, stop_at_eos=False,
-                                    temperature=BATCHED_PARAMS.temperature, top_k=BATCHED_PARAMS.top_k,
-                                    seed=[seed * 10_000_019 + start + j for j in range(rows)])
-            for r in got:
-                key = tuple(r.tokens[:3])
-                counts[key] = counts.get(key, 0) + 1  # a key outside the support fails below
-                tested += sum(r.stats.tested_at_depth)
-                accepted += sum(r.stats.accepted_at_depth)
-        keys = list(exact)
-        obs = np.array([counts[k] for k in keys], dtype=float)
-        exp = np.array([exact[k] for k in keys]) * n
-        outside = n - int(obs.sum())
-        tv = float(0.5 * (np.abs(obs - exp).sum() + outside) / n)
-        p_value = float(scipy.stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue) if obs.sum() else 0.0
-        bound = ex.tv_bound(n, len(keys))
-        out.append(dict(verifier=name, setting=f"tiny-gpt2/noisy copy/t1.0_topk3/batch{batch}/3 tokens",
-                        samples=n, tv=tv, tv_bound=ex.tv_bound(n, len(keys)), tv_limit=bound, p_value=p_value,
-                        support=len(keys), drafts_verified=tested, drafts_accepted=accepted,
-                        passed=bool(outside == 0 and tv < bound and p_value > alpha)))
+    for name, r in res.items():
+        outside = int(r["counts"][-1])
+        (controls if name in wrong else records).append(dict(
+            verifier=name, setting=f"tiny-gpt2/noisy copy/t1.0_topk3/batch{batch}/3 tokens", samples=n_samples,
+            tv=r["tv"], tv_bound=bound, tv_limit=bound, p_value=r["p_value"], support=len(support),
+            drafts_verified=r["drafts_tested"], drafts_accepted=r["drafts_accepted"],
+            passed=bool(outside == 0 and r["tv"] < bound and r["p_value"] > alpha)))
     return records, controls
 
 

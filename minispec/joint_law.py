@@ -9,12 +9,19 @@ each row equals a separate forward of prompt + context. ``TableLM`` serves the t
 ``exactness.ToyLM``'s interface (``p(ctx)``, ``q(ctx)``) on a compact vocabulary, so the step
 functions of ``minispec.exactness`` run on the real model unchanged.
 
+Chapters 3-5 check the real decode loop itself: ``loop_tv_check`` runs ``minispec.batch.generate_batch``
+with a drafter (an EAGLE head, a static or dynamic tree) many times and compares the first tokens with
+``first_tokens_law``; ``claim_uniform_q`` is its deliberately wrong control.
+
 Shapes: L prompt tokens, T packed context tokens, V vocabulary.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
+import scipy.stats
 import torch
 
 from . import exactness as ex
@@ -111,3 +118,71 @@ def joint_tv_check(lm, law, steps, n, seed=0, length=3, k=2):
         counts = np.bincount(draws, minlength=len(target))
         out[name] = dict(tv=0.5 * float(np.abs(counts / n - target).sum()), counts=counts, draws=draws)
     return out, ex.tv_bound(n, len(target)), support, target
+
+
+def first_tokens_law(target, prompt_ids, params, length: int) -> dict[tuple, float]:
+    """The exact law of the first ``length`` tokens the target samples after ``prompt_ids``:
+    {token tuple: probability}, one packed forward per level (top-k keeps it finite)."""
+    law = {(): 1.0}
+    for _ in range(length):
+        P = next_token_laws(target, prompt_ids, list(law), params)
+        law = {c + (t,): pc * float(P[c][t]) for c, pc in law.items() for t in P[c].nonzero().flatten().tolist()}
+    return law
+
+
+def claim_uniform_q(drafter, vocab_size: int | None = None):
+    """The wrong control of the loop checks: ``drafter``'s trees claim their drafts were sampled from a
+    uniform q. Verification then accepts a draft x with min(1, p(x) / q(x)) = 1 whenever p(x) > 0, so
+    the emitted tokens lean toward the drafter's favourites instead of following p."""
+    V = vocab_size or next(m.cfg.vocab_size for m in (getattr(drafter, "target", None), getattr(drafter, "model", None))
+                           if m is not None)
+    propose = drafter.propose
+
+    def lying(*a, **kw):
+        tree = propose(*a, **kw)
+        tree.q = torch.full((len(tree) + 1, V), 1.0 / V)  # [N + 1, V]
+        return tree
+    drafter.propose = lying
+    return drafter
+
+
+def loop_tv_check(target, tok, prompt_ids, drafters: dict[str, Callable], params, n: int, length: int = 3,
+                  batch: int = 32, seed: int = 0, law: dict | None = None, progress: bool = True):
+    """Run the real decode loop ``n`` times per drafter and compare its first ``length`` tokens with
+    the exact law.
+
+    Each run is one row of ``minispec.batch.generate_batch`` (``batch`` rows at a time, each with its
+    own seed and its own drafter from the factory ``drafters[name]``); ``max_new_tokens = length + 1``,
+    so token 1 comes from the prefill and tokens 2..length from the first speculative step(s),
+    drafts and bonus included. Returns ({name: dict(tv, p_value, counts, draws, drafts_tested,
+    drafts_accepted)}, the bound tv_bound(n, K), the support, the target law [K] (last bin: sequences
+    the target never emits)).
+    """
+    from tqdm.auto import tqdm
+
+    from .batch import generate_batch
+
+    law = law if law is not None else first_tokens_law(target, prompt_ids, params, length)
+    support = sorted(law)
+    index = {s: i for i, s in enumerate(support)}
+    exact = np.array([law[s] for s in support] + [0.0])  # [K]
+    out = {}
+    for name, make in drafters.items():
+        draws, tested, accepted = [], 0, 0
+        for start in tqdm(range(0, n, batch), desc=f"loop {name}", leave=False, disable=not progress or None):
+            rows = min(batch, n - start)
+            got, _ = generate_batch(target, tok, [list(prompt_ids)] * rows, drafter=make, chat=False,
+                                    max_new_tokens=length + 1, stop_at_eos=False, temperature=params.temperature,
+                                    top_k=params.top_k, top_p=params.top_p,
+                                    seed=[seed * 10_000_019 + start + j for j in range(rows)])
+            for r in got:
+                draws.append(index.get(tuple(r.tokens[:length]), len(support)))
+                tested += sum(r.stats.tested_at_depth)
+                accepted += sum(r.stats.accepted_at_depth)
+        counts = np.bincount(np.array(draws), minlength=len(exact))
+        inside = counts[:-1].sum()
+        p_value = float(scipy.stats.chisquare(counts[:-1], exact[:-1] * inside).pvalue) if counts[-1] == 0 else 0.0
+        out[name] = dict(tv=0.5 * float(np.abs(counts / n - exact).sum()), p_value=p_value, counts=counts,
+                         draws=np.array(draws), drafts_tested=tested,
+                         drafts_accepted=accepted)
+    return out, ex.tv_bound(n, len(exact)), support, exact

@@ -1,1 +1,20 @@
-"""Training scripts: distilled drafters (``python -m minispec.train.distill_draft``)."""
+"""Training scripts: distilled drafters (``python -m minispec.train.distill_draft``), EAGLE heads
+(``train eagle``), EAGLE-3 heads (``train eagle3``) and Medusa heads (``train medusa``)."""
+import torch
+
+
+def native_bf16() -> bool:
+    """True where bf16 autocast is fast on this CPU (AVX512-BF16 or AMX tiles).
+
+    On a CPU without them (e.g. AVX2-only) oneDNN emulates bf16 matmuls, which measured
+    hundreds of times slower than fp32 for the EAGLE-3 training step, so the trainers' ``--bf16``
+    default follows this check; ``--bf16`` / ``--no-bf16`` override it.
+    """
+    cpu = getattr(torch, "cpu", None)
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(cpu, p, lambda: False)()) for p in probes)
+
+
+def bf16_help() -> str:
+    return ("bf16 autocast for the training forward/backward (fp32 weights and optimizer); "
+            f"default: on only where the CPU has native bf16 (here: {'yes' if native_bf16() else 'no'})")

@@ -56,6 +56,7 @@ from pathlib import Path
 import torch
 
 from ..benchinfo import device_info, versions
+from . import bf16_help, native_bf16
 from ..config import cache_dir
 from ..drafters.draft_checkpoint import FORMAT, SHARED, check_fits, load_draft_model, own_keys
 from ..model import ModelConfig, Transformer
@@ -375,8 +376,7 @@ def parse_args(argv=None):
     ap.add_argument("--batch-size", type=int, default=8, help="sequences per optimizer step")
     ap.add_argument("--eval-every", type=int, default=36, help="held-out acceptance every N steps (on a subset)")
     ap.add_argument("--ckpt-every", type=int, default=50, help="save a resumable checkpoint every N steps")
-    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
-                    help="bf16 autocast for the training forward/backward (fp32 weights and optimizer; fast on AMX CPUs)")
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=native_bf16(), help=bf16_help())
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--resume", action="store_true", help="continue from the last resumable checkpoint of --out")

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from ..benchinfo import device_info, versions
 from ..config import cache_dir
+from . import bf16_help, native_bf16
 from .distill_draft import _shown
 from ..drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
 
@@ -286,7 +287,7 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--ckpt-every", type=int, default=50)
-    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast (fp32 weights)")
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=native_bf16(), help=bf16_help())
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--resume", action="store_true", help="continue from the last resumable checkpoint of --out")

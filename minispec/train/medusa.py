@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from ..benchinfo import device_info, versions
+from . import bf16_help, native_bf16
 from .distill_draft import _shown
 from ..drafters.medusa import MedusaDrafter, MedusaHeads
 from .eagle3 import batch_indices, fit, load_data, record_measurement
@@ -125,7 +126,7 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--ckpt-every", type=int, default=50)
-    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=native_bf16(), help=bf16_help())
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--resume", action="store_true")
