@@ -186,3 +186,25 @@ def loop_tv_check(target, tok, prompt_ids, drafters: dict[str, Callable], params
                          draws=np.array(draws), drafts_tested=tested,
                          drafts_accepted=accepted)
     return out, ex.tv_bound(n, len(exact)), support, exact
+
+
+def show_loop_check(tok, support, exact, res, bound, title: str):
+    """Print one line per run of ``loop_tv_check`` (TV, flagged or not, drafts accepted) and plot the
+    empirical laws of the first tokens against the exact one. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    print(f"{title}\n{len(support)} outcomes of the first {len(support[0])} tokens; threshold "
+          f"tv_bound(N, K={len(exact)}) = {bound:.4f}")
+    for name, r in res.items():
+        print(f"  {name:<44} N = {len(r['draws']):>5}  TV = {r['tv']:.4f}  {'FLAGGED' if r['tv'] > bound else 'passes '}"
+              f"  drafts accepted {r['drafts_accepted']}/{r['drafts_tested']}")
+    fig, ax = plt.subplots(figsize=(9, 3))
+    x, w = np.arange(len(support)), 0.8 / (len(res) + 1)
+    ax.bar(x, exact[:-1], w, color="k", label="exact law (target)")
+    for i, (name, r) in enumerate(res.items(), 1):
+        ax.bar(x + i * w, r["counts"][:-1] / len(r["draws"]), w, label=name)
+    ax.set_xticks(x + 0.4 - w / 2, [repr(tok.decode(list(s))) for s in support], rotation=30, fontsize=7, ha="right")
+    ax.set(ylabel="probability", title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

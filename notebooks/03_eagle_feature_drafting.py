@@ -70,7 +70,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from minispec import generate
-from minispec.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
+from minispec.drafters.eagle import EagleConfig, EagleHead
 from minispec.drafters.loader import load_drafter
 from minispec.grading import check  # check("3.1", impl="exercises"): grade one exercise of exercises/ (prints, never raises)
 from minispec.methods import Methods, shipped_head
@@ -395,61 +395,47 @@ print(f"{len(conf)} positions: acceptance {hit.mean():.2f}, mean confidence {con
       f"{hit[conf < 0.4].mean() if (conf < 0.4).any() else float('nan'):.2f} ({int((conf < 0.4).sum())} positions)")
 
 # %% [markdown]
-# ## 6. Exactness with an EAGLE head in the loop (temperature 1)
+# ## 6. Exactness with the shipped EAGLE head in the loop: SmolLM2-135M, temperature 1
 #
-# Greedy equality (section 4) says nothing about sampling. On the seeded tiny Llama preset we
-# train a small EAGLE head for a few steps (so that drafts are often accepted and the
-# verification rule matters), then sample many times at temperature 1 (top-k 4) and compare
-# the law of the **second** new token — the first token emitted by a speculative step, after
-# the prefill's — with the target's exact law, for a sampled chain (real q, Leviathan/Chen
-# rejection sampling) and a dynamic tree (one-hot q, chapter 2).
+# Greedy equality (section 4) says nothing about sampling. Here the real decode loop
+# (`minispec.batch.generate_batch`, many runs at a time, each with its own seed) samples
+# SmolLM2-135M-Instruct at temperature 1, top-k 2, with the shipped EAGLE-1/2 head drafting a
+# **sampled chain of 2** (real $q$: the head's own distribution, verified by Leviathan/Chen
+# rejection sampling, chapter 1). We compare the law of the first three new tokens (token 1
+# from the prefill, tokens 2-3 from the first speculative step: drafts accepted, or a residual
+# draw, or the bonus) with the target's exact law, `minispec.joint_law.first_tokens_law` (the
+# 8 outcomes of top-2 sampling, from packed forwards as in chapters 1-2).
+#
+# The deliberately wrong control runs in the same cell: the same head and chain, but its
+# proposals claim they were drawn from a **uniform** $q$ (`claim_uniform_q`). Verification then
+# accepts a draft with $\min(1, p(x)/q(x)) = 1$ whenever the target can emit $x$, so the
+# emitted law becomes the head's, not the target's, and the check must flag it. The threshold
+# `tv_bound(N, K)` is exceeded by an honest sampler with probability below $10^{-6}$.
 
 # %%
-import torch.nn.functional as F
-from minispec import exactness as ex
-from minispec.sampling import SamplingParams, probs
+from IPython.display import Markdown, display
 
-tiny, tiny_tok = minispec.load("tiny-llama")
-torch.manual_seed(0)
-tiny_head = EagleHead(EagleConfig.for_target(tiny.cfg))
-opt = torch.optim.Adam(tiny_head.parameters(), lr=3e-3)
-texts = []
-with torch.no_grad():
-    for s in range(8):  # the tiny target's own sampled text
-        r = generate(tiny, tiny_tok, "abc", max_new_tokens=32, chat=False, temperature=1.0, top_k=4, seed=s)
-        texts.append(torch.tensor(r.prompt_tokens + r.tokens))
-for step in range(60 if FAST else 200):
-    s = texts[step % len(texts)]
-    with torch.no_grad():
-        f = tiny(s[None]).hidden  # [1, T, H]
-    g = tiny_head(tiny.tok_emb(s[None, 1:]), f[:, :-1], torch.arange(len(s) - 1))
-    loss = F.smooth_l1_loss(g, f[:, 1:]) + 0.1 * F.cross_entropy(tiny.lm_head(g)[0], tiny.lm_head(f[0, 1:]).argmax(-1))
-    opt.zero_grad(); loss.backward(); opt.step()
-tiny_head.eval()
+from minispec.joint_law import claim_uniform_q, first_tokens_law, loop_tv_check, show_loop_check
+from minispec.sampling import SamplingParams
 
-ids = tiny_tok.encode("abc")
-params4 = SamplingParams(temperature=1.0, top_k=4)
-with torch.inference_mode():
-    p1 = probs(tiny(torch.tensor([ids])).logits[0, -1].double(), params4)
-    law = torch.zeros_like(p1)  # exact law of the 2nd new token: sum over the 1st
-    for a in p1.nonzero().flatten().tolist():
-        law += p1[a] * probs(tiny(torch.tensor([ids + [a]])).logits[0, -1].double(), params4)
-N = 1000 if FAST else 8000
-sup = int((law > 0).sum())
-for tree in ("chain:3", "2,2,3"):
-    counts, acc = torch.zeros(len(law), dtype=torch.float64), 0
-    with torch.inference_mode():
-        for s in range(N):
-            r = generate(tiny, tiny_tok, ids, drafter=EagleDrafter(tiny, tiny_head, tree=tree), max_new_tokens=4,
-                         chat=False, temperature=1.0, top_k=4, seed=s)
-            counts[r.tokens[1]] += 1
-            acc += r.stats.accepted_at_depth[0] if r.stats.accepted_at_depth else 0
-    tv = 0.5 * (counts / N - law).abs().sum().item()
-    bound = ex.tv_bound(N, sup)
-    print(f"tiny-llama + EAGLE head, {tree:>8} ({'real q' if tree.startswith('chain') else 'one-hot q'}), temperature 1, "
-          f"top-k 4: TV = {tv:.4f} over {N} samples, |support| = {sup}, bound {bound:.4f}; "
-          f"the first draft was accepted in {acc / N:.0%} of the steps")
-    assert tv <= bound, f"{tree}: TV {tv:.4f} above the bound {bound:.4f}"
+tv_params = SamplingParams(temperature=1.0, top_k=2)
+tv_ids = encode_prompt(smol_tok, "The capital of France is", chat=False)
+tv_law = first_tokens_law(smol, tv_ids, tv_params, length=3)  # {(t1, t2, t3): probability}
+eagle_chain = load_drafter(str(HEADS["eagle"]), smol, tree="chain:2", verbose=False)
+runs = {"EAGLE-1/2 head, chain:2 (real q)": eagle_chain.fresh,
+        "WRONG: same chain, claims uniform q": lambda: claim_uniform_q(eagle_chain.fresh())}
+if not FAST:  # the EAGLE-3 head too (its q lives on a reduced vocabulary, mapped back by d2t)
+    runs["EAGLE-3 head, chain:2 (real q)"] = load_drafter(str(HEADS["eagle3"]), smol, tree="chain:2", verbose=False).fresh
+N = 256 if FAST else 2048
+res, bound, support, exact = loop_tv_check(smol, smol_tok, tv_ids, runs, tv_params, N, law=tv_law)
+display(Markdown("**TV check — target: SmolLM2-135M-Instruct; drafter: minispec's shipped EAGLE heads**"))
+show_loop_check(smol_tok, support, exact, res, bound, "SmolLM2-135M + shipped EAGLE head: first 3 tokens, T = 1, top-k 2")
+plt.show()
+for name, r in res.items():
+    if name.startswith("WRONG"):
+        assert r["tv"] > bound, f"{name}: the wrong control must be flagged (TV {r['tv']:.4f}, bound {bound:.4f})"
+    else:
+        assert r["tv"] <= bound and r["counts"][-1] == 0, f"{name}: TV {r['tv']:.4f} above the bound {bound:.4f}"
 
 # %% [markdown]
 # ## Exercises: the whole chapter

@@ -74,14 +74,13 @@ import inspect
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minispec import exactness as ex
 from minispec import generate
 from minispec import verify as vf
 from minispec.drafters import DraftModel, TreeSpec
 from minispec.drafters.draft_checkpoint import load_draft_model
 from minispec.grading import check  # check("4.1", impl="exercises"): grade one exercise (prints, never raises)
 from minispec.kv import KVCache
-from minispec.sampling import GREEDY, SamplingParams, probs
+from minispec.sampling import GREEDY, SamplingParams
 from minispec.tokenizer import encode_prompt
 from minispec.tree import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63, Tree, parse_choices
 
@@ -470,62 +469,46 @@ for m, stats in rows.items():
 print("every run emitted exactly the vanilla greedy tokens")
 
 # %% [markdown]
-# ## 6. Sampling: a static tree is lossless (one-hot $q$)
+# ## 6. Sampling: a static tree is lossless (one-hot $q$) — SmolLM2-135M, shipped draft
 #
 # When sampling, a static tree's drafts are still deterministic (the top-ranked tokens of
 # the draft), so `verify_tree` treats them as drawn from a **one-hot $q$** (chapter 2):
 # accept child $x$ with probability $p_i(x)$, else remove $x$ from $p$ and renormalise. The
-# first emitted token must then have exactly the target's law $p$ at the root, whatever the
-# draft proposed. Here: the tiny GPT-2 presets (`tiny-gpt2` target, `tiny-gpt2-draft`
-# draft, seeded random weights, vocabulary 256) at temperature 1 with top-$k$ 8 (the random
-# models are close to uniform over 256 tokens; top-$k$ gives them something to agree on),
-# EAGLE's tree, many verifications of the same tree, compared with $p$ by total variation
-# (TV) and its high-probability bound (`minispec.exactness.tv_bound`, over the support of
-# $p$). Rows: the tiny draft; the target as its own draft (its top-ranked tokens, so deep
-# paths get accepted and exercised); and a control that verifies the tree greedily (argmax
-# matching), which is *not* a sample from $p$ and must fail the bound.
+# emitted tokens must then have exactly the target's law, whatever the draft proposed.
+#
+# The check runs the real decode loop (`minispec.batch.generate_batch`, many runs at a time,
+# each with its own seed): SmolLM2-135M-Instruct at temperature 1, top-k 2, with minispec's
+# shipped distilled draft drafting EAGLE's static tree (cut to depth 2 by the budget of
+# `max_new_tokens = 4`). The law of the first three new tokens (token 1 from the prefill,
+# tokens 2-3 from the first tree step) is compared with the target's exact law
+# (`minispec.joint_law.first_tokens_law`, 8 outcomes) by total variation (TV) and its
+# high-probability bound `tv_bound(N, K)`.
+#
+# The deliberately wrong control runs in the same cell: the same drafter, but its trees claim
+# their drafts were *sampled* from a uniform $q$ (`claim_uniform_q`), so verification uses the
+# sampled-$q$ rule and accepts every draft the target can emit: the output follows the
+# draft's favourites, and the check must flag it.
 
 # %%
-(tiny, tiny_tok), (tiny_draft, _) = minispec.load("tiny-gpt2"), minispec.load("tiny-gpt2-draft")
-params = SamplingParams(temperature=1.0, top_k=8)  # processed the same way for every row of p
-ctx = encode_prompt(tiny_tok, "The quick brown fox", chat=False)
+from IPython.display import Markdown, display
 
-def scored_tree(draft_model):
-    # (tree, P [N + 1, V]): EAGLE's tree drafted after ctx (root = ctx[-1]), scored by the tiny target
-    d = DraftModel(draft_model, tree="eagle")
-    d.prefill(ctx)
-    tree = d.propose(params, budget=8)
-    kv3 = KVCache.for_model(tiny, capacity=len(ctx) + 32)
-    with torch.inference_mode():
-        tiny(torch.tensor([ctx[:-1]]), kv=kv3); kv3.commit()
-        logits = tiny(torch.tensor([[ctx[-1]] + tree.tokens]), positions=tree.positions(kv3.length),
-                      mask=tree.mask(), kv=kv3).logits[0]
-    return tree, probs(logits.double(), params)
+from minispec.joint_law import claim_uniform_q, first_tokens_law, loop_tv_check, show_loop_check
 
-N = 4_000 if FAST else 40_000
-g = torch.Generator().manual_seed(0)
-cases = {"tiny-gpt2-draft, onehot": (tiny_draft, "onehot"), "target as draft, onehot": (tiny, "onehot"),
-         "greedy (control)": (tiny_draft, "greedy")}
-print(f"{'draft, verification':<26} {'TV':>7} {'bound':>7} {'chi2 p':>7}  accepted path length (share of draws)")
-results = {}
-for name, (dm, mode) in cases.items():
-    tree, P = scored_tree(dm)
-    lengths = []
-    def draw(p, q, g, tree=tree, mode=mode):
-        r = vf.verify_tree(tree.parents, tree.tokens, p, mode=mode, generator=g)
-        lengths.append(len(r.path))
-        return r.emitted[0]
-    r = results[name] = ex.empirical_check(draw, P, None, N, g, target=P[0])
-    r["tv_bound"] = ex.tv_bound(N, int((P[0] > 0).sum()))  # the bound over the support of p (8 tokens)
-    share = np.bincount(lengths, minlength=tree.depth + 1) / N
-    print(f"{name:<26} {r['tv']:>7.4f} {r['tv_bound']:>7.4f} {r['p_value']:>7.3f}  "
-          + " ".join(f"{d}:{s:.2f}" for d, s in enumerate(share)))
-for name, r in results.items():
-    if "control" in name:
-        assert r["tv"] > r["tv_bound"], name
+tv_params = SamplingParams(temperature=1.0, top_k=2)
+tv_ids = encode_prompt(tok, "The capital of France is", chat=False)
+tv_law = first_tokens_law(smol, tv_ids, tv_params, length=3)  # {(t1, t2, t3): probability}
+runs = {"distilled draft, EAGLE static tree (one-hot q)": lambda: DraftModel(draft, tree="eagle"),
+        "WRONG: same tree, claims uniform q": lambda: claim_uniform_q(DraftModel(draft, tree="eagle"))}
+N = 128 if FAST else 2048  # 128 runs: the bound (0.37) still sits far below the control's TV
+res, bound, support, exact = loop_tv_check(smol, tok, tv_ids, runs, tv_params, N, law=tv_law)
+display(Markdown("**TV check — target: SmolLM2-135M-Instruct; draft: minispec's distilled SmolLM2 draft**"))
+show_loop_check(tok, support, exact, res, bound, "SmolLM2-135M + distilled draft, static tree: first 3 tokens, T = 1, top-k 2")
+plt.show()
+for name, r in res.items():
+    if name.startswith("WRONG"):
+        assert r["tv"] > bound, f"{name}: the wrong control must be flagged (TV {r['tv']:.4f}, bound {bound:.4f})"
     else:
-        assert r["tv"] <= r["tv_bound"] and r["p_value"] > 1e-4, name
-print(f"{N} verifications each: one-hot tree verification emits p's law; greedy matching does not")
+        assert r["tv"] <= bound and r["counts"][-1] == 0, f"{name}: TV {r['tv']:.4f} above the bound {bound:.4f}"
 
 # %% [markdown]
 # ## The whole chapter

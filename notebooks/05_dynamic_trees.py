@@ -71,7 +71,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from minispec import generate
-from minispec import verify as vf
 from minispec.drafters import TreeDrafter, TreeSpec, tree_drafter
 from minispec.grading import check  # check("5.1", impl="exercises"): grade one exercise (prints, never raises)
 from minispec.methods import Methods, shipped_head
@@ -676,66 +675,45 @@ for name in ["6,10,59", "5,4,16", "4,4,12", "5,8,32"]:
           f"{s.total_tokens + 1} tokens verified")
 
 # %% [markdown]
-# ## 8. Exactness with a dynamic tree (GPT-2, TV distance)
+# ## 8. Exactness with a dynamic tree: SmolLM2-135M, temperature 1 (TV distance)
 #
-# Dynamic trees hold deterministic top-k drafts, so minispec verifies them as one-hot q
-# (chapter 2), which is lossless for any p. Empirically: the first token emitted by one
-# speculative step with a dynamic tree from the draft model, at temperature 1, against the
-# target's own distribution.
+# Dynamic trees hold deterministic top-k drafts, so minispec verifies them as one-hot $q$
+# (chapter 2), which is lossless for any $p$, however the tree was grown. The check runs the
+# real decode loop (`minispec.batch.generate_batch`, many runs at a time, each with its own
+# seed): SmolLM2-135M-Instruct at temperature 1, top-k 2, with this chapter's drafter growing
+# a dynamic tree `2,4,8` (depth 2, top-4 expansion, 8 nodes kept) after a short prompt. The law
+# of the first three new tokens (token 1 from the prefill, tokens 2-3 from the first tree
+# step) is compared with the target's exact law (`minispec.joint_law.first_tokens_law`, 8
+# outcomes) by total variation and its bound `tv_bound(N, K)`.
+#
+# The deliberately wrong control runs in the same cell: the same dynamic trees, claiming their
+# drafts were *sampled* from a uniform $q$ (`claim_uniform_q`). Verification then accepts every
+# draft the target can emit, the output follows the drafter's favourites, and the check must
+# flag it.
 
 # %%
-from minispec.sampling import SamplingParams, probs
-from minispec.tokenizer import encode_prompt
+from IPython.display import Markdown, display
 
-def load_pair():
-    """GPT-2 target + DistilGPT-2 draft when a hub or cache has them, else the seeded tiny GPT-2 presets."""
-    try:
-        return ("gpt2", "distilgpt2"), minispec.load("gpt2"), minispec.load("distilgpt2")
-    except (minispec.ModelNotFound, OSError) as e:
-        print(f"gpt2 / distilgpt2 are not available here ({type(e).__name__}); "
-              "using the tiny presets instead: tiny-gpt2 (target) and tiny-gpt2-draft (draft)")
-        return ("tiny-gpt2", "tiny-gpt2-draft"), minispec.load("tiny-gpt2"), minispec.load("tiny-gpt2-draft")
+from minispec.joint_law import claim_uniform_q, first_tokens_law, loop_tv_check, show_loop_check
+from minispec.sampling import SamplingParams
 
-(target_name, draft_name), (gpt_target, gpt_tok), (gpt_draft, _) = load_pair()
-print(f"target: {target_name} ({gpt_target.cfg.n_layer} layers, vocab {gpt_target.cfg.vocab_size}); "
-      f"draft: {draft_name} ({gpt_draft.cfg.n_layer} layers)")
-
-params = SamplingParams(temperature=1.0, top_k=32)  # q is processed exactly like p
-ids = encode_prompt(gpt_tok, "The quick brown fox", chat=False)
-with torch.inference_mode():
-    p_full = probs(gpt_target(torch.tensor([ids])).logits[0, -1].double(), params)  # [V]
-    q_full = probs(gpt_draft(torch.tensor([ids])).logits[0, -1].double(), params)  # [V]
-support = ((p_full > 0) | (q_full > 0)).nonzero().flatten()  # tokens either model can emit
-p_lm, q_lm = p_full[support], q_full[support]  # [V_eff]: exact, nothing outside has mass
-print(f"next-token distributions after {len(ids)} prompt tokens, {params}: "
-      f"|supp p ∪ supp q| = {len(support)}, alpha = sum min(p, q) = {vf.acceptance_rate(p_lm, q_lm).item():.3f}")
-
-# %%
-from minispec import exactness as ex
-from minispec.drafters import DraftModel
-
-# top-k 4 keeps the law of the second new token small (at most 16 tokens), so the TV bound is tight
-params4 = SamplingParams(temperature=1.0, top_k=4)
-with torch.inference_mode():
-    p1 = probs(gpt_target(torch.tensor([ids])).logits[0, -1].double(), params4)
-    law = torch.zeros_like(p1)  # exact law of the 2nd token: sum over the 1st
-    for a in p1.nonzero().flatten().tolist():
-        law += p1[a] * probs(gpt_target(torch.tensor([ids + [a]])).logits[0, -1].double(), params4)
-N = 1000 if FAST else 8000
-counts = torch.zeros(len(law), dtype=torch.float64)
-accepted = 0
-for s in range(N):  # the 2nd token comes from the first tree step (root = the prefill's token)
-    r = generate(gpt_target, gpt_tok, ids, drafter=DraftModel(gpt_draft, tree="2,2,3"), max_new_tokens=4,
-                 temperature=1.0, top_k=4, seed=s)
-    counts[r.tokens[1]] += 1
-    accepted += r.stats.accepted_at_depth[0] if r.stats.accepted_at_depth else 0
-sup = int((law > 0).sum())
-tv = 0.5 * (counts / N - law).abs().sum().item()
-bound = ex.tv_bound(N, sup)
-print(f"{target_name} target, {draft_name} draft, dynamic tree 2,2,3, temperature 1, top-k 4: "
-      f"TV = {tv:.4f} over {N} samples, |support| = {sup}, bound {bound:.4f}; "
-      f"a draft was accepted in {accepted / N:.0%} of the steps")
-assert tv <= bound
+tv_params = SamplingParams(temperature=1.0, top_k=2)
+tv_ids = encode_prompt(smol_tok, "The capital of France is", chat=False)
+tv_law = first_tokens_law(smol, tv_ids, tv_params, length=3)  # {(t1, t2, t3): probability}
+tv_drafter = methods.drafter(f"{BASE}@2,4,8")
+runs = {f"{BASE}, dynamic tree 2,4,8 (one-hot q)": tv_drafter.fresh,
+        "WRONG: same trees, claim uniform q": lambda: claim_uniform_q(tv_drafter.fresh(), smol.cfg.vocab_size)}
+N = 128 if FAST else 2048  # 128 runs: the bound (0.37) still sits far below the control's TV
+res, bound, support, exact = loop_tv_check(smol, smol_tok, tv_ids, runs, tv_params, N, law=tv_law)
+display(Markdown(f"**TV check — target: SmolLM2-135M-Instruct; drafter: {BASE} "
+                 f"({'shipped EAGLE-1/2 head' if BASE == 'eagle2' else 'shipped distilled draft'})**"))
+show_loop_check(smol_tok, support, exact, res, bound, f"SmolLM2-135M + {BASE}, dynamic tree: first 3 tokens, T = 1, top-k 2")
+plt.show()
+for name, r in res.items():
+    if name.startswith("WRONG"):
+        assert r["tv"] > bound, f"{name}: the wrong control must be flagged (TV {r['tv']:.4f}, bound {bound:.4f})"
+    else:
+        assert r["tv"] <= bound and r["counts"][-1] == 0, f"{name}: TV {r['tv']:.4f} above the bound {bound:.4f}"
 
 # %% [markdown]
 # ## Pen-and-paper questions

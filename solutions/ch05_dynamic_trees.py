@@ -45,7 +45,7 @@ def expand_level(frontier_scores: torch.Tensor, child_logp: torch.Tensor, top_k:
         next_frontier [min(top_k, F * top_k)] long: indices into the children of the top_k
             highest child_scores, best first (``torch.topk`` order): the nodes expanded next.
     """
-    # EXERCISE 5.1: topk per row; add the parent's score; flatten; topk of all children
+    # EXERCISE 5.1: which children does each frontier node get, what does a child score, and which children are expanded next?
     # BEGIN SOLUTION
     F = child_logp.shape[0]
     top = torch.topk(child_logp, top_k, dim=-1)  # values, indices: [F, top_k]
@@ -75,7 +75,7 @@ def rerank(scores: list[float], parents_cand: list[int], depths: list[int], tota
         (selected, parents): selected [n] candidate ids in that order; parents [n] the parent of
         each as an index into ``selected`` (-1 for children of the root).
     """
-    # EXERCISE 5.2: sort by (-score, depth, id), keep total_tokens, re-sort by (depth, id), remap parents
+    # EXERCISE 5.2: which candidates survive, in what order must they come out, and how does a child find its parent then?
     # BEGIN SOLUTION
     best = sorted(range(len(scores)), key=lambda c: (-scores[c], depths[c], c))[:total_tokens]
     selected = sorted(best, key=lambda c: (depths[c], c))  # topological order
@@ -100,7 +100,7 @@ def predicted_tokens_per_s(tau: float, verify_s: float, draft_s: float) -> float
     Returns:
         predicted tokens per second.
     """
-    # EXERCISE 5.3: tokens per step over seconds per step
+    # EXERCISE 5.3: what does one step produce, and what does one step cost?
     # BEGIN SOLUTION
     return tau / (verify_s + draft_s)
     # END SOLUTION
@@ -124,7 +124,7 @@ def dynamic_tree(next_logits: Callable[[tuple], torch.Tensor], depth: int, top_k
     Returns:
         (tokens, parents) of the tree, in rerank's topological order.
     """
-    # EXERCISE 5.4: loop over levels with expand_level, keep per-candidate lists, then rerank
+    # EXERCISE 5.4: grow the tree one level at a time with your 5.1, keep what 5.2 will need about every candidate, then let 5.2 choose
     # BEGIN SOLUTION
     tok: list[int] = []
     par: list[int] = []

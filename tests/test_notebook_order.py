@@ -170,3 +170,44 @@ def test_the_check_can_fail():
     assert any("prints the library's answer (show(vf.verify_chain))" in p for p in problems), problems
     assert any("not in the section that teaches it" in p for p in problems), problems
     assert any("all check cells sit in one section" in p for p in problems), problems
+
+
+# Chapters whose real-model TV check runs on SmolLM2 (minispec.joint_law) with a wrong control.
+TV_CHAPTERS = ["01", "02", "03", "04", "05"]
+
+
+def tv_problems(text: str) -> list[str]:
+    """Every cell that runs a joint-law TV check (``... = joint_tv_check(...)`` / ``loop_tv_check``)
+    names the models that ran (a "TV check — target: ..." line in that cell or an earlier cell of
+    its section), and a check on SmolLM2 asserts in the same cell that its wrong verifier or lying
+    drafter is flagged (``["tv"] > bound``). The optional GPT-2 checks (when a local cache has
+    GPT-2) must name their models too."""
+    problems, named, runs = [], None, 0
+    for cell in jupytext.reads(text, fmt="py:percent").cells:
+        if cell.cell_type == "markdown":
+            if re.search(r"^## ", cell.source, re.M):
+                named = None  # a new section: its checks must name their models again
+            continue
+        c = code(cell)
+        m = re.search(r"\*\*TV check — target: ([^*]*)", c)
+        named = m.group(1) if m else named
+        if not re.search(r"=\s*(joint_tv_check|loop_tv_check)\(", c):
+            continue
+        runs += 1
+        first = c.strip().splitlines()[0]
+        if named is None:
+            problems.append(f"a TV check does not name its models: {first!r}")
+        elif "GPT-2" not in named and not re.search(r'assert [^\n]*\["tv"\] > bound', c):
+            problems.append(f"the TV check on {named!r} does not assert that its wrong control is flagged: {first!r}")
+    return problems + ([] if runs else ["no cell runs a joint-law TV check"])
+
+
+@pytest.mark.parametrize("chapter", TV_CHAPTERS)
+def test_tv_checks_name_their_model_and_flag_a_wrong_control(chapter):
+    assert tv_problems(notebook_source(chapter).read_text()) == []
+
+
+def test_the_tv_rule_can_fail():
+    text = notebook_source("03").read_text()
+    assert tv_problems(text.replace("TV check — target:", "TV check:"))
+    assert tv_problems(text.replace('assert r["tv"] > bound', 'assert r["tv"] >= 0'))
