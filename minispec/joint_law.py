@@ -208,3 +208,14 @@ def show_loop_check(tok, support, exact, res, bound, title: str):
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def assert_loop_check(res, bound) -> None:
+    """The verdict of a ``loop_tv_check`` with controls: every run named "WRONG..." must be flagged
+    (TV above the bound); every other run must pass (TV within the bound, no sequence outside the
+    target's support)."""
+    for name, r in res.items():
+        if name.startswith("WRONG"):
+            assert r["tv"] > bound, f"{name}: the wrong control must be flagged (TV {r['tv']:.4f}, bound {bound:.4f})"
+        else:
+            assert r["tv"] <= bound and r["counts"][-1] == 0, f"{name}: TV {r['tv']:.4f} above the bound {bound:.4f}"

@@ -492,7 +492,7 @@ print("every run emitted exactly the vanilla greedy tokens")
 # %%
 from IPython.display import Markdown, display
 
-from minispec.joint_law import claim_uniform_q, first_tokens_law, loop_tv_check, show_loop_check
+from minispec.joint_law import assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check, show_loop_check
 
 tv_params = SamplingParams(temperature=1.0, top_k=2)
 tv_ids = encode_prompt(tok, "The capital of France is", chat=False)
@@ -504,11 +504,7 @@ res, bound, support, exact = loop_tv_check(smol, tok, tv_ids, runs, tv_params, N
 display(Markdown("**TV check — target: SmolLM2-135M-Instruct; draft: minispec's distilled SmolLM2 draft**"))
 show_loop_check(tok, support, exact, res, bound, "SmolLM2-135M + distilled draft, static tree: first 3 tokens, T = 1, top-k 2")
 plt.show()
-for name, r in res.items():
-    if name.startswith("WRONG"):
-        assert r["tv"] > bound, f"{name}: the wrong control must be flagged (TV {r['tv']:.4f}, bound {bound:.4f})"
-    else:
-        assert r["tv"] <= bound and r["counts"][-1] == 0, f"{name}: TV {r['tv']:.4f} above the bound {bound:.4f}"
+assert_loop_check(res, bound)  # every honest run within the bound, every "WRONG" run above it
 
 # %% [markdown]
 # ## The whole chapter

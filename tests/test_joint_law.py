@@ -8,7 +8,7 @@ import torch
 from minispec import exactness as ex
 from minispec import load
 from minispec.drafters import DraftModel
-from minispec.joint_law import claim_uniform_q, first_tokens_law, joint_tv_check, loop_tv_check, next_token_laws, table_lm
+from minispec.joint_law import assert_loop_check, claim_uniform_q, first_tokens_law, joint_tv_check, loop_tv_check, next_token_laws, table_lm
 from minispec.sampling import SamplingParams, probs
 
 
@@ -60,3 +60,8 @@ def test_loop_tv_check_passes_the_real_loop_and_flags_a_drafter_claiming_uniform
     assert len(support) == 8 and exact[-1] == 0
     assert res["tree"]["tv"] <= bound and res["tree"]["counts"][-1] == 0 and res["tree"]["drafts_accepted"] > 0
     assert res["lying"]["tv"] > bound, (res["lying"]["tv"], bound)
+    assert_loop_check({"tree": res["tree"], "WRONG: lying": res["lying"]}, bound)
+    with pytest.raises(AssertionError, match="must be flagged"):
+        assert_loop_check({"WRONG: not wrong": res["tree"]}, bound)
+    with pytest.raises(AssertionError, match="above the bound"):
+        assert_loop_check({"lying, unlabelled": res["lying"]}, bound)

@@ -180,7 +180,7 @@ def tv_problems(text: str) -> list[str]:
     """Every cell that runs a joint-law TV check (``... = joint_tv_check(...)`` / ``loop_tv_check``)
     names the models that ran (a "TV check — target: ..." line in that cell or an earlier cell of
     its section), and a check on SmolLM2 asserts in the same cell that its wrong verifier or lying
-    drafter is flagged (``["tv"] > bound``). The optional GPT-2 checks (when a local cache has
+    drafter is flagged (``assert ...["tv"] > bound`` or ``assert_loop_check``). The optional GPT-2 checks (when a local cache has
     GPT-2) must name their models too."""
     problems, named, runs = [], None, 0
     for cell in jupytext.reads(text, fmt="py:percent").cells:
@@ -197,7 +197,7 @@ def tv_problems(text: str) -> list[str]:
         first = c.strip().splitlines()[0]
         if named is None:
             problems.append(f"a TV check does not name its models: {first!r}")
-        elif "GPT-2" not in named and not re.search(r'assert [^\n]*\["tv"\] > bound', c):
+        elif "GPT-2" not in named and not re.search(r'assert [^\n]*\["tv"\] > bound|assert_loop_check\(', c):
             problems.append(f"the TV check on {named!r} does not assert that its wrong control is flagged: {first!r}")
     return problems + ([] if runs else ["no cell runs a joint-law TV check"])
 
@@ -210,4 +210,4 @@ def test_tv_checks_name_their_model_and_flag_a_wrong_control(chapter):
 def test_the_tv_rule_can_fail():
     text = notebook_source("03").read_text()
     assert tv_problems(text.replace("TV check — target:", "TV check:"))
-    assert tv_problems(text.replace('assert r["tv"] > bound', 'assert r["tv"] >= 0'))
+    assert tv_problems(text.replace("assert_loop_check(res, bound)", "print(res, bound)"))
