@@ -7,6 +7,10 @@ rest of the loop; dividing by the number of steps gives milliseconds per step. I
   bandwidth   the machine's memory copy bandwidth (read + write bytes of a large tensor copy);
   floor       the target's weight bytes read per forward / that bandwidth: what a single-token
               forward cannot beat when decoding is memory-bound;
+  peak        the machine's fp32 matrix-multiply rate (a large GEMM through the same prepacked
+              oneDNN path the model uses), and with it the compute floor of a forward over N + 1
+              rows: (N + 1) x 2 x (linear weights) FLOP / peak. Extra rows pay at least this, so
+              it bounds how cheap verification can get on this machine;
   verify      a target forward over N + 1 tokens against N (``dispatch.verify_cost_curve``),
               as a ratio to N = 0: how much verifying N drafts costs beyond decoding one token.
 
@@ -34,6 +38,22 @@ def copy_bandwidth(mib: int = 256, reps: int = 5) -> float:
     dst.copy_(src)
     best = min(_timed(lambda: dst.copy_(src)) for _ in range(reps))
     return 2 * src.numel() * 4 / best / 1e9
+
+
+def matmul_peak(n: int = 1024, reps: int = 5) -> float:
+    """fp32 GFLOP/s of an n x n x n product, best of ``reps``, through prepacked oneDNN weights where
+    available (the path ``minispec.linear.Linear`` takes), else ``torch.mm``."""
+    from .linear import _MKLDNN
+
+    a, w = torch.randn(n, n), torch.randn(n, n)
+    if _MKLDNN:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        fn = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")  # noqa: E731
+    else:
+        fn = lambda: torch.mm(a, w.t())  # noqa: E731
+    fn()
+    best = min(_timed(fn) for _ in range(reps))
+    return 2 * n**3 / best / 1e9
 
 
 def _timed(fn) -> float:
@@ -88,6 +108,8 @@ def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new
     target, tok = load(model_name)
     bw = copy_bandwidth()
     wb = weight_bytes(target)
+    peak = matmul_peak()
+    flops_row = 2 * wb // next(target.parameters()).element_size()  # one multiply-add per weight per row
     with torch.inference_mode():
         curve = verify_cost_curve(target, sizes=sizes, context=context, reps=reps)[1]
     t0 = curve[min(curve)]
@@ -100,12 +122,18 @@ def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new
             r["speedup_vs_vanilla"] = base["ms_per_token"] / r["ms_per_token"]
     return dict(model=model_name, copy_bandwidth_gb_s=bw, weight_bytes=wb, weight_floor_ms=wb / (bw * 1e9) * 1e3,
                 verify_ms={n: t * 1e3 for n, t in curve.items()}, verify_ratio={n: t / t0 for n, t in curve.items()},
+                peak_gflop_s=peak, flop_per_row=flops_row,
+                compute_floor_ms={n: (n + 1) * flops_row / (peak * 1e9) * 1e3 for n in curve},
+                extra_rows_gflop_s={n: n * flops_row / ((t - t0) * 1e9) for n, t in curve.items() if n and t > t0},
                 context=context, methods=rows, prompts=len(prompts), max_new_tokens=max_new_tokens)
 
 
 def format_profile(r: dict) -> str:
     lines = [f"memory copy bandwidth {r['copy_bandwidth_gb_s']:.1f} GB/s; target weights {r['weight_bytes'] / 2**20:.0f} MiB "
              f"-> floor {r['weight_floor_ms']:.1f} ms per forward",
+             f"fp32 matmul peak {r['peak_gflop_s']:.0f} GFLOP/s; {r['flop_per_row'] / 1e6:.0f} MFLOP per row -> compute "
+             "floor " + ", ".join(f"N={n} {ms:.1f} ms" for n, ms in r["compute_floor_ms"].items()),
+             "extra rows run at " + ", ".join(f"N={n} {g:.0f} GFLOP/s" for n, g in r["extra_rows_gflop_s"].items()),
              "target forward over N + 1 tokens (context %d): " % r["context"] + ", ".join(
                  f"N={n} {ms:.1f} ms ({r['verify_ratio'][n]:.2f}x)" for n, ms in r["verify_ms"].items()),
              "",

@@ -250,3 +250,27 @@ def test_reduced_vocab_sampling_has_the_target_law(target, head):
     assert law.accepted > law.n / 10
     assert sum(n for seq, n in law.counts.items() if seq[0] == missing) > 0  # the token outside the draft vocabulary still comes out (from the residual)
     assert_same_law(law, exact)
+
+
+def test_warm_start_copies_a_saved_head_and_refuses_another_shape(target, tmp_path):
+    from minispec.train.eagle import FORMAT, save_head, warm_start, warm_start_record
+
+    model, _ = target
+    torch.manual_seed(0)
+    for bias in (True, False):
+        cfg = EagleConfig.for_target(model.cfg, bias=bias)
+        src = EagleHead(cfg)
+        save_head(src, tmp_path / f"h{int(bias)}.safetensors",
+                  dict(format=FORMAT, target=model.cfg.name, config=cfg.to_dict(), command="train eagle --steps 1",
+                       data=dict(train_tokens=123)))
+    head = EagleHead(EagleConfig.for_target(model.cfg))
+    warm_start(head, tmp_path / "h1.safetensors", model)
+    saved = load_eagle(tmp_path / "h1.safetensors", model).head.state_dict()
+    for k, v in head.state_dict().items():
+        assert v.dtype == torch.float32 and torch.equal(v, saved[k].float())  # the fp16 checkpoint, as saved
+    assert not torch.equal(head.fc.weight, EagleHead(EagleConfig.for_target(model.cfg)).fc.weight)
+    with pytest.raises(ValueError, match="differs from the head trained here"):
+        warm_start(EagleHead(EagleConfig.for_target(model.cfg)), tmp_path / "h0.safetensors", model)  # no fc bias
+    rec = warm_start_record(tmp_path / "h1.safetensors")
+    assert rec["path"] == "h1.safetensors" and rec["command"] == "train eagle --steps 1"
+    assert rec["data"] == {"train_tokens": 123}

@@ -204,6 +204,9 @@ def parse_args(argv=None):
     ap.add_argument("--init-layer", type=int, default=None,
                     help="copy this target layer's attention/MLP/post-norm into the head (default: random init, "
                          "which trained much faster in a 20-step check than a copy of the last layer)")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="warm start: the head weights of this EAGLE-1/2 checkpoint (e.g. the shipped head), "
+                         "then train on the data chosen here with a fresh optimizer and schedule")
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--eval-tau-seqs", type=int, default=4, help="held-out sequences for the periodic chain-tau walk")
     ap.add_argument("--final-tau-seqs", type=int, default=32, help="held-out sequences for the final chain-tau walk")
@@ -240,6 +243,27 @@ def init_from_target(head: EagleHead, target, layer: int) -> None:
                          (lay.self_attn.o_proj, blk.attn.wo.weight), (lay.mlp.gate_proj, gate), (lay.mlp.up_proj, up),
                          (lay.mlp.down_proj, blk.mlp.down.weight), (lay.post_attention_layernorm, blk.mlp_norm.weight)]:
             dst.weight.copy_(src)
+
+
+def warm_start(head: EagleHead, path: Path, target) -> None:
+    """Start ``head`` from the weights of the EAGLE-1/2 checkpoint at ``path`` (fp16 on disk, fp32 here);
+    ValueError when that head's shape differs from ``head``'s."""
+    src = load_eagle(path, target).head
+    if src.cfg.to_dict() != head.cfg.to_dict():
+        raise ValueError(f"{path}: its head config {src.cfg.to_dict()} differs from the head trained here "
+                         f"{head.cfg.to_dict()}")
+    head.load_state_dict({k: v.float() for k, v in src.state_dict().items()})
+
+
+def warm_start_record(path: Path) -> dict:
+    """What a warm-started head started from: the checkpoint's name, and its own training command and
+    data when its minispec .json is beside it."""
+    rec = dict(path=path.name)
+    meta = path.with_suffix(".json")
+    if meta.is_file():
+        prev = json.loads(meta.read_text())
+        rec.update(command=prev.get("command"), data=prev.get("data"), training_steps=prev.get("training", {}).get("steps"))
+    return rec
 
 
 def save_head(head: EagleHead, path: Path, record: dict) -> None:
@@ -279,8 +303,12 @@ def main(argv=None) -> dict:
         ddp.barrier()
 
     head = EagleHead(EagleConfig.for_target(target.cfg))
+    if args.init_layer is not None and args.init_from is not None:
+        raise SystemExit("--init-layer and --init-from both set the head's starting weights: choose one")
     if args.init_layer is not None:
         init_from_target(head, target, args.init_layer % target.cfg.n_layer)
+    if args.init_from is not None:
+        warm_start(head, args.init_from, target)
     model = ddp.wrap(head)  # DistributedDataParallel under torchrun (same parameters as head), else head
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     resume_path = cache_dir() / "eagle" / (args.out.stem + ".resume.pt")
@@ -349,6 +377,7 @@ def main(argv=None) -> dict:
         format=FORMAT, target=TARGET, config=head.cfg.to_dict(), dtype="float16", shared=["embed_tokens (target tok_emb)", "lm_head (target)"],
         command="python -m minispec train eagle " + " ".join(argv if argv is not None else sys.argv[1:]),
         settings={k: (v.name if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "resume"},
+        init_from=None if args.init_from is None else warm_start_record(args.init_from),
         data=dict(train_sequences=len(train), train_tokens=n_tok(train),
                   train_distill_sequences=sum(s.source == "distill" for s in train),
                   train_sharegpt_sequences=sum(s.source == "sharegpt" for s in train),
