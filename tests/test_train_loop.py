@@ -1,4 +1,5 @@
-"""The resumable training loop shared by ``train eagle3`` and ``train medusa`` (minispec.train.eagle3.fit)."""
+"""The resumable training loop shared by ``train eagle3`` and ``train medusa`` (minispec.train.eagle3.fit), and the
+order of the training sequences (minispec.train.data.training_sequences)."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -57,3 +58,26 @@ def test_batches_are_a_seeded_permutation_per_epoch():
     assert sorted(epoch0) == list(range(16))  # every sequence once per epoch
     assert batch_indices(4, 16, 4, seed=3) != batch_indices(0, 16, 4, seed=3)  # a new order next epoch
     assert batch_indices(2, 16, 4, seed=3) == batch_indices(2, 16, 4, seed=3)  # a function of the step
+
+
+def test_training_sequences_order_and_held_out_prompts(smollm2, monkeypatch):
+    """ShareGPT replies first, then distilled examples, and the ShareGPT selection is the same whatever
+    the number of distilled examples (so their cached feature parts are shared); never a held-out prompt."""
+    from minispec.tokenizer import encode_prompt
+    from minispec.train import data
+
+    _, tok = smollm2
+    pairs = [(f"question {i}?", f"answer {i}.") for i in range(40)]
+    ex = lambda i: dict(prompt=torch.tensor(encode_prompt(tok, pairs[i][0], chat=True)),  # noqa: E731
+                        response=torch.tensor(tok.encode(f"distilled {i}", add_special_tokens=False)))
+    held_ex = [ex(i) for i in range(3)]
+    monkeypatch.setattr(data, "sharegpt_pairs", lambda: list(pairs))
+    runs = {}
+    for n in (0, 5):
+        monkeypatch.setattr(data, "_distill_examples", lambda tok, heldout, prompts: ([ex(3 + i) for i in range(prompts)], held_ex))
+        runs[n] = data.training_sequences(tok, heldout=3, extra_sharegpt=10, distill_prompts=n)
+    (t0, _), (t5, h5) = runs[0], runs[5]
+    assert [s.source for s in t5] == ["sharegpt"] * 10 + ["distill"] * 5 and len(t0) == 10
+    assert all(torch.equal(a.tokens, b.tokens) for a, b in zip(t0, t5[:10]))
+    held_prompts = {tuple(s.tokens[:s.prompt_len].tolist()) for s in h5}
+    assert len(h5) == 3 and not held_prompts & {tuple(s.tokens[:s.prompt_len].tolist()) for s in t5}

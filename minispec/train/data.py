@@ -114,9 +114,10 @@ def training_sequences(tok, heldout: int = 32, extra_sharegpt: int = 0, max_len:
         ids = torch.cat([ex["prompt"], ex["response"]]).long()[:max_len]  # [T]
         return Sequence(ids, len(ex["prompt"]), "distill")
 
-    train, held = [from_example(ex) for ex in train_ex], [from_example(ex) for ex in held_ex]
+    distilled, held = [from_example(ex) for ex in train_ex], [from_example(ex) for ex in held_ex]
+    train: list[Sequence] = []
     if extra_sharegpt > 0:
-        used = {tuple(ex["prompt"].tolist()) for ex in train_ex + held_ex}
+        used = {tuple(ex["prompt"].tolist()) for ex in held_ex}  # never a held-out prompt
         pairs = sharegpt_pairs()
         random.Random(seed + 1).shuffle(pairs)
         eos = tok.eos_token_id
@@ -130,7 +131,10 @@ def training_sequences(tok, heldout: int = 32, extra_sharegpt: int = 0, max_len:
             added += 1
             if added == extra_sharegpt:
                 break
-    return train, held
+    # ShareGPT replies first, self-distilled examples after: the ShareGPT selection does not depend on
+    # distill_prompts, so a run that adds distilled examples reuses every cached feature part
+    # (``target_features``) of a ShareGPT-only run but the last
+    return train + distilled, held
 
 
 def _key(settings: dict, seqs: list[Sequence]) -> str:
