@@ -41,18 +41,14 @@ def copy_bandwidth(mib: int = 256, reps: int = 5) -> float:
 
 
 def matmul_peak(n: int = 1024, reps: int = 5) -> float:
-    """fp32 GFLOP/s of an n x n x n product, best of ``reps``, through prepacked oneDNN weights where
-    available (the path ``minispec.linear.Linear`` takes), else ``torch.mm``."""
-    from .linear import _MKLDNN
+    """fp32 GFLOP/s of an n x n x n product, best of ``reps``, through ``minispec.linear.Linear`` (the
+    prepacked oneDNN path the model's layers take)."""
+    from .linear import Linear
 
-    a, w = torch.randn(n, n), torch.randn(n, n)
-    if _MKLDNN:
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-        fn = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")  # noqa: E731
-    else:
-        fn = lambda: torch.mm(a, w.t())  # noqa: E731
-    fn()
-    best = min(_timed(fn) for _ in range(reps))
+    lin, a = Linear(n, n, bias=False), torch.randn(n, n)
+    with torch.inference_mode():
+        lin(a)  # packs the weight once
+        best = min(_timed(lambda: lin(a)) for _ in range(reps))
     return 2 * n**3 / best / 1e9
 
 

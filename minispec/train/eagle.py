@@ -218,7 +218,10 @@ def parse_args(argv=None):
                     help="after training, measure greedy tau with minispec.generate and store it in the record")
     ap.add_argument("--measure-only", action="store_true", help="only (re)measure the checkpoint at --out")
     ap.add_argument("--measure-tokens", type=int, default=128)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.init_layer is not None and args.init_from is not None:
+        ap.error("--init-layer and --init-from both set the head's starting weights: choose one")
+    return args
 
 
 def run_measure(args, target, tok, held, record: dict) -> dict:
@@ -303,8 +306,6 @@ def main(argv=None) -> dict:
         ddp.barrier()
 
     head = EagleHead(EagleConfig.for_target(target.cfg))
-    if args.init_layer is not None and args.init_from is not None:
-        raise SystemExit("--init-layer and --init-from both set the head's starting weights: choose one")
     if args.init_layer is not None:
         init_from_target(head, target, args.init_layer % target.cfg.n_layer)
     if args.init_from is not None:
