@@ -1,6 +1,6 @@
 """Speculative greedy decoding on SmolLM2-135M equals vanilla greedy, token for token: chains
 (chapter 1) and static and dynamic trees (chapters 4-5) on one prompt of each of the six categories
-x 96 new tokens, and long generations (384 tokens past the end of sequence).
+x 64 new tokens, and long generations (384 tokens past the end of sequence).
 
 CI spreads these tests over its workers one test at a time (``--dist worksteal``), so each method
 is a test of its own and the module fixtures are computed once per worker."""
@@ -11,7 +11,7 @@ from minispec import generate
 from minispec.drafters import DraftModel, PromptLookup
 from minispec.prompts import own_prompts
 
-N_NEW = 96
+N_NEW = 64
 
 
 def _one_per_category() -> list[str]:
@@ -59,9 +59,11 @@ def test_draft_model_greedy_equals_vanilla(smollm2, vanilla):
     assert tau > 1.2
 
 
-# method -> a tau floor well under what it reaches (chains of the heads too: issue 4's identical-output check)
+# method -> a tau floor well under what it reaches (chains of the heads too: issue 4's identical-output check);
+# measured on these 6 prompts x 64 with the shipped heads (2 threads, 2026-11-23): eagle 1.76, eagle@eagle 2.23,
+# eagle2 2.58, eagle3@5/8/32 2.24, medusa 1.62
 TREE_METHODS = {"sps@eagle": 1.3, "sps@4/4/12": 1.3, "eagle": 1.1, "eagle@eagle": 1.3, "eagle2": 1.3, "eagle3": 1.03,
-                "eagle3@5/8/32": 1.15, "medusa": 1.03}
+                "eagle3@5/8/32": 1.3, "medusa": 1.2}
 
 
 @pytest.mark.slow
@@ -70,7 +72,7 @@ TREE_METHODS = {"sps@eagle": 1.3, "sps@4/4/12": 1.3, "eagle": 1.1, "eagle@eagle"
 @pytest.mark.parametrize("method", list(TREE_METHODS))
 def test_tree_greedy_equals_vanilla(smollm2, vanilla, method):
     """Chains, static and dynamic trees of every branching drafter (draft model, EAGLE-1/2, EAGLE-3,
-    Medusa) give vanilla's greedy tokens on 6 prompts x 96."""
+    Medusa) give vanilla's greedy tokens on 6 prompts x 64."""
     from minispec.methods import Methods
 
     methods = Methods(smollm2[0])
