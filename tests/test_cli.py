@@ -39,6 +39,7 @@ def test_demo_shows_the_method_beside_vanilla():
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.split()[:1] in (["vanilla"], ["pld"])}
     assert set(rows) == {"vanilla", "pld"} and rows["pld"][-1] == "yes"  # greedy: identical output
     assert "(12 new tokens" in r.stdout
+    assert "both warm" in r.stdout  # the first (cold) run of the method prints the text; the table times warm runs
 
 
 def test_demo_auto_without_a_tune_uses_the_default_and_measures_nothing(tmp_path):
