@@ -50,6 +50,7 @@ from typing import Sequence
 import torch
 
 from .kv import KVCacheOverflow
+from .kv.contiguous import zeros_keys_last
 from .model import ModelOutput, rope_cos_sin
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -68,7 +69,7 @@ class StaticKVCache:
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, capacity: int, batch_size: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         shape = (n_layer, batch_size, n_kv_head, capacity, head_dim)  # [L, B, Hkv, C, hd]
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = zeros_keys_last(shape, dtype, device)  # keys-last in memory on the CPU (row-invariant attention)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity, self.batch_size = capacity, batch_size
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] committed, read in graphs

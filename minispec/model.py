@@ -104,12 +104,12 @@ class Attention(nn.Module):
         cfg = self.cfg
         B, T, _ = x.shape
         H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        q, k, v = self.wqkv(x).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
-        q = q.view(B, T, H, hd).transpose(1, 2)  # [B, H, T, hd]
-        k = k.view(B, T, Hkv, hd).transpose(1, 2)  # [B, Hkv, T, hd]
-        v = v.view(B, T, Hkv, hd).transpose(1, 2)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        qkv = self.wqkv(x)  # [B, T, (H + 2 Hkv) * hd]
+        qk = qkv[..., :(H + Hkv) * hd].view(B, T, H + Hkv, hd).transpose(1, 2)  # [B, H + Hkv, T, hd]
+        v = qkv[..., (H + Hkv) * hd:].view(B, T, Hkv, hd).transpose(1, 2)  # [B, Hkv, T, hd]
+        if rope is not None:  # q and k rotate by the same angles: one call for both
+            qk = apply_rope(qk, *rope)
+        q, k = qk.split([H, Hkv], dim=1)  # [B, H, T, hd], [B, Hkv, T, hd]
         if isinstance(mask, Ragged):  # chapter 7: each sequence attends over its own prefix, as if alone
             kv.store(self.layer, k, v)
             out = torch.zeros_like(q)  # [B, H, T, hd]; a row's padding stays 0

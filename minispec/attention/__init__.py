@@ -1,6 +1,9 @@
 """Attention backends for the Transformer (chapter 6): dense-mask SDPA, PyTorch split, Triton split.
 
-    dense         one SDPA call with the full boolean mask over prefix + tree (the reference)
+    dense         one pass over prefix + tree with the full boolean mask: on the CPU row-invariant
+                  (``invariant.invariant_attention``: each query row reduces over its visible keys
+                  in key order, so its bits do not depend on how many rows or keys come with it,
+                  what keeps greedy verification identical to vanilla); elsewhere one SDPA call
     split_torch   prefix without a mask + tree suffix with the mask, merged by log-sum-exp
                   (``reference.split_attention``)
     split_triton  the same split with Triton kernels (``triton_split.split_attention_triton``):
@@ -27,13 +30,14 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from .invariant import invariant_attention
 from .reference import attention_with_lse, dense_attention, merge, prefix_attention, split_attention, \
     suffix_attention
 
 BACKENDS = ("dense", "split_torch", "split_triton")
 
-__all__ = ["BACKENDS", "attend", "attention_with_lse", "check_backend", "causal_mask", "dense_attention", "merge",
-           "prefix_attention", "split_attention", "suffix_attention", "triton_available"]
+__all__ = ["BACKENDS", "attend", "attention_with_lse", "check_backend", "causal_mask", "dense_attention",
+           "invariant_attention", "merge", "prefix_attention", "split_attention", "suffix_attention", "triton_available"]
 
 
 def triton_available(device: torch.device | str | None = None) -> bool:
@@ -81,7 +85,7 @@ def attend(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pref
         mask: the full bool mask [B or 1, 1, T, S] / [T, S], or None for causal.
     Returns:
         [B, H, T, hd]. The split backends run when mask is None or tree_mask is given; any
-        other mask goes to dense SDPA.
+        other mask goes to dense (row-invariant on the CPU, SDPA elsewhere).
     """
     T, S = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
@@ -93,6 +97,8 @@ def attend(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pref
 
         return split_attention_triton(q, k, v, prefix_len, tree_mask)
     check_backend(backend)
+    if q.device.type == "cpu":
+        return invariant_attention(q, k, v, mask)
     if mask is None and (T == 1 or S == T):  # plain causal: no mask tensor needed
         return F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=gqa)
     mask = causal_mask(T, S, q.device) if mask is None else mask  # [T, S] or [B, 1, T, S]

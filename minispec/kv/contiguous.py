@@ -24,6 +24,17 @@ from typing import Sequence
 import torch
 
 
+def zeros_keys_last(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """A zero key buffer of logical shape [..., C, hd] that on the CPU is stored keys-last ([..., hd, C]
+    in memory, returned transposed): then ``k.transpose(-1, -2)`` is a row-major [hd, S] matrix and
+    the row-invariant attention (``minispec.attention.invariant``) computes q @ k^T as a product of
+    two row-major operands without copying the keys. Elsewhere (a GPU) the usual hd-last layout that
+    fused kernels expect."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.zeros(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device).transpose(-1, -2)
+
+
 class KVCacheOverflow(RuntimeError):
     """Raised when a write would exceed the cache's capacity; the cache is left unchanged."""
 
@@ -34,7 +45,7 @@ class KVCache:
         if capacity <= 0 or batch_size <= 0:
             raise ValueError(f"capacity and batch_size must be positive, got {capacity}, {batch_size}")
         shape = (n_layer, batch_size, n_kv_head, capacity, head_dim)  # [L, B, Hkv, C, hd]
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = zeros_keys_last(shape, dtype, device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity, self.batch_size = capacity, batch_size
         self.length = 0  # committed tokens
@@ -97,7 +108,8 @@ class KVCache:
         new = max(capacity, 2 * self.capacity)
         for name in ("k", "v"):
             old = getattr(self, name)
-            buf = old.new_zeros(*old.shape[:3], new, old.shape[4])  # [L, B, Hkv, C', hd]
+            shape = (*old.shape[:3], new, old.shape[4])  # [L, B, Hkv, C', hd]
+            buf = zeros_keys_last(shape, old.dtype, old.device) if name == "k" else old.new_zeros(shape)
             buf[:, :, :, :self.length] = old[:, :, :, :self.length]
             setattr(self, name, buf)
         self.capacity = new
