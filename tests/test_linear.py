@@ -89,6 +89,6 @@ def test_prepack_packs_every_linear_of_a_loaded_model():
     model, _ = load("tiny-llama")  # load() prepacks
     layers = [m for m in model.modules() if isinstance(m, Linear)]
     assert len(layers) == 4 * model.cfg.n_layer + 1  # qkv, out, gate_up, down per layer + LM head
-    assert all(getattr(m, "_packed_key", None) is not None for m in layers)
+    assert all(m.__dict__.get("_packed_parts") for m in layers)
     fresh = Linear(8, 4)
-    assert getattr(fresh, "_packed_key", None) is None
+    assert not fresh.__dict__.get("_packed_parts")

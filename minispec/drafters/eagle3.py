@@ -37,6 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..kv import KVCache
+from ..linear import Linear
 from ..model import RMSNorm, apply_rope, rope_cos_sin
 from .base import Features
 from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
@@ -91,10 +92,10 @@ class _Attention(nn.Module):
     def __init__(self, c: Eagle3Config):
         super().__init__()
         self.c = c
-        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_proj = Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
 
     def qkv(self, x: torch.Tensor, positions: torch.Tensor):
         """x [B, T, 2H], positions [B, T] -> q [B, Hq, T, hd], k, v [B, Hkv, T, hd] (RoPE applied)."""
@@ -109,9 +110,9 @@ class _Attention(nn.Module):
 class _MLP(nn.Module):
     def __init__(self, c: Eagle3Config):
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.gate_proj = Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -134,10 +135,10 @@ class Eagle3Head(nn.Module):
         super().__init__()
         self.config = c
         H = c.hidden_size
-        self.fc = nn.Linear(3 * H, H, bias=False)
+        self.fc = Linear(3 * H, H, bias=False)
         self.midlayer = _MidLayer(c)
         self.norm = RMSNorm(H, c.rms_norm_eps)
-        self.lm_head = nn.Linear(H, c.draft_vocab_size, bias=False)
+        self.lm_head = Linear(H, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
 

@@ -1,0 +1,130 @@
+"""Row-count invariance: a row of a forward gives the same bits whatever rows come with it.
+
+Greedy speculative decoding is identical to vanilla decoding by construction only if the
+target's logits for a token do not depend on how many tokens the forward computes: vanilla
+sends one row per step, verification the root and N draft nodes. Batch-invariant inference
+(He and Thinking Machines, "Defeating Nondeterminism in LLM Inference", 2025) names the two
+ways a row can change with its company, and minispec closes both on the CPU:
+
+    matrix products   a BLAS picks its kernel, and with it the order of the sums, from the
+                      shape: on an AVX-512 CPU oneDNN's packed 1536 -> 576 product gives one row
+                      alone (M = 1) other bits than the same row among two or more. Each
+                      ``minispec.linear.Linear`` weight shape is probed here, at the running
+                      thread count, and computed by the cheapest plan that the probe finds
+                      invariant (``RowPlan``): the product as it is; a single row padded to two
+                      (the 1536 -> 576 case); the input features in two halves whose products
+                      are added; or calls of few rows padded with zero rows;
+    attention         a fused kernel blocks its reductions by the number of queries and keys;
+                      ``minispec.attention.invariant`` reduces each row over its visible keys
+                      in key order, hidden keys adding exact zeros.
+
+Everything else in the forward is elementwise or reduces within one row (norms, RoPE,
+activations). ``tests/test_invariance.py`` checks the whole forward on SmolLM2;
+``python -m minispec check-env`` reports what holds on this machine.
+
+Shapes: M rows, n_in / n_out features.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+PROBE_ROWS = (*range(1, 18), 24, 32, 33, 48, 64, 65, 96, 127)  # row counts compared with REF_ROWS rows
+REF_ROWS = 128
+PAD_CHOICES = (2, 4, 8, 16)  # row counts a call may be padded up to (the smallest that works is used)
+
+Product = Callable[[torch.Tensor], torch.Tensor]  # [M, n_in] -> [M, n_out]
+
+
+def varying_rows(fn: Product, n_in: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> tuple[int, ...]:
+    """The row counts M at which ``fn`` gives a row other bits than among REF_ROWS rows (1 also when
+    one row alone differs at another place than the first).
+
+    Args:
+        fn: the product to probe; n_in: input features; dtype, device: of the probe's input
+            (seeded from its own generator: the global random stream is left alone).
+    """
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(REF_ROWS, n_in, generator=g).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        ref = fn(x)  # [REF_ROWS, n_out]
+        varies = {m for m in PROBE_ROWS if not torch.equal(fn(x[:m]), ref[:m])}
+        if any(not torch.equal(fn(x[r:r + 1]), ref[r:r + 1]) for r in (1, 2, 3)):
+            varies.add(1)
+    return tuple(sorted(varies))
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """How a linear layer computes its rows so that none depends on the row count.
+
+    kernel: the product used ("packed": oneDNN prepacked weights, "f_linear", or a stand-in);
+    split: 1 = one product over all input features, 2 = the input features in two halves, the two
+        products added; min_rows: calls with fewer rows are padded with zero rows up to this, None if
+        no plan is invariant; varies: the row counts at which the plain product varied.
+    """
+    kernel: str
+    split: int
+    min_rows: int | None
+    varies: tuple[int, ...]
+
+    @property
+    def invariant(self) -> bool:
+        return self.min_rows is not None
+
+    def describe(self) -> str:
+        if not self.invariant:
+            return f"varies at {_rows(self.varies)} rows, no plan found"
+        if not self.varies:
+            return "invariant as it is"
+        how = "input split in two halves" if self.split > 1 else f"calls of fewer rows padded to {self.min_rows}"
+        return f"varies at {_rows(self.varies)} rows: {how}"
+
+
+def _rows(ms: tuple[int, ...]) -> str:
+    return ", ".join(map(str, ms[:6])) + (", ..." if len(ms) > 6 else "")
+
+
+def choose_plan(kernel: str, fn: Product, split_fn: Product | None, n_in: int, dtype: torch.dtype,
+                device: torch.device) -> RowPlan:
+    """Probe ``fn`` and, where it varies, the fallbacks in order of cost: padding one row to two (a
+    second row costs almost nothing while the weights stream from memory), ``split_fn`` (the same
+    product over two halves of the input features: two calls and an add), then padding to the
+    smallest row count above every varying one."""
+    varies = varying_rows(fn, n_in, dtype, device)
+    if not varies:
+        return RowPlan(kernel, 1, 1, varies)
+    m0 = next((m for m in PAD_CHOICES if all(v < m for v in varies)), None)
+    if m0 == PAD_CHOICES[0]:  # only one row alone varies: two rows cost about what one does
+        return RowPlan(kernel, 1, m0, varies)
+    if split_fn is not None and not varying_rows(split_fn, n_in, dtype, device):
+        return RowPlan(kernel, 2, 1, varies)
+    return RowPlan(kernel, 1, m0, varies)
+
+
+_PLANS: dict[tuple, RowPlan] = {}  # cache: (kernel, n_in, n_out, bias, dtype, device, threads) -> RowPlan
+
+
+def linear_plan(key: tuple, fn: Product, split_fn: Product | None, n_in: int, dtype: torch.dtype,
+                device: torch.device) -> RowPlan:
+    """``choose_plan`` for one kind of linear layer, cached by ``key`` and the running thread count (a
+    kernel's choice can change with the threads, so a new count is probed again on first use)."""
+    full = (*key, torch.get_num_threads())
+    if full not in _PLANS:
+        _PLANS[full] = choose_plan(key[0], fn, split_fn, n_in, dtype, device)
+    return _PLANS[full]
+
+
+def plans() -> dict[tuple, RowPlan]:
+    """Every plan chosen in this process: (kernel, n_in, n_out, bias, dtype, device, threads) -> RowPlan."""
+    return dict(_PLANS)
+
+
+def pad_rows(x: torch.Tensor, min_rows: int) -> torch.Tensor:
+    """[M, n] -> [max(M, min_rows), n], zero rows appended."""
+    return x if x.shape[0] >= min_rows else F.pad(x, (0, 0, 0, min_rows - x.shape[0]))
