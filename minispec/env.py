@@ -1,7 +1,9 @@
 """``python -m minispec check-env``: is everything minispec needs installed?
 
 One [OK]/[FAIL] line per dependency; CUDA and the Triton interpreter are reported as
-information ([INFO]), since no GPU is a normal setup for the CPU chapters.
+information ([INFO]), since no GPU is a normal setup for the CPU chapters. Then whether the
+decode forward's rows are invariant to the row count on this CPU (``minispec.invariance``): the
+property that makes greedy speculative decoding identical to vanilla by construction.
 """
 
 from __future__ import annotations
@@ -70,5 +72,56 @@ def check_env(out=sys.stdout) -> int:
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     print(f"[INFO] Triton interpreter {'on' if interp else 'off'} (TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')!r}; "
           "set TRITON_INTERPRET=1 before importing triton to run kernels on CPU)", file=out)
+    if not failed:
+        for line in row_invariance_lines():
+            print(line, file=out)
     print(("all required dependencies found" if not failed else f"{failed} required dependencies missing"), file=out)
     return 1 if failed else 0
+
+
+SMOLLM2_LINEARS = ((576, 960), (576, 576), (576, 3072), (1536, 576), (576, 49152))  # qkv, out, gate_up, down, LM head
+
+
+def row_invariance_lines(shapes=SMOLLM2_LINEARS) -> list[str]:
+    """[OK]/[WARN] lines: does a row of the CPU decode forward give the same bits whatever rows come with
+    it, at the running thread count? Probes the Linear kernel of each of SmolLM2's weight shapes (random
+    weights) and the dense attention on a tree of 9 rows over 24 + 9 keys against each row alone."""
+    import torch
+
+    from .attention import invariant_attention
+    from .linear import Linear
+
+    n = torch.get_num_threads()
+    lines, notes, broken = [], [], []
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n_in, n_out in shapes:
+            layer = Linear(n_in, n_out, bias=False)
+            layer.weight.copy_(torch.randn(n_out, n_in, generator=gen) * n_in ** -0.5)
+            x = torch.zeros(1, n_in)
+            plan = layer.row_plan(x)
+            if not plan.invariant:
+                broken.append(f"{n_in}->{n_out} ({plan.describe()})")
+            elif plan.varies:
+                notes.append(f"{n_in}->{n_out} {plan.describe()}")
+        path = {"packed": "oneDNN prepacked weights", "f_linear": "F.linear"}.get(plan.kernel, plan.kernel)
+        if broken:
+            lines.append(f"[WARN] linear layers ({path}, {n} threads): rows depend on the row count for "
+                         f"{'; '.join(broken)}: greedy speculative output may differ from vanilla here")
+        else:
+            lines.append(f"[OK] linear layers ({path}, {n} threads): each row's bits do not depend on the row count"
+                         + (f"; {'; '.join(notes)}" if notes else ", every SmolLM2 shape as it is"))
+        q, k, v = torch.randn(1, 9, 9, 64, generator=gen), torch.randn(1, 3, 33, 64, generator=gen), \
+            torch.randn(1, 3, 33, 64, generator=gen)
+        parents = [-1, 0, 1, 0, 3, 0, 1, 2]  # root + 8 nodes: a tree with interleaved branches
+        tree = torch.eye(9, dtype=torch.bool)
+        for i, p in enumerate(parents, start=1):
+            tree[i] |= tree[p + 1]
+        mask = torch.cat([torch.ones(9, 24, dtype=torch.bool), tree], dim=1)
+        out = invariant_attention(q, k, v, mask)
+        same = all(torch.equal(out[0, :, t], invariant_attention(q[:, :, t:t + 1], k[:, :, mask[t]], v[:, :, mask[t]])[0, :, 0])
+                   for t in range(9))
+    lines.append(f"[{'OK' if same else 'WARN'}] attention (dense backend, CPU): a tree row "
+                 + ("equals the row alone over its own keys, bit for bit" if same else
+                    "differs from the row alone over its own keys: greedy speculative output may differ from vanilla here"))
+    return lines
