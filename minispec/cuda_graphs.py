@@ -30,8 +30,18 @@ What cannot be captured today, and what this module does instead:
   length (never committed, overwritten later), real tokens never see them, and padded rows see
   only their own token (no all-masked softmax row).
 
-On a CPU, or with ``enabled=False``, ``GraphedForward`` runs ``static_forward`` eagerly
-(unpadded unless ``pad=True``): the same code path, testable without a GPU.
+On a CPU, or with ``enabled=False``, ``GraphedForward`` runs the very same bookkeeping (buckets,
+padding, inputs copied into the bucket's static buffers, one "replay" per call) with the capture
+replaced by a direct call of ``static_forward`` on those buffers: ``capture`` is the one function
+that needs CUDA. With minispec's row-invariant attention and linear plans (``minispec.invariance``)
+the CPU path gives the eager forward's logits bit for bit, padded or not, over the whole
+capacity or not: that is what CI proves. What only a GPU can show: that a replay launches the
+same kernels as the eager padded forward (bitwise equal there too), that it never synchronises
+with the host, and how much launch time it saves (``gpu-suite``).
+
+The decode loop runs on it with ``generate(..., cuda_graphs=True)`` / ``Decoder(graphs=True)``:
+the target's verify forwards (vanilla, chain, tree) go through one ``GraphedForward`` over a
+``StaticKVCache``, and a draft model's (``DraftModel(graphs=True)``) draft steps through another.
 
 References: NVIDIA, "CUDA Graphs" (CUDA C++ Programming Guide); PyTorch ``torch.cuda.graph``
 ("Accelerating PyTorch with CUDA Graphs", 2021); gpt-fast (PyTorch team, 2023: a static KV cache
@@ -45,7 +55,7 @@ Hkv KV heads, hd head dim, D model width, V vocab.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -76,11 +86,23 @@ class StaticKVCache:
         self.host_lengths = [0] * batch_size  # the same, on the host
         self.write_pos: torch.Tensor | None = None  # [B, T] slots of the forward in progress
         self.pending = (0, 0)  # (rows, tokens) written by the last forward, not yet committed
+        self.generation = 0  # bumped when the buffers are reallocated: graphs captured before are stale
 
     @classmethod
     def for_model(cls, model, capacity: int, batch_size: int = 1) -> "StaticKVCache":
         c = model.cfg
         return cls(c.n_layer, c.n_kv_head, c.head_dim, capacity, batch_size, model.dtype, model.device)
+
+    def __repr__(self):
+        return (f"StaticKVCache(lengths={self.host_lengths}, pending={self.pending}, capacity={self.capacity}, "
+                f"batch={self.batch_size})")
+
+    @property
+    def length(self) -> int:
+        """Committed tokens of every row (the rows must agree), as ``KVCache.length``."""
+        if len(set(self.host_lengths)) != 1:
+            raise ValueError(f"rows hold different lengths {self.host_lengths}: read host_lengths")
+        return self.host_lengths[0]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store new k, v [b, Hkv, T, hd] at ``write_pos``; return all slots [b, Hkv, C, hd]."""
@@ -98,10 +120,13 @@ class StaticKVCache:
             raise KVCacheOverflow(f"static KV cache: {max(self.host_lengths[:rows])} cached + {tokens} new (padded) "
                                   f"tokens > capacity {self.capacity}")
 
-    def commit(self, keep: Sequence[Sequence[int]] | None = None) -> None:
+    def commit(self, keep: Sequence[Sequence[int]] | Sequence[int] | None = None) -> None:
         """Keep the last forward's entries: all of them (None), or per row the indices (strictly
-        increasing, 0 = the row's first new token) of the accepted ones, moved to contiguous slots."""
+        increasing, 0 = the row's first new token) of the accepted ones, moved to contiguous slots
+        (one flat list for a forward of one row, as ``KVCache.commit`` takes)."""
         rows, T = self.pending
+        if keep is not None and rows == 1 and (len(keep) == 0 or not isinstance(keep[0], (list, tuple))):
+            keep = [keep]
         if keep is None:  # everything: a device add, no host round trip
             self.lengths[:rows] += T
             self.host_lengths[:rows] = [n + T for n in self.host_lengths[:rows]]
@@ -131,6 +156,35 @@ class StaticKVCache:
     def discard(self) -> None:
         self.pending = (0, 0)
 
+    def rollback(self, n: int) -> None:
+        """Forget the last n committed tokens of every row."""
+        if self.pending != (0, 0):
+            raise RuntimeError("commit() or discard() the pending entries before rolling back")
+        if not 0 <= n <= min(self.host_lengths):
+            raise ValueError(f"cannot roll back {n} tokens: the rows hold {self.host_lengths}")
+        self.host_lengths = [m - n for m in self.host_lengths]
+        self._upload_lengths()
+
+    def reset(self) -> None:
+        self.set_lengths([0] * self.batch_size)
+
+    def reserve(self, capacity: int) -> None:
+        """Grow to at least ``capacity`` slots (doubling), keeping what is cached. New buffers mean new
+        addresses: graphs captured on the old ones are stale (``generation`` counts reallocations)."""
+        if capacity <= self.capacity:
+            return
+        if self.pending != (0, 0):
+            raise RuntimeError("commit() or discard() the pending entries before growing the cache")
+        new = max(capacity, 2 * self.capacity)
+        n = max(self.host_lengths)
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            shape = (*old.shape[:3], new, old.shape[4])  # [L, B, Hkv, C', hd]
+            buf = zeros_keys_last(shape, old.dtype, old.device) if name == "k" else old.new_zeros(shape)
+            buf[:, :, :, :n] = old[:, :, :, :n]
+            setattr(self, name, buf)
+        self.capacity, self.generation = new, self.generation + 1
+
     def set_lengths(self, lengths: Sequence[int]) -> None:
         """Declare rows 0..len-1 to hold that many committed tokens (benchmarks: a cache filled with
         arbitrary keys stands for a prefilled prompt, the cost of attention does not depend on them)."""
@@ -142,7 +196,8 @@ class StaticKVCache:
 
 
 def static_forward(model, kv: StaticKVCache, tokens: torch.Tensor, positions: torch.Tensor,
-                   tree_mask: torch.Tensor) -> ModelOutput:
+                   tree_mask: torch.Tensor | None = None, slot_mask: torch.Tensor | None = None,
+                   hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False) -> ModelOutput:
     """One forward of ``model`` over new tokens, written to ``kv``: the body a CUDA graph captures.
 
     No host synchronisation and no value-dependent shape: every shape follows from the inputs'.
@@ -150,27 +205,59 @@ def static_forward(model, kv: StaticKVCache, tokens: torch.Tensor, positions: to
     Args:
         model: a minispec Transformer (its blocks are called with ``kv`` as their cache).
         tokens: [B, T] ids; positions: [B, T] position ids (< the model's context: not checked here).
-        tree_mask: bool [B, T, T], True where new token i may see new token j.
+        tree_mask: bool [B, T, T], True where new token i may see new token j; every committed slot is
+            visible. Or instead ``slot_mask``: bool [B, T, C] over the cache's slots (the new tokens sit
+            at slots length[b] + j), for drafts that see only part of what is cached (a draft tree's
+            earlier levels).
+        hidden_layers: layer indices whose input hidden states to return (EAGLE-3).
+        last_logits_only: the LM head for the last token only (a prefill).
     Returns:
-        ModelOutput(logits [B, T, V], hidden [B, T, D], layer_inputs {}).
+        ModelOutput(logits [B, T or 1, V], hidden [B, T, D], layer_inputs {i: [B, T, D]}).
     """
     cfg = model.cfg
     B, T = tokens.shape
     dev = tokens.device
     lengths = kv.lengths[:B]  # [B]
     kv.write_pos = lengths[:, None] + torch.arange(T, device=dev)  # [B, T] slots of the new tokens
-    keys = torch.arange(kv.capacity, device=dev)  # [C]
-    mask = (keys[None, None, :] < lengths[:, None, None]).expand(B, T, kv.capacity).clone()  # [B, T, C] prefix
-    mask.scatter_(2, kv.write_pos[:, None, :].expand(B, T, T), tree_mask)  # [b, i, slot_j] = tree_mask[b, i, j]
+    if slot_mask is None:
+        keys = torch.arange(kv.capacity, device=dev)  # [C]
+        mask = (keys[None, None, :] < lengths[:, None, None]).expand(B, T, kv.capacity).clone()  # [B, T, C] prefix
+        mask.scatter_(2, kv.write_pos[:, None, :].expand(B, T, T), tree_mask)  # [b, i, slot_j] = tree_mask[b, i, j]
+    else:
+        mask = slot_mask  # [B, T, C]
     x = model.tok_emb(tokens)  # [B, T, D]
     if cfg.arch == "gpt2":
         x, rope = x + model.pos_emb(positions), None
     else:
         rope = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)  # [B, 1, T, hd] each
-    for block in model.blocks:
-        x = block(x, rope, mask[:, None], kv)  # mask [B, 1, T, C]: dense SDPA over the whole capacity
+    layer_inputs = {}
+    for i, block in enumerate(model.blocks):
+        if i in hidden_layers:
+            layer_inputs[i] = x
+        x = block(x, rope, mask[:, None], kv)  # mask [B, 1, T, C]: dense attention over the whole capacity
     h = model.norm(x)
-    return ModelOutput(logits=model.lm_head(h), hidden=h, layer_inputs={})
+    return ModelOutput(logits=model.lm_head(h[:, -1:] if last_logits_only else h), hidden=h, layer_inputs=layer_inputs)
+
+
+def static_prefill(model, kv: StaticKVCache, tokens: torch.Tensor, hidden_layers: tuple[int, ...] = (),
+                   last_logits_only: bool = False) -> ModelOutput:
+    """Causal forward of [B, P] new tokens after what ``kv`` holds, eagerly (one long forward, no
+    bucket, never captured); the entries stay pending until ``kv.commit()``."""
+    B, P = tokens.shape
+    dev = tokens.device
+    pos = kv.lengths[:B, None] + torch.arange(P, device=dev)  # [B, P]
+    causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril().expand(B, P, P)
+    if kv.pending != (0, 0):
+        raise RuntimeError("the last forward's KV entries are pending: call kv.commit() or kv.discard() first")
+    kv.check_room(B, P)
+    out = static_forward(model, kv, tokens, pos, causal, hidden_layers=hidden_layers, last_logits_only=last_logits_only)
+    kv.pending = (B, P)
+    return out
+
+
+def token_buckets(max_tokens: int, buckets: Sequence[int] = TOKEN_BUCKETS) -> tuple[int, ...]:
+    """``buckets``, with ``max_tokens`` added when it exceeds them all (a tree of 60 nodes: 61 rows)."""
+    return tuple(sorted(set(buckets) | ({max_tokens} if max_tokens > max(buckets) else set())))
 
 
 def pick_bucket(n: int, buckets: Sequence[int]) -> int:
@@ -201,6 +288,45 @@ def pad_inputs(tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.T
     return tok, pos, m
 
 
+def pad_slot_mask(slot_mask: torch.Tensor, lengths: torch.Tensor, B_b: int, T_b: int) -> torch.Tensor:
+    """A slot mask [B, T, C] padded to [B_b, T_b, C]: a padded token (slot length[b] + j) sees only
+    itself; a real token keeps its row (which never shows a padded token's slot)."""
+    B, T, C = slot_mask.shape
+    j = torch.arange(T_b, device=slot_mask.device)
+    own = (lengths[:B_b, None] + j)[:, :, None] == torch.arange(C, device=slot_mask.device)  # [B_b, T_b, C]
+    out = own.clone()
+    out[:B, :T] = slot_mask
+    return out
+
+
+def capture(fn: Callable[[], ModelOutput], device: torch.device, pool=None, warmup: int = 2):
+    """Record ``fn``'s kernels in a CUDA graph: returns (replay, pool), where ``replay()`` launches them
+    again in one call and returns ``fn``'s output tensors (static: the next replay overwrites them).
+
+    The one CUDA-only piece of this module. Elsewhere it returns ``fn`` itself, a direct call: the
+    computation a replay launches, so every other step of ``GraphedForward`` (buckets, padding,
+    static buffers, replay counts) runs and is tested on the CPU. What only a GPU can show: that
+    capture succeeds (no host synchronisation, no allocation outside the pool), that a replay
+    equals the eager padded forward bit for bit, and the launch time it saves.
+    """
+    if torch.device(device).type != "cuda":
+        return fn, None
+    side = torch.cuda.Stream()  # warm-up off the capturing stream: lazy initialisation, autotuning
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):  # writes pending slots only, never committed
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+
+    def replay() -> ModelOutput:
+        graph.replay()
+        return out
+    return replay, graph.pool()
+
+
 class GraphedForward:
     """Replays one captured CUDA graph per (batch, tokens) bucket of a model forward over a StaticKVCache.
 
@@ -209,72 +335,86 @@ class GraphedForward:
         kv: its StaticKVCache; batch buckets above ``kv.batch_size`` are dropped and
             ``kv.batch_size`` is added, so padded rows always exist in the cache.
         batch_buckets, token_buckets: the bucket sizes.
-        enabled: False runs ``static_forward`` eagerly (also the fallback without CUDA).
-        pad: pad eager calls to the bucket too (default: only when graphs are used).
+        enabled: False never captures (the direct call ``capture`` falls back to without CUDA).
+        pad: pad calls to their bucket (default: only when graphs are used).
         warmup: eager runs on a side stream before each capture (lazy initialisation, autotuning).
+        hidden_layers: layers whose input hidden states to return too (EAGLE-3 reads them).
+        slot_masks: calls give a ``slot_mask`` over the cache's slots instead of a ``tree_mask``.
     Calls return views of static buffers, valid until the next call: clone what must outlive it.
+    ``captures`` counts the graphs recorded (or buckets set up), ``replays`` the calls per bucket.
     """
 
     def __init__(self, model, kv: StaticKVCache, batch_buckets: Sequence[int] = BATCH_BUCKETS,
                  token_buckets: Sequence[int] = TOKEN_BUCKETS, enabled: bool = True, pad: bool | None = None,
-                 warmup: int = 2):
+                 warmup: int = 2, hidden_layers: tuple[int, ...] = (), slot_masks: bool = False):
         self.model, self.kv = model, kv
         self.batch_buckets = tuple(sorted({b for b in batch_buckets if b <= kv.batch_size} | {kv.batch_size}))
         self.token_buckets = tuple(sorted(token_buckets))
         self.use_graphs = bool(enabled) and model.device.type == "cuda" and torch.cuda.is_available()
         self.pad = self.use_graphs if pad is None else pad
-        self.warmup = warmup
-        self.graphs: dict[tuple[int, int], tuple] = {}  # (B_b, T_b) -> (graph, static inputs, static output)
+        self.warmup, self.hidden_layers, self.slot_masks = warmup, tuple(hidden_layers), slot_masks
+        self.graphs: dict[tuple[int, int], tuple] = {}  # (B_b, T_b) -> (replay, static inputs)
         self.pool = None  # one memory pool for all graphs: they never run concurrently and keep their outputs
+        self.captures, self.replays = 0, {}
+        self._generation = kv.generation
 
     def bucket(self, B: int, T: int) -> tuple[int, int]:
         return pick_bucket(B, self.batch_buckets), pick_bucket(T, self.token_buckets)
 
     @torch.inference_mode()
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                 tree_mask: torch.Tensor | None = None) -> ModelOutput:
+                 tree_mask: torch.Tensor | None = None, slot_mask: torch.Tensor | None = None) -> ModelOutput:
         """Forward of new tokens [B, T] (positions [B, T], default length + arange(T); tree_mask bool
-        [T, T] or [B, T, T], default causal); the entries stay pending in the cache until ``kv.commit``."""
+        [T, T] or [B, T, T], default causal; or, with ``slot_masks``, slot_mask bool [B, T, C]); the
+        entries stay pending in the cache until ``kv.commit``."""
         B, T = tokens.shape
         dev = self.model.device
+        if (slot_mask is not None) != self.slot_masks:
+            raise ValueError("this GraphedForward takes " + ("a slot_mask [B, T, C]" if self.slot_masks else
+                                                               "a tree_mask, not a slot_mask"))
         if positions is None:
             positions = self.kv.lengths[:B, None] + torch.arange(T, device=dev)  # [B, T]
-        if tree_mask is None:
-            tree_mask = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
-        tree_mask = tree_mask.expand(B, T, T)
         B_b, T_b = self.bucket(B, T) if self.pad else (B, T)
         self.kv.check_room(B_b, T_b)
         if self.kv.pending != (0, 0):
             raise RuntimeError("the last forward's KV entries are pending: call kv.commit() or kv.discard() first")
-        if self.pad:
-            tokens, positions, tree_mask = pad_inputs(tokens, positions, tree_mask, B_b, T_b)
-        if not self.use_graphs:
-            out = static_forward(self.model, self.kv, tokens, positions, tree_mask)
+        if self.kv.generation != self._generation:  # the cache grew: its buffers moved
+            self.graphs, self.pool, self._generation = {}, None, self.kv.generation
+        if self.slot_masks:
+            mask_in = ("slot_mask", pad_slot_mask(slot_mask, self.kv.lengths, B_b, T_b))
+            tokens, positions, _ = pad_inputs(tokens, positions, torch.ones(B, T, T, dtype=torch.bool, device=dev),
+                                              B_b, T_b)
         else:
-            graph, static, out = self.graphs.get((B_b, T_b)) or self._capture(B_b, T_b)
-            static["tokens"].copy_(tokens)  # device-to-device copies into the captured addresses
-            static["positions"].copy_(positions)
-            static["tree_mask"].copy_(tree_mask)
-            graph.replay()
+            if tree_mask is None:
+                tree_mask = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
+            tokens, positions, m = pad_inputs(tokens, positions, tree_mask.expand(B, T, T), B_b, T_b)
+            mask_in = ("tree_mask", m)
+        replay, static = self.graphs.get((B_b, T_b)) or self._capture(B_b, T_b)
+        static["tokens"].copy_(tokens)  # into the captured addresses
+        static["positions"].copy_(positions)
+        static[mask_in[0]].copy_(mask_in[1])
+        out = replay()
+        self.replays[(B_b, T_b)] = self.replays.get((B_b, T_b), 0) + 1
         self.kv.pending = (B, T)
-        return ModelOutput(logits=out.logits[:B, :T], hidden=out.hidden[:B, :T], layer_inputs={})
+        return ModelOutput(logits=out.logits[:B, :T], hidden=out.hidden[:B, :T],
+                           layer_inputs={i: h[:B, :T] for i, h in out.layer_inputs.items()})
 
     def _capture(self, B_b: int, T_b: int):
         dev = self.model.device
         static = dict(tokens=torch.zeros(B_b, T_b, dtype=torch.long, device=dev),
-                      positions=torch.zeros(B_b, T_b, dtype=torch.long, device=dev),
-                      tree_mask=torch.eye(T_b, dtype=torch.bool, device=dev).repeat(B_b, 1, 1))
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.inference_mode():
-            for _ in range(self.warmup):  # writes pending slots only, never committed
-                static_forward(self.model, self.kv, **static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
-            out = static_forward(self.model, self.kv, **static)
-        self.pool = graph.pool()
-        self.graphs[(B_b, T_b)] = (graph, static, out)
+                      positions=torch.zeros(B_b, T_b, dtype=torch.long, device=dev))
+        if self.slot_masks:
+            static["slot_mask"] = torch.zeros(B_b, T_b, self.kv.capacity, dtype=torch.bool, device=dev)
+        else:
+            static["tree_mask"] = torch.eye(T_b, dtype=torch.bool, device=dev).repeat(B_b, 1, 1)
+
+        def forward() -> ModelOutput:
+            return static_forward(self.model, self.kv, hidden_layers=self.hidden_layers, **static)
+        with torch.inference_mode():
+            replay, self.pool = capture(forward, dev if self.use_graphs else torch.device("cpu"), self.pool,
+                                        self.warmup)
+        self.graphs[(B_b, T_b)] = (replay, static)
+        self.captures += 1
         return self.graphs[(B_b, T_b)]
 
 
@@ -292,12 +432,8 @@ def greedy_decode(model, prompts: torch.Tensor, max_new_tokens: int, enabled: bo
     """
     B, P = prompts.shape
     kv = StaticKVCache.for_model(model, capacity=P + max_new_tokens, batch_size=B)
-    mask = torch.ones(P, P, dtype=torch.bool, device=prompts.device).tril().expand(B, P, P)
-    pos = torch.arange(P, device=prompts.device).expand(B, P)
-    out = static_forward(model, kv, prompts, pos, mask)
-    kv.pending = (B, P)
+    x = static_prefill(model, kv, prompts).logits[:, -1].argmax(-1)  # [B]
     kv.commit()
-    x = out.logits[:, -1].argmax(-1)  # [B]
     step = GraphedForward(model, kv, enabled=enabled, pad=pad, **buckets)
     new = [x]
     for _ in range(max_new_tokens - 1):

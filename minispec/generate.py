@@ -17,6 +17,7 @@ from typing import Sequence
 
 import torch
 
+from .cuda_graphs import GraphedForward, StaticKVCache, pick_bucket, static_prefill, token_buckets
 from .drafters.base import Drafter, Features
 from .kv import KVCache, PagedKVCache
 from .sampling import GREEDY, SamplingParams, next_token, probs
@@ -113,7 +114,7 @@ class Decoder:
 
     def __init__(self, target, ids: list[int], drafter=None, params: SamplingParams = GREEDY,
                  max_new_tokens: int = 64, eos: set[int] = frozenset(), generator: torch.Generator | None = None,
-                 kv_block_size: int | None = None, kv=None):
+                 kv_block_size: int | None = None, kv=None, graphs: bool = False):
         if drafter is not None:
             if not isinstance(drafter, Drafter):
                 raise TypeError(f"{drafter!r} is not a minispec Drafter: subclass minispec.drafters.Drafter "
@@ -123,13 +124,24 @@ class Decoder:
         self.max_new_tokens, self.eos, self.gen = max_new_tokens, eos, generator
         self.max_nodes = drafter.max_nodes if drafter is not None else 0
         capacity = len(ids) + max_new_tokens + self.max_nodes
+        reads = drafter is not None and drafter.reads_features
+        self.layers = tuple(drafter.target_layers) if reads else ()
+        self.reads_features = reads
+        self.runner = None  # chapter 8: the target's forwards through CUDA graphs (GraphedForward)
+        self.drafter_graphs = False  # the drafter's own steps too (a draft model)
+        if graphs:
+            if kv is not None or kv_block_size is not None:
+                raise ValueError("graphs=True decodes on its own static KV cache (minispec.cuda_graphs): it takes "
+                                 "neither a shared cache nor kv_block_size")
+            buckets = token_buckets(self.max_nodes + 1)
+            kv = StaticKVCache.for_model(target, capacity - self.max_nodes + pick_bucket(self.max_nodes + 1, buckets))
+            self.runner = GraphedForward(target, kv, batch_buckets=(1,), token_buckets=buckets, pad=True,
+                                         hidden_layers=self.layers)  # padded rows need their slots too
+            self.drafter_graphs = drafter is not None and drafter.use_graphs(True)
         if kv is None:
             kv = KVCache.for_model(target, capacity) if kv_block_size is None else \
                 PagedKVCache.for_model(target, capacity, block_size=kv_block_size)  # chapter 7: same interface
         self.kv = kv  # (a BatchDecoder's members share its paged cache and never call prefill / step)
-        reads = drafter is not None and drafter.reads_features
-        self.layers = tuple(drafter.target_layers) if reads else ()
-        self.reads_features = reads
         self.new: list[int] = []
         self.stats = GenerationStats(prompt_tokens=len(ids))
         self._clock = 0.0
@@ -147,8 +159,11 @@ class Decoder:
     def prefill(self) -> None:
         """The prompt's forward, the first new token (the first tree's root), the drafter's prefill."""
         t0 = time.perf_counter()
-        out = self.target(torch.tensor([self.ids], device=self.target.device), kv=self.kv,
-                          hidden_layers=self.layers, last_logits_only=True)
+        prompt = torch.tensor([self.ids], device=self.target.device)  # [1, P]
+        if self.runner is not None:  # one long eager forward on the static cache (never a graph)
+            out = static_prefill(self.target, self.kv, prompt, hidden_layers=self.layers, last_logits_only=True)
+        else:
+            out = self.target(prompt, kv=self.kv, hidden_layers=self.layers, last_logits_only=True)
         self.kv.commit()
         self.new = [int(next_token(out.logits[0, -1], self.params, self.gen))]
         if self.drafter is not None:
@@ -170,10 +185,7 @@ class Decoder:
         self._lap("other")
         tree = self.propose()
         self._lap("draft" if self.drafter is not None else "other")
-        tokens = torch.tensor([[root] + tree.tokens], device=self.target.device)  # [1, N + 1]: root + nodes
-        tree_args = {} if tree.is_chain else dict(positions=tree.positions(kv.length).to(self.target.device),
-                                                  mask=tree.mask().to(self.target.device))  # chain: causal
-        out = self.target(tokens, kv=kv, hidden_layers=self.layers, **tree_args)
+        out = self.forward(root, tree)
         self._lap("target")
         res, rows = self.verify(tree, out.logits[0])
         self._lap("verify")
@@ -182,6 +194,17 @@ class Decoder:
         emitted = self.advance(tree, res, out, rows)
         self._lap("hand_off")
         return emitted
+
+    def forward(self, root: int, tree: Tree):
+        """The target's forward over root + the tree's nodes ([1, N + 1] rows), eager or replayed."""
+        dev = self.target.device
+        tokens = torch.tensor([[root] + tree.tokens], device=dev)  # [1, N + 1]: root + nodes
+        positions = mask = None  # a chain (vanilla included): causal after the cache
+        if not tree.is_chain:
+            positions, mask = tree.positions(self.kv.length).to(dev), tree.mask().to(dev)  # [N + 1], [N + 1, N + 1]
+        if self.runner is not None:
+            return self.runner(tokens, None if positions is None else positions[None], mask)
+        return self.target(tokens, positions=positions, mask=mask, kv=self.kv, hidden_layers=self.layers)
 
     def propose(self) -> Tree:
         """The drafter's tree for this step (empty for vanilla), checked."""
@@ -250,7 +273,8 @@ def encode_checked(target, tokenizer, prompt, chat: bool, max_new_tokens: int, n
 @torch.inference_mode()
 def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64, chat: bool = True,
-             seed: int | None = None, stop_at_eos: bool = True, kv_block_size: int | None = None) -> GenerationResult:
+             seed: int | None = None, stop_at_eos: bool = True, kv_block_size: int | None = None,
+             cuda_graphs: bool = False) -> GenerationResult:
     """Generate a continuation of ``prompt`` with ``target``, optionally speculatively.
 
     Args:
@@ -265,6 +289,10 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
         stop_at_eos: stop after the tokenizer's / model's end-of-sequence token.
         kv_block_size: None for the contiguous KV cache; a number of tokens for a paged cache with
             blocks of that size (``minispec.kv.PagedKVCache``, chapter 7). The output is the same.
+        cuda_graphs: run the target's verify forwards, and a draft model's draft steps, through one
+            captured graph per token bucket over a static KV cache (chapter 8,
+            ``minispec.cuda_graphs``). Without CUDA the same runner calls the forward directly on
+            its static buffers. The output is the same.
     Returns:
         GenerationResult(text, tokens, prompt_tokens, stats).
     """
@@ -274,7 +302,7 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
     if kv_block_size is not None and (not isinstance(kv_block_size, int) or kv_block_size < 1):
         raise ValueError(f"kv_block_size must be a positive number of tokens or None, got {kv_block_size!r}")
     dec = Decoder(target, ids, drafter, params, max_new_tokens, _eos_ids(target, tokenizer) if stop_at_eos else set(),
-                  gen, kv_block_size)
+                  gen, kv_block_size, graphs=cuda_graphs)
     dec.prefill()
     while not dec.done:
         dec.step()

@@ -93,6 +93,11 @@ class Drafter(ABC):
         the target's features at the positions that produced them, one row per token."""
         self.context += tokens
 
+    def use_graphs(self, enabled: bool = True) -> bool:
+        """Run the draft steps through CUDA graphs (chapter 8, ``minispec.cuda_graphs``) where this
+        drafter can; returns whether it does. The base drafter drafts eagerly: False."""
+        return False
+
     def fresh(self) -> "Drafter":
         """A new drafter of the same kind for another sequence (a batch, chapter 7): its own state
         (context, KV caches), the same weights (every ``nn.Module`` attribute is shared, not copied)."""

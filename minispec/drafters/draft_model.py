@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..cuda_graphs import GraphedForward, StaticKVCache, static_prefill, token_buckets
 from ..kv import KVCache
 from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
 
@@ -33,6 +34,7 @@ class DraftModel(TreeDrafter):
         super().__init__(tree if tree is not None else k)
         self.model = model
         self.kv = KVCache.for_model(model, capacity)
+        self.runner = None  # chapter 8: draft steps through CUDA graphs (``use_graphs``)
         self.cached: list[int] = []  # tokens whose keys/values are in self.kv: context, then fed drafts
         self._tree = GrowingTree()  # the nodes added since _start
         self._tokens: list[int] = []  # their tokens
@@ -48,6 +50,32 @@ class DraftModel(TreeDrafter):
         if self.model.cfg.vocab_size != target.cfg.vocab_size:
             raise ValueError(f"vocab mismatch: draft has {self.model.cfg.vocab_size} tokens, target "
                              f"{target.cfg.vocab_size}; a draft model must share the target's tokenizer")
+
+    def use_graphs(self, enabled: bool = True) -> bool:
+        """Draft steps (the new committed tokens, then one forward per chain token or tree level)
+        through ``GraphedForward`` over a static cache, one graph per token bucket; a context longer
+        than every bucket (the prompt) runs as one eager forward. Returns ``enabled``."""
+        if enabled:
+            self.kv = StaticKVCache.for_model(self.model, self.kv.capacity)
+            self.runner = GraphedForward(self.model, self.kv, batch_buckets=(1,), pad=True, slot_masks=True,
+                                         token_buckets=token_buckets(self.max_nodes + 1))
+        else:
+            self.kv, self.runner = KVCache.for_model(self.model, self.kv.capacity), None
+        return enabled
+
+    def _forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, last: bool = False):
+        """The draft model over x [1, n] at ``positions`` [n] after what the cache holds; ``mask`` [n, S]
+        over the cached tokens and the new ones (None: causal). Eager, or through the graph runner."""
+        if self.runner is None:
+            return self.model(x, positions=positions, mask=mask, kv=self.kv, last_logits_only=last)
+        n, L = x.shape[1], self.kv.length
+        if n > max(self.runner.token_buckets):  # longer than any bucket (a prompt): one eager forward
+            return static_prefill(self.model, self.kv, x, last_logits_only=last)
+        if mask is None:
+            mask = torch.ones(n, L + n, dtype=torch.bool, device=x.device).tril(L)  # [n, S] causal after the cache
+        slots = torch.zeros(1, n, self.kv.capacity, dtype=torch.bool, device=x.device)  # [1, n, C]
+        slots[0, :, :mask.shape[1]] = mask
+        return self.runner(x, positions[None], slot_mask=slots)
 
     def prefill(self, tokens: list[int], features=None) -> None:
         super().prefill(tokens)
@@ -66,8 +94,11 @@ class DraftModel(TreeDrafter):
 
     def _start(self) -> torch.Tensor:
         new = self.context[len(self.cached):]  # committed tokens the draft has not seen (the root at least)
-        self.kv.reserve(self.kv.length + len(new) + self.max_nodes)
-        out = self.model(torch.tensor([new], device=self.model.device), kv=self.kv, last_logits_only=True)
+        pad = max(self.runner.token_buckets) if self.runner is not None else 0  # room for a padded bucket
+        self.kv.reserve(self.kv.length + len(new) + self.max_nodes + pad)
+        L = self.kv.length
+        positions = torch.arange(L, L + len(new), device=self.model.device)  # [n]
+        out = self._forward(torch.tensor([new], device=self.model.device), positions, None, last=True)
         self.kv.commit()
         self.cached += new
         self.forwards += 1
@@ -79,10 +110,7 @@ class DraftModel(TreeDrafter):
         # [n] root position + depth, [n, S] context + earlier nodes + new (the root sits at len(cached) - 1)
         positions, mask = self._tree.add(parents, len(self.cached), self.model.device)
         x = torch.tensor([tokens], device=self.model.device)
-        if self._tree.is_chain:  # a path: the causal mask is the tree mask
-            out = self.model(x, positions=positions, kv=self.kv)
-        else:
-            out = self.model(x, positions=positions, mask=mask, kv=self.kv)
+        out = self._forward(x, positions, None if self._tree.is_chain else mask)  # a path: causal is the tree mask
         self.kv.commit()
         self.forwards += 1
         return out.logits[0]  # [n, V]
