@@ -275,3 +275,30 @@ def test_warm_start_copies_a_saved_head_and_refuses_another_shape(target, tmp_pa
     rec = warm_start_record(tmp_path / "h1.safetensors")
     assert rec["path"] == "h1.safetensors" and rec["command"] == "train eagle --steps 1"
     assert rec["data"] == {"train_tokens": 123}
+
+
+def test_draft_vocabulary_loss_is_the_soft_ce_over_those_tokens(target, head):
+    """train.eagle's CE over a draft vocabulary: the head's log-softmax over the K tokens against the target's
+    distribution over the same K tokens from the true next feature; with K = V, the full soft CE."""
+    from minispec.train.eagle import eagle_loss, make_batch
+    from minispec.train.data import Sequence
+
+    model, tok = target
+    s = torch.tensor(generate(model, tok, "abcabc", max_new_tokens=16, chat=False).prompt_tokens
+                     + generate(model, tok, "abcabc", max_new_tokens=16, chat=False).tokens)
+    with torch.no_grad():
+        feats = [dict(hidden=model(s[None]).hidden[0].half())]
+    seqs = [Sequence(s, 3, "selfdistill")]
+    batch = make_batch(seqs, feats, [0])  # no stored top-k: zeros there, unused by this loss
+    full = model.lm_head.weight.detach()
+    ids = torch.tensor([1, 5, 7, 30, 99])
+    with torch.no_grad():
+        _, l1, ce, _ = eagle_loss(head, model, batch, 0.1, 1.0, 0.0, draft_head=full[ids])
+        tokens, hidden, _, _, mask = batch
+        pred = head(model.tok_emb(tokens[:, 1:]).float(), hidden[:, :-1], torch.arange(tokens.shape[1] - 1))
+        z, zt = pred[mask] @ full[ids].T, hidden[:, 1:][mask] @ full[ids].T
+        want = -(torch.softmax(zt, -1) * torch.log_softmax(z, -1)).sum(-1).mean()
+        torch.testing.assert_close(ce, want)
+        _, _, ce_v, _ = eagle_loss(head, model, batch, 0.1, 1.0, 0.0, draft_head=full)
+        zf, ztf = model.lm_head(pred[mask]), model.lm_head(hidden[:, 1:][mask])
+        torch.testing.assert_close(ce_v, -(torch.softmax(ztf, -1) * torch.log_softmax(zf, -1)).sum(-1).mean())

@@ -65,7 +65,8 @@ def make_batch(seqs, feats, idx: list[int]):
         when f_{j+1} exists and feeds a response token (j + 2 >= prompt_len).
     """
     T = max(len(seqs[i].tokens) for i in idx)
-    D, K = feats[idx[0]]["hidden"].shape[1], feats[idx[0]]["top_idx"].shape[1]
+    D = feats[idx[0]]["hidden"].shape[1]
+    K = max((feats[i]["top_idx"].shape[1] for i in idx if "top_idx" in feats[i]), default=1)  # self-distilled: none
     tokens = torch.zeros(len(idx), T, dtype=torch.long)
     hidden = torch.zeros(len(idx), T, D)
     top_idx = torch.zeros(len(idx), T, K, dtype=torch.long)
@@ -75,15 +76,22 @@ def make_batch(seqs, feats, idx: list[int]):
         n, P = len(seqs[i].tokens), seqs[i].prompt_len
         tokens[b, :n] = seqs[i].tokens
         hidden[b, :n] = feats[i]["hidden"].float()
-        top_idx[b, :n] = feats[i]["top_idx"].long()
-        top_logp[b, :n] = feats[i]["top_logp"].float()
+        if "top_idx" in feats[i]:
+            top_idx[b, :n] = feats[i]["top_idx"].long()
+            top_logp[b, :n] = feats[i]["top_logp"].float()
         mask[b, max(0, P - 2):n - 1] = True
     return tokens, hidden, top_idx, top_logp, mask
 
 
 def eagle_loss(head: EagleHead, target, batch, ce_weight: float, ce_frac: float, noise: float,
-               generator: torch.Generator | None = None):
-    """EAGLE-1 loss on one batch; returns (loss, smooth_l1, ce, top-1 acc on the CE positions)."""
+               generator: torch.Generator | None = None, draft_head: torch.Tensor | None = None):
+    """EAGLE-1 loss on one batch; returns (loss, smooth_l1, ce, top-1 acc on the CE positions).
+
+    ``draft_head`` [K, D]: the target's LM-head rows of the draft vocabulary (FR-Spec). Given, the CE
+    is taken where the head is used, over those K tokens only: the head's distribution over them
+    against the target's own (its logits from the true next feature, renormalised over the same K
+    tokens), which needs no stored top-k and costs K / V of the full-vocabulary CE. None: the
+    full-vocabulary CE against the stored top-k distribution."""
     tokens, hidden, top_idx, top_logp, mask = batch
     T = tokens.shape[1]
     with torch.no_grad():
@@ -97,6 +105,14 @@ def eagle_loss(head: EagleHead, target, batch, ce_weight: float, ce_frac: float,
     l1 = F.smooth_l1_loss(pred[mask], tgt[mask])
     pos = mask.nonzero()  # [M, 2]
     pick = pos[torch.randperm(len(pos), generator=generator)[:max(1, int(ce_frac * len(pos)))]]  # [N, 2]
+    if draft_head is not None:
+        z = pred[pick[:, 0], pick[:, 1]] @ draft_head.T  # [N, K] the head's logits over the draft vocabulary
+        with torch.no_grad():
+            zt = tgt[pick[:, 0], pick[:, 1]] @ draft_head.T  # [N, K] the target's, from f_{j+1}
+        p = torch.softmax(zt, -1)
+        ce = -(p * torch.log_softmax(z, -1)).sum(-1).mean()
+        acc = (z.argmax(-1) == zt.argmax(-1)).float().mean()
+        return l1 + ce_weight * ce, l1, ce, acc
     z = target.lm_head(pred[pick[:, 0], pick[:, 1]]).float()  # [N, V]
     ti, tl = top_idx[pick[:, 0], pick[:, 1] + 1], top_logp[pick[:, 0], pick[:, 1] + 1]  # [N, K] at f_{j+1}
     p = torch.softmax(tl, -1)  # the target's top-k distribution, renormalised
@@ -106,7 +122,7 @@ def eagle_loss(head: EagleHead, target, batch, ce_weight: float, ce_frac: float,
 
 
 def train_step(head, target, seqs, feats, idx: list[int], opt, ce_weight: float, ce_frac: float, noise: float,
-               generator: torch.Generator | None = None, clip: float = 1.0):
+               generator: torch.Generator | None = None, clip: float = 1.0, draft_head: torch.Tensor | None = None):
     """One optimizer step on the global batch ``idx``; returns (loss, smooth_l1, ce, acc, grad_norm).
 
     In a single process this is ``make_batch`` + ``eagle_loss`` + backward + clipping + AdamW step.
@@ -120,12 +136,13 @@ def train_step(head, target, seqs, feats, idx: list[int], opt, ce_weight: float,
     """
     world = ddp.world_size()
     if world == 1:
-        loss, l1, ce, acc = eagle_loss(head, target, make_batch(seqs, feats, idx), ce_weight, ce_frac, noise, generator)
+        loss, l1, ce, acc = eagle_loss(head, target, make_batch(seqs, feats, idx), ce_weight, ce_frac, noise, generator,
+                                       draft_head)
         opt.zero_grad(set_to_none=True)
         loss.backward()
     else:
         batch = make_batch(seqs, feats, ddp.shard(idx, ddp.rank(), world))
-        l1, ce, acc = eagle_loss(head, target, batch, ce_weight, ce_frac, noise, generator)[1:]
+        l1, ce, acc = eagle_loss(head, target, batch, ce_weight, ce_frac, noise, generator, draft_head)[1:]
         n = int(batch[4].sum())  # this rank's loss positions, and its CE positions as eagle_loss picks them
         counts = torch.tensor([n, max(1, int(ce_frac * n))], dtype=torch.float64)
         total = counts.clone()
@@ -142,6 +159,14 @@ def train_step(head, target, seqs, feats, idx: list[int], opt, ce_weight: float,
     return loss, l1, ce, acc, gnorm
 
 
+def greedy_tokens(target, feat: dict) -> torch.Tensor:
+    """[T] the target's greedy token after each position: the stored top-1, else the argmax of its LM
+    head on the stored features (self-distilled data keeps features only)."""
+    if "top_idx" in feat:
+        return feat["top_idx"][:, 0].long()
+    return target.lm_head(feat["hidden"].float()).argmax(-1)
+
+
 @torch.no_grad()
 def evaluate(head: EagleHead, target, seqs, feats, depth: int = 5, tau_seqs: int | None = None) -> dict:
     """Held-out acceptance (teacher-forced) and the greedy chain tau of depth ``depth``.
@@ -155,16 +180,16 @@ def evaluate(head: EagleHead, target, seqs, feats, depth: int = 5, tau_seqs: int
     head.eval()
     hits = total = 0
     for i in range(len(seqs)):
-        tokens, hidden, top_idx, _, mask = make_batch(seqs, feats, [i])
+        tokens, hidden, _, _, mask = make_batch(seqs, feats, [i])
         emb = target.tok_emb(tokens[:, 1:]).float()
         z = target.lm_head(head(emb, hidden[:, :-1], torch.arange(tokens.shape[1] - 1))[mask])  # [M, V]
-        hits += int((z.argmax(-1) == top_idx[:, 1:][mask][:, 0]).sum())
+        hits += int((z.argmax(-1) == greedy_tokens(target, feats[i])[1:][mask[0]]).sum())
         total += int(mask.sum())
     committed = forwards = 0
     drafter = EagleDrafter(target, head, tree=depth)
     for i in range(len(seqs) if tau_seqs is None else min(tau_seqs, len(seqs))):
         toks, P = seqs[i].tokens.tolist(), seqs[i].prompt_len
-        greedy = feats[i]["top_idx"][:, 0].tolist()  # greedy[t]: the target's token after toks[:t+1]
+        greedy = greedy_tokens(target, feats[i]).tolist()  # greedy[t]: the target's token after toks[:t+1]
         h = feats[i]["hidden"].float()
         drafter.prefill(toks[:P + 1], Features(h[:P]))  # the prefill emits toks[P], the first root
         t = P  # toks[t] is the root (committed); the drafter holds the features of toks[:t]
@@ -199,7 +224,15 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--ce-weight", type=float, default=0.1)
-    ap.add_argument("--ce-frac", type=float, default=0.125, help="fraction of loss positions with a CE term")
+    ap.add_argument("--ce-frac", type=float, default=None,
+                    help="fraction of loss positions with a CE term (default: 1 over the draft vocabulary, 0.125 "
+                         "over the full one)")
+    ap.add_argument("--draft-vocab", type=int, default=8192,
+                    help="CE over the K most frequent tokens, where the head drafts (FR-Spec; targets from the true "
+                         "next feature); 0: over the full vocabulary against the stored top-k")
+    ap.add_argument("--selfdistill-parts", type=int, default=0,
+                    help="add this many parts of python -m minispec.train.selfdistill (features recorded while the "
+                         "target decoded) to the training data")
     ap.add_argument("--noise", type=float, default=0.1, help="uniform feature noise U(-a, a) * std(f)")
     ap.add_argument("--init-layer", type=int, default=None,
                     help="copy this target layer's attention/MLP/post-norm into the head (default: random init, "
@@ -221,7 +254,28 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.init_layer is not None and args.init_from is not None:
         ap.error("--init-layer and --init-from both set the head's starting weights: choose one")
+    if args.ce_frac is None:
+        args.ce_frac = 1.0 if args.draft_vocab else 0.125
     return args
+
+
+def selfdistill_data(parts: int, max_len: int) -> tuple[list, list[dict]]:
+    """The first ``parts`` self-distilled parts (``minispec.train.selfdistill``) as training sequences and
+    features: each sequence loses its last token, whose feature the decoder had not computed yet."""
+    from .data import Sequence
+    from .selfdistill import existing_parts, part_path
+
+    folder = cache_dir() / "selfdistill"
+    have = existing_parts(folder)
+    if have < parts:
+        raise SystemExit(f"{folder} holds {have} parts, {parts} asked: run python -m minispec.train.selfdistill first")
+    seqs, feats = [], []
+    for i in range(parts):
+        for s in torch.load(part_path(folder, i), weights_only=True)["sequences"]:
+            n = min(len(s["tokens"]) - 1, max_len)
+            seqs.append(Sequence(s["tokens"][:n].long(), s["prompt_len"], "selfdistill"))
+            feats.append(dict(hidden=s["hidden"][:n]))
+    return seqs, feats
 
 
 def run_measure(args, target, tok, held, record: dict) -> dict:
@@ -302,6 +356,14 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     ftrain, fheld = eagle_features(target, train, held, args.topk)
     features_s = time.perf_counter() - t0
+    if args.selfdistill_parts:
+        sd, fsd = selfdistill_data(args.selfdistill_parts, args.max_len)
+        train, ftrain = train + sd, ftrain + fsd
+    draft_head = None
+    if args.draft_vocab:
+        from ..drafters.vocab import load_counts, top_tokens
+
+        draft_head = target.lm_head.weight[top_tokens(load_counts(), args.draft_vocab)].detach()  # [K, D]
     if ddp.is_main():
         ddp.barrier()
 
@@ -326,7 +388,8 @@ def main(argv=None) -> dict:
     per_epoch = len(train) // args.batch_size
     t0 = time.perf_counter() - train_s
     bar = tqdm(total=None if args.minutes else steps, initial=start, desc="eagle", disable=not ddp.is_main())
-    step = start
+    step, seen = start, 0  # seen: tokens of the sequences trained on since this process started
+    t_here = time.perf_counter()
     budget = args.minutes * 60
 
     def elapsed() -> float:  # under torchrun, rank 0's clock: every rank follows one schedule
@@ -348,7 +411,8 @@ def main(argv=None) -> dict:
         perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(args.seed * 100_003 + epoch))
         idx = perm[i * args.batch_size:(i + 1) * args.batch_size].tolist()
         loss, l1, ce, acc, gnorm = train_step(model, target, train, ftrain, idx, opt, args.ce_weight, args.ce_frac,
-                                              args.noise, gen)
+                                              args.noise, gen, draft_head=draft_head)
+        seen += sum(len(train[i].tokens) for i in idx)
         step += 1
         bar.update(1)
         bar.set_postfix(l1=f"{l1.item():.3f}", ce=f"{ce.item():.2f}", acc=f"{acc.item():.3f}")
@@ -359,7 +423,8 @@ def main(argv=None) -> dict:
             ev = evaluate(head, target, held, fheld, tau_seqs=args.eval_tau_seqs)
             history.append(dict(step=step, smooth_l1=l1.item(), ce=ce.item(), train_acc=acc.item(),
                                 grad_norm=gnorm.item(), heldout_acceptance=ev["acceptance"],
-                                heldout_tau_chain5=ev.get("tau_chain5"), train_s=round(time.perf_counter() - t0, 1)))
+                                heldout_tau_chain5=ev.get("tau_chain5"), train_s=round(time.perf_counter() - t0, 1),
+                                train_tokens_per_s=round(seen / (time.perf_counter() - t_here), 1)))
             bar.write(f"step {step}: held-out acceptance {ev['acceptance']:.3f}  tau(chain 5, "
                       f"{args.eval_tau_seqs} seqs) {ev.get('tau_chain5', float('nan')):.2f}")
         if step % args.ckpt_every == 0 and not stop:
@@ -382,13 +447,16 @@ def main(argv=None) -> dict:
         data=dict(train_sequences=len(train), train_tokens=n_tok(train),
                   train_distill_sequences=sum(s.source == "distill" for s in train),
                   train_sharegpt_sequences=sum(s.source == "sharegpt" for s in train),
+                  train_selfdistill_sequences=sum(s.source == "selfdistill" for s in train),
                   heldout_sequences=len(held), heldout_tokens=n_tok(held),
                   sources="self-distilled ShareGPT V3 (target greedy answers) + ShareGPT V3 own replies; "
                           "held-out = the distill cache's first 32 examples (distill_draft's held-out set)",
                   features_s=round(features_s, 1)),
         training=dict(steps=steps, epochs=round(steps * args.batch_size / len(train), 2),
                       optimizer="AdamW(0.9, 0.95)", schedule=f"linear warm-up {args.warmup}, cosine to 0.1*lr",
-                      loss=f"SmoothL1(feature) + {args.ce_weight} * soft CE(top-{args.topk}) on {args.ce_frac} of positions",
+                      loss=f"SmoothL1(feature) + {args.ce_weight} * soft CE " + (
+                          f"over the {args.draft_vocab} most frequent tokens (target distribution from the true next "
+                          f"feature)" if args.draft_vocab else f"(top-{args.topk})") + f" on {args.ce_frac} of positions",
                       train_s=round(train_s, 1), history=history),
         eval=dict(heldout_before_training=init_eval),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
