@@ -5,11 +5,20 @@ reference), ``split_torch`` and ``split_triton`` (mask-free prefix + masked tree
 log-sum-exp; ``minispec.attention``), ``flex`` (FlexAttention with a block mask) and ``causal``
 (SDPA's lower-right causal mask: the cost of attention without any tree, a floor).
 
-Per shape: the median time; the achieved bandwidth of the KV read (2 * B * Hkv * (ctx + T) * hd *
-bytes / time, K and V each read once); its share of a copy bandwidth measured in the same run; and
-every ratio between methods. On a GPU the inputs rotate among copies whose total exceeds twice
-the L2 cache, so each call reads its KV from HBM (cold L2), and repetitions are interleaved
-across methods so that a slow period of the machine hits all of them alike.
+Per shape: the median time per call; the achieved bandwidth of the KV read (2 * B * Hkv * (ctx +
+T) * hd * bytes / time, K and V each read once); its share of a copy bandwidth measured in the
+same run; every ratio between methods; the SDPA kernel the dense and causal calls land on
+(``sdpa_backend``: flash / efficient / math on CUDA). Each timing is one CUDA event pair around
+``calls`` back-to-back calls (per-call time reported), so that a small shape measures the GPU's
+work rather than one launch's latency; before it, outside the timed region, a buffer twice the
+L2 cache is overwritten (``timed``'s ``flush``), and the calls read distinct input copies, so
+every call reads its KV from HBM (cold L2) even where all the copies together fit in L2 (B = 1,
+ctx 512: 16 copies are ~35 MB against the H100's 50 MB). Repetitions are interleaved across
+methods so that a slow period of the machine hits all of them alike. A shape that fails (e.g.
+out of memory) is recorded as a row with its ``error``; the grid goes on with the next shape.
+
+On a CPU the same functions run (the flush is a plain tensor write, timing uses
+``time.perf_counter``); what only a GPU shows is the timings themselves.
 
 ``benchmarks/bench_attention.py`` (a command line) and ``python -m minispec gpu-suite`` both run
 ``run_grid``. With a ``deadline`` it stops adding shapes when time runs out and lists the rest.
@@ -31,9 +40,10 @@ import warnings
 
 import torch
 
-from .attention import dense_attention, split_attention, triton_available
+from .attention import dense_attention, dense_backend, sdpa_backend, split_attention, triton_available
 
 L2_BYTES = 50 * 2**20  # H100 / H200: 50 MiB (used when torch does not report the L2 size)
+CALLS = 8  # back-to-back calls per timing on a GPU (at most the number of input copies)
 
 
 def l2_bytes(device: torch.device) -> int:
@@ -56,18 +66,40 @@ def tree_mask(T: int, B: int, g: torch.Generator) -> torch.Tensor:
     return out
 
 
-def timed(fn, device: torch.device) -> float:
-    """Seconds of one call of ``fn``: CUDA events on a GPU, ``time.perf_counter`` on a CPU."""
+def flush_buffer(device: torch.device) -> torch.Tensor:
+    """A buffer whose overwrite evicts the L2 cache: twice its size on a GPU; 1 MiB on a CPU (the same
+    code path; CPU caches are not what the grid measures)."""
+    nbytes = 2 * l2_bytes(device) if device.type == "cuda" else 1 << 20
+    return torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+
+
+def timed(fn, device: torch.device, calls: int = 1, flush: torch.Tensor | None = None) -> float:
+    """Seconds per call of ``fn`` over ``calls`` back-to-back calls.
+
+    Args:
+        fn: the work (no arguments); called ``calls`` times.
+        device: CUDA: one event pair around all the calls (GPU time, launches overlapped);
+            else ``time.perf_counter``.
+        calls: back-to-back calls in the timed region.
+        flush: a buffer larger than the L2 cache, overwritten before the timed region (so the
+            first call finds nothing of its inputs in L2), or None.
+    Returns:
+        the elapsed time divided by ``calls``.
+    """
+    if flush is not None:
+        flush.fill_(1.0)  # a write, not a read: evicts the L2's lines; queued before the start event
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / 1e3
+        return start.elapsed_time(end) / 1e3 / calls
     t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
 
 
 def copy_bandwidth(device: torch.device, nbytes: int | None = None, reps: int = 12) -> float:
@@ -121,8 +153,11 @@ def _inputs(B, H, Hkv, hd, S, T, copies, device, dtype, g):
     return [tuple(torch.randn(*s, generator=g).to(device, dtype) for s in shapes) for _ in range(copies)]
 
 
-def run_shape(B, H, Hkv, hd, P, T, device, dtype, reps, methods_ok, flex, max_gb, notes):
-    """Time every available method on one shape; returns the shape's result row (see module doc)."""
+def run_shape(B, H, Hkv, hd, P, T, device, dtype, reps, methods_ok, flex, max_gb, notes, flush=None):
+    """Time every available method on one shape; returns the shape's result row (see module doc).
+
+    A method that fails in its warm-up is dropped from the row and its error kept in ``failed``;
+    an error while timing propagates (``run_grid`` records it as the shape's error)."""
     S = P + T
     g = torch.Generator().manual_seed(P * 131 + T * 7 + B)
     kv_bytes = 2 * B * Hkv * S * hd * torch.finfo(dtype).bits // 8
@@ -154,29 +189,37 @@ def run_shape(B, H, Hkv, hd, P, T, device, dtype, reps, methods_ok, flex, max_gb
             fns["flex"] = lambda q, k, v: flex_attention(q, k, v, block_mask=bm, enable_gqa=H != Hkv)
         except Exception as e:  # noqa: BLE001  (a torch version without support for these shapes)
             notes.add(f"FlexAttention skipped: {type(e).__name__}: {str(e)[:120]}")
-    ref = fns["dense"](*inputs[0]).float()
-    err = {}
-    for name, fn in list(fns.items()):
+    ref = out = None
+    err, failed = {}, {}
+    for name, fn in list(fns.items()):  # "dense" first: the reference of the others
         try:
             for _ in range(2):  # warm-up: compilation, autotuning, allocator
                 out = fn(*inputs[0])
-            if name != "causal":
+            if name == "dense":
+                ref = out.float()
+            elif name != "causal" and ref is not None:
                 err[name] = (out.float() - ref).abs().max().item()
-        except Exception as e:  # noqa: BLE001
-            notes.add(f"{name} failed at B={B} ctx={P} T={T}: {type(e).__name__}: {str(e)[:160]}")
+        except Exception as e:  # noqa: BLE001  (e.g. out of memory in one method: time the others)
+            failed[name] = f"{type(e).__name__}: {str(e)[:160]}"
+            notes.add(f"{name} failed at B={B} ctx={P} T={T}: {failed[name]}")
             del fns[name]
+    ref = out = None  # free the warm-up outputs before timing
     if device.type == "cuda":
         torch.cuda.synchronize()
+    calls = min(copies, CALLS) if device.type == "cuda" else 1
+    nxt = itertools.cycle(range(copies))  # the calls of one timing read distinct copies
     times = {name: [] for name in fns}
-    for r in range(reps):
+    for _ in range(reps):
         for name, fn in fns.items():  # interleaved: every method sees the same machine state
-            times[name].append(timed(lambda: fn(*inputs[r % copies]), device))
+            times[name].append(timed(lambda: fn(*inputs[next(nxt)]), device, calls, flush))
     med = {name: statistics.median(ts) for name, ts in times.items()}
+    q, k, _ = inputs[0]
+    backend = dict(dense=dense_backend(q, k, full), causal=sdpa_backend(q, k, None, is_causal=T == S))
     return dict(batch=B, ctx=P, tree=T, heads=H, kv_heads=Hkv, head_dim=hd, dtype=str(dtype).replace("torch.", ""),
-                kv_bytes=kv_bytes, input_copies=copies, reps=reps, median_s=med,
+                kv_bytes=kv_bytes, input_copies=copies, calls_per_timing=calls, reps=reps, median_s=med,
                 kv_GBps={n: kv_bytes / t / 1e9 for n, t in med.items()},
                 ratio={n: {m: med[n] / med[m] for m in med if m != n} for n in med},
-                max_abs_err_vs_dense=err)
+                max_abs_err_vs_dense=err, sdpa_backend=backend, failed=failed)
 
 
 def coarse_first(*axes):
@@ -198,10 +241,12 @@ def run_grid(device, dtype, batches, ctxs, trees, heads=(32, 8, 128), reps=30, m
         reps: timed repetitions per method and shape.
         max_gb: skip split_torch where its fp32 score matrices would exceed this.
         deadline: ``time.perf_counter()`` value after which no new shape starts (None: no limit).
-        on_row: called with each result row as it is measured (printing).
+        on_row: called with each result row as it is measured (printing); not with failed shapes.
         bandwidth: a copy bandwidth (GB/s) measured earlier in the same run; measured here if None.
     Returns:
-        dict(copy_bandwidth_GBps, notes, results=[rows], skipped=[{batch, ctx, tree}], order).
+        dict(copy_bandwidth_GBps, notes, results=[rows], skipped=[{batch, ctx, tree}], order,
+        l2_flush_bytes). A shape that raised (out of memory, say) is a row {batch, ctx, tree, ...,
+        error}; the rows measured before and after it are kept.
     """
     device = torch.device(device)
     H, Hkv, hd = heads
@@ -217,6 +262,7 @@ def run_grid(device, dtype, batches, ctxs, trees, heads=(32, 8, 128), reps=30, m
     if why:
         notes.add(why)
     bw = bandwidth if bandwidth is not None else copy_bandwidth(device)
+    flush = flush_buffer(device)
     rows, skipped = [], []
     order = "coarse-first" if deadline is not None else "batch, ctx, tree"
     points = coarse_first(batches, ctxs, trees) if deadline is not None else itertools.product(batches, ctxs, trees)
@@ -224,13 +270,21 @@ def run_grid(device, dtype, batches, ctxs, trees, heads=(32, 8, 128), reps=30, m
         if deadline is not None and time.perf_counter() > deadline:
             skipped.append(dict(batch=B, ctx=P, tree=T))
             continue
-        r = run_shape(B, H, Hkv, hd, P, T, device, dtype, reps, methods_ok, flex, max_gb, notes)
-        r["copy_share"] = {n: g / bw for n, g in r["kv_GBps"].items()}
+        try:
+            r = run_shape(B, H, Hkv, hd, P, T, device, dtype, reps, methods_ok, flex, max_gb, notes, flush)
+        except Exception as e:  # noqa: BLE001  (one shape out of memory must not cost the rows measured)
+            r = dict(batch=B, ctx=P, tree=T, heads=H, kv_heads=Hkv, head_dim=hd,
+                     dtype=str(dtype).replace("torch.", ""), error=f"{type(e).__name__}: {str(e)[:300]}")
+        if "error" not in r:
+            r["copy_share"] = {n: g / bw for n, g in r["kv_GBps"].items()}
+            if on_row is not None:
+                on_row(r)
         rows.append(r)
-        if on_row is not None:
-            on_row(r)
         if device.type == "cuda":
-            torch.cuda.empty_cache()  # the next shape's inputs may be several GB
+            torch.cuda.empty_cache()  # the next shape's inputs may be several GB (and after an OOM)
     if skipped:
         notes.add(f"{len(skipped)} shapes skipped: the time budget ran out (listed in 'skipped')")
-    return dict(copy_bandwidth_GBps=bw, notes=sorted(notes), results=rows, skipped=skipped, order=order)
+    if failed := sum("error" in r for r in rows):
+        notes.add(f"{failed} shapes failed: their rows hold the 'error'")
+    return dict(copy_bandwidth_GBps=bw, notes=sorted(notes), results=rows, skipped=skipped, order=order,
+                l2_flush_bytes=flush.numel() * 4)

@@ -19,19 +19,26 @@ reports it, or the CPU's), the versions, the settings and ``smoke``:
                          tau and speedup next to the cost model's prediction
     suite.json           the index: sections, seconds, errors, what the time budget skipped
 
-A time budget (``--budget-s``, default 510 s) gives each section a deadline; a section stops
-adding points at its deadline and lists what it skipped. ``--smoke`` runs the same code paths on
-the CPU with tiny shapes in well under a minute (CI runs it); its files say ``smoke: true`` and
-name the CPU: no smoke figure is a GPU figure.
+A time budget (``--budget-s``, default 510 s, the whole run) gives each measurement section a
+deadline, a share of the time the GPU tests left; a section stops adding points at its deadline
+and lists what it skipped. The GPU tests have their own fixed budget (``--tests-s``, default
+150 s): a fresh process that imports torch, starts CUDA and JIT-compiles the Triton kernels
+(~8 variants) needs minutes, not what a fraction of the budget would leave it. They first check
+their prerequisites (pytest, the ``dev`` extra; a C compiler, which Triton needs to build its
+launcher; CUDA) and, where one is missing, record which in gpu_tests.json instead of running.
+``--smoke`` runs the same code paths on the CPU with tiny shapes in well under a minute (CI
+runs it); its files say ``smoke: true`` and name the CPU: no smoke figure is a GPU figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -42,8 +49,30 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("gpu_tests", "copy_bandwidth", "attention_grid", "cuda_graphs", "llama_latency", "llama_speedup")
-DEADLINES = dict(gpu_tests=0.15, copy_bandwidth=0.16, attention_grid=0.55, cuda_graphs=0.64, llama_latency=0.88,
-                 llama_speedup=0.98)  # fraction of the budget by which each section must stop starting work
+TESTS_S = 150.0  # the GPU tests' own budget (seconds), outside the measurement sections' deadlines
+DEADLINES = dict(copy_bandwidth=0.02, attention_grid=0.47, cuda_graphs=0.58, llama_latency=0.86,
+                 llama_speedup=0.98)  # fraction of the time left after the GPU tests by which each must stop
+COMPILERS = ("cc", "gcc", "clang")
+
+
+def missing_prerequisites(cuda: bool = True) -> list[str]:
+    """What ``pytest -m gpu`` needs and this machine lacks (empty: all there).
+
+    Args:
+        cuda: also need a CUDA GPU and a C compiler (Triton builds its launcher with one); the
+            smoke run's tests skip their GPU parts and run Triton in its interpreter, so only
+            pytest is needed there.
+    Returns:
+        one line per missing prerequisite, saying how to get it.
+    """
+    missing = []
+    if importlib.util.find_spec("pytest") is None:
+        missing.append("pytest: install the dev extra (pip install -e '.[dev]')")
+    if cuda and not any(shutil.which(c) for c in COMPILERS):
+        missing.append(f"a C compiler ({', '.join(COMPILERS)} on PATH): Triton compiles its launcher with it")
+    if cuda and not torch.cuda.is_available():
+        missing.append("CUDA: torch.cuda.is_available() is False")
+    return missing
 
 
 def settings(smoke: bool) -> dict:
@@ -75,18 +104,22 @@ def device_name(device: torch.device) -> str:
 class Suite:
     """Runs the sections in order under one time budget and writes their JSON files."""
 
-    def __init__(self, out: Path, smoke: bool, budget_s: float):
-        self.out, self.smoke, self.budget_s = out, smoke, budget_s
+    def __init__(self, out: Path, smoke: bool, budget_s: float, tests_s: float = TESTS_S):
+        self.out, self.smoke, self.budget_s, self.tests_s = out, smoke, budget_s, tests_s
         self.device = torch.device("cpu" if smoke else "cuda")
         self.dtype = getattr(torch, settings(smoke)["dtype"])
         self.s = settings(smoke)
-        self.t0 = time.perf_counter()
+        self.t0 = self.t_measure = time.perf_counter()  # t_measure: when the measurement sections start
         self.index: dict[str, dict] = {}
         self.bandwidth: float | None = None
         self.models: dict[str, torch.nn.Module] = {}
 
     def deadline(self, section: str) -> float:
-        return self.t0 + DEADLINES[section] * self.budget_s
+        """GPU tests: their own ``tests_s``; the others: a share of the budget the tests left."""
+        if section == "gpu_tests":
+            return time.perf_counter() + self.tests_s
+        left = max(0.0, self.budget_s - (self.t_measure - self.t0))
+        return self.t_measure + DEADLINES[section] * left
 
     def write(self, name: str, payload: dict) -> Path:
         from .benchinfo import device_info, versions
@@ -112,29 +145,39 @@ class Suite:
                 continue
             try:
                 payload = getattr(self, name)()
-                status = "error" if payload.get("errors") else "ok"
+                status = "error" if payload.get("errors") else "skipped" if payload.get("missing") else "ok"
                 self.index[name] = dict(status=status, file=self.write(name, payload).name)
+                if status == "skipped":
+                    self.index[name]["why"] = "missing: " + "; ".join(payload["missing"])
             except Exception as e:  # noqa: BLE001  (one broken section must not cost the others' figures)
                 err = "".join(traceback.format_exception(e))[-3000:]
                 self.index[name] = dict(status="error", file=self.write(name, dict(error=err)).name)
             self.index[name]["seconds"] = time.perf_counter() - t
+            if name == "gpu_tests":
+                self.t_measure = time.perf_counter()  # the measurements share what the tests left
             print(f"[gpu-suite] {name}: {self.index[name]['status']} ({self.index[name]['seconds']:.1f} s)", flush=True)
         self.models.clear()
-        self.write("suite", dict(budget_s=self.budget_s, elapsed_s=time.perf_counter() - self.t0, settings=self.s,
-                                 sections=self.index))
+        self.write("suite", dict(budget_s=self.budget_s, tests_s=self.tests_s, elapsed_s=time.perf_counter() - self.t0,
+                                 settings=self.s, sections=self.index))
         return 1 if any(v["status"] == "error" for v in self.index.values()) else 0
 
     # ------------------------------------------------------------------ sections
     def gpu_tests(self) -> dict:
-        """``pytest -m gpu`` over the test files that mark GPU tests; on a CPU they all skip."""
+        """``pytest -m gpu`` over the test files that mark GPU tests, in ``tests_s`` seconds; on a CPU
+        they all skip. With a prerequisite missing (``missing_prerequisites``) nothing runs and the
+        JSON says what is missing."""
         tests = ROOT / "tests"
         if not tests.is_dir():
             return dict(errors=["tests/ not found: run from a checkout of the repository"])
         files = sorted(str(f) for f in tests.glob("test_*.py")
                        if "pytest.mark.gpu" in f.read_text() and f.name != "test_gpu_suite.py")
         cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-p", "no:xdist", *files]
+        timeout = self.tests_s
+        settings = dict(marker="gpu", command="python " + " ".join(cmd[1:]), timeout_s=timeout,
+                        files=[Path(f).name for f in files])
+        if missing := missing_prerequisites(cuda=not self.smoke):
+            return dict(settings=settings, missing=missing, errors=[])
         env = dict(os.environ, OMP_NUM_THREADS="1") if self.smoke else dict(os.environ)
-        timeout = max(60.0, self.deadline("gpu_tests") - time.perf_counter())
         t = time.perf_counter()
         try:
             p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -144,10 +187,8 @@ class Suite:
         counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)",
                                                      out.strip().splitlines()[-1] if out.strip() else "")}
         ok = rc in (0, 5) and not counts.get("failed") and not counts.get("error") and not counts.get("errors")
-        return dict(settings=dict(marker="gpu", command="python " + " ".join(cmd[1:]), timeout_s=timeout,
-                                  files=[Path(f).name for f in files]), returncode=rc, counts=counts,
-                    seconds=time.perf_counter() - t, output_tail=out[-4000:],
-                    errors=[] if ok else [f"pytest returned {rc}: {counts}"])
+        return dict(settings=settings, missing=[], returncode=rc, counts=counts, seconds=time.perf_counter() - t,
+                    output_tail=out[-4000:], errors=[] if ok else [f"pytest returned {rc}: {counts}"])
 
     def copy_bandwidth(self) -> dict:
         from .attention_grid import copy_bandwidth
@@ -167,8 +208,9 @@ class Suite:
         a = self.s["attention"]
         grid = run_grid(self.device, self.dtype, a["batch"], a["ctx"], a["tree"], tuple(a["heads"]), a["reps"],
                         deadline=self.deadline("attention_grid"), bandwidth=self._bw())
-        return dict(settings=dict(a, dtype=str(self.dtype), timing="median; interleaved repetitions" + (
-            "; cold L2 by rotating input copies; CUDA events" if self.device.type == "cuda" else "; perf_counter"),
+        return dict(settings=dict(a, dtype=str(self.dtype), timing="median per call; interleaved repetitions" + (
+            "; L2 flushed before each timing, its back-to-back calls on distinct input copies; CUDA events"
+            if self.device.type == "cuda" else "; perf_counter"),
             triton_interpret=os.environ.get("TRITON_INTERPRET") == "1"), **grid)
 
     def _model(self, role: str):
@@ -258,6 +300,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, type=Path, help="directory for the JSON files")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: the same code paths, for CI")
     ap.add_argument("--budget-s", type=float, default=510.0, help="time budget in seconds (default 510: 8.5 minutes)")
+    ap.add_argument("--tests-s", type=float, default=TESTS_S,
+                    help=f"the GPU tests' own time limit in seconds (default {TESTS_S:.0f})")
     ap.add_argument("--only", default=None, help=f"comma list of sections (default all: {','.join(SECTIONS)})")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads for --smoke (default: one per idle core)")
     args = ap.parse_args(argv)
@@ -274,6 +318,6 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads or default_threads())
         if "triton" not in sys.modules:  # run the Triton kernels in the interpreter: the same code path on CPU
             os.environ.setdefault("TRITON_INTERPRET", "1")
-    rc = Suite(args.out, args.smoke, args.budget_s).run(sections)
+    rc = Suite(args.out, args.smoke, args.budget_s, args.tests_s).run(sections)
     print(f"[gpu-suite] wrote {args.out}/*.json" + ("" if rc == 0 else " (with errors: see suite.json)"))
     return rc

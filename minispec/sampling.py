@@ -106,18 +106,30 @@ def probs(logits: torch.Tensor, params: SamplingParams | None = None, **kwargs) 
     return torch.softmax(process_logits(logits, params), dim=-1)
 
 
+def draw_device(p: torch.Tensor, generator: torch.Generator | None) -> torch.device:
+    """Where ``sample`` draws: on the generator's device (torch.multinomial needs the probabilities
+    there), else on p's own (torch's default generator of that device)."""
+    return generator.device if generator is not None else p.device
+
+
 def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token per row from a distribution.
 
+    The draw happens on the generator's device (``draw_device``): with generate's CPU generator
+    and probabilities on a GPU, the probabilities are copied to the CPU (V floats per row, as
+    ``verify.TorchChooser`` does) and the token comes back to p's device. So a seed gives the
+    same tokens from the same probabilities on any device, and the CPU path is unchanged, bit
+    for bit. Only a GPU shows the copy's cost.
+
     Args:
         p: [..., V] probabilities (need not be exactly normalised).
-        generator: optional torch.Generator for reproducibility.
+        generator: optional torch.Generator for reproducibility, on any device.
     Returns:
-        [...] int64 token ids.
+        [...] int64 token ids on p's device.
     """
-    flat = p.reshape(-1, p.shape[-1]).float()  # [N, V]
+    flat = p.reshape(-1, p.shape[-1]).float().to(draw_device(p, generator))  # [N, V]
     ids = torch.multinomial(flat, 1, generator=generator)  # [N, 1]
-    return ids.reshape(p.shape[:-1])
+    return ids.to(p.device).reshape(p.shape[:-1])
 
 
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:

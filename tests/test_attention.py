@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from minispec import generate, load
-from minispec.attention import BACKENDS, attend, dense_attention, merge, prefix_attention, split_attention, \
-    suffix_attention, triton_available
+from minispec.attention import BACKENDS, attend, dense_attention, dense_backend, expand_kv, merge, prefix_attention, \
+    sdpa_backend, split_attention, suffix_attention, triton_available
+from minispec.attention.reference import dense_sdpa_inputs
 from minispec.drafters import Drafter, PromptLookup
 from minispec.tree import Tree
 
@@ -395,3 +396,183 @@ def test_ch06_checks_catch_wrong_answers(ex_id, overrides, needle):
     passed, msg = ex.run(_ch06_with(**overrides))
     assert not passed
     assert msg.startswith(f"Exercise {ex_id} {ex.name}: ") and needle in msg, msg
+
+
+# --------------------------------------------------------------------------- SDPA's kernel under a mask (GQA)
+def test_expand_kv_is_repeat_interleave():
+    k = torch.randn(2, 3, 5, 8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(expand_kv(k, 12), k.repeat_interleave(4, 1))  # head h reads KV head h // 4
+
+
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_dense_attention_under_a_mask_expands_kv_and_equals_gqa(per_batch):
+    """The expanded path dense_attention takes with a mask and Hkv < H gives SDPA's GQA answer."""
+    B, H, Hkv, T, P, hd = 2, 8, 2, 6, 21, 16
+    q, k, v, mask = make_case(B, H, Hkv, T, P, hd, seed=12, per_batch_mask=per_batch)
+    tm = mask if mask.dim() == 3 else mask[None]
+    full = torch.cat([torch.ones(tm.shape[0], T, P, dtype=torch.bool), tm], -1)[:, None]  # [B|1, 1, T, S]
+    k_in, v_in = dense_sdpa_inputs(q, k, v, full)
+    assert k_in.shape == v_in.shape == (B, H, P + T, hd)  # expanded to the query heads
+    assert dense_sdpa_inputs(q, k, v, None)[0] is k  # no mask: SDPA's own GQA (flash can take it)
+    got = dense_attention(q, k, v, full)
+    gqa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=full, enable_gqa=True)
+    assert torch.allclose(got, gqa, atol=1e-6, rtol=1e-5)
+    assert (got.double() - dense64(q, k, v, P, mask)).abs().max() < 1e-5
+
+
+def _meta(B, H, T, hd, dtype):
+    return torch.empty(B, H, T, hd, dtype=dtype, device="meta")  # shapes only: the rules read no data
+
+
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+SDPA_RULES = [  # (dtype, H, Hkv, T, S, hd, mask?, is_causal, capability) -> backend, by PyTorch's documented rules
+    ((BF16, 32, 8, 16, 1040, 128, False, False, (9, 0)), "flash"),  # no mask: flash, GQA and all
+    ((BF16, 32, 8, 16, 1040, 128, True, False, (9, 0)), "math"),  # the defect: mask + GQA -> math
+    ((BF16, 32, 32, 16, 1040, 128, True, False, (9, 0)), "efficient"),  # the fix: K / V expanded
+    ((F32, 32, 32, 16, 1040, 128, False, False, (9, 0)), "efficient"),  # flash takes no fp32
+    ((F32, 32, 8, 16, 1040, 128, False, False, (9, 0)), "math"),  # fp32 with GQA: efficient has none
+    ((BF16, 8, 8, 16, 1040, 264, False, False, (9, 0)), "efficient"),  # head dim past flash's 256
+    ((BF16, 8, 8, 16, 1040, 260, False, False, (9, 0)), "math"),  # ... and not a multiple of 8
+    ((BF16, 8, 8, 16, 1040, 64, False, True, (9, 0)), "efficient"),  # is_causal with T != S: not flash
+    ((BF16, 8, 8, 16, 16, 64, False, True, (9, 0)), "flash"),
+    ((F16, 8, 8, 16, 1040, 64, False, False, (7, 5)), "efficient"),  # Turing: no flash
+    ((BF16, 8, 8, 16, 1040, 64, False, False, (7, 5)), "math"),  # ... and no bf16
+]
+
+
+@pytest.mark.parametrize("case, want", SDPA_RULES, ids=[f"{w}-{i}" for i, (_, w) in enumerate(SDPA_RULES)])
+def test_sdpa_backend_rules_for_cuda_inputs(case, want):
+    dtype, H, Hkv, T, S, hd, masked, is_causal, cap = case
+    q, k = _meta(2, H, T, hd, dtype), _meta(2, Hkv, S, hd, dtype)
+    mask = torch.ones(T, S, dtype=torch.bool) if masked else None
+    assert sdpa_backend(q, k, mask, is_causal, device_type="cuda", capability=cap) == want
+    assert sdpa_backend(q, k, mask, is_causal) == "cpu"  # a non-CUDA device: not modelled
+
+
+def test_dense_backend_names_the_kernel_after_expansion():
+    q, k = _meta(4, 32, 16, 128, BF16), _meta(4, 8, 1040, 128, BF16)
+    mask = torch.ones(4, 1, 16, 1040, dtype=torch.bool)
+    assert dense_backend(q, k, mask, device_type="cuda", capability=(9, 0)) == "efficient"  # not math
+    assert dense_backend(q, k, None, device_type="cuda", capability=(9, 0)) == "flash"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case, want", SDPA_RULES[:9], ids=[f"{w}-{i}" for i, (_, w) in enumerate(SDPA_RULES[:9])])
+def test_gpu_sdpa_backend_rules(case, want):
+    """On this GPU: the predicted kernel runs alone, and the kernels PyTorch tries before it refuse."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dtype, H, Hkv, T, S, hd, masked, is_causal, _ = case
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(2, H, T, hd, dtype=dtype, device="cuda", generator=g)
+    k, v = (torch.randn(2, Hkv, S, hd, dtype=dtype, device="cuda", generator=g) for _ in range(2))
+    mask = torch.ones(T, S, dtype=torch.bool, device="cuda") if masked else None
+    if sdpa_backend(q, k, mask, is_causal) != want:
+        pytest.skip(f"this GPU's capability {torch.cuda.get_device_capability()} gives another prediction")
+    kernels = dict(flash=SDPBackend.FLASH_ATTENTION, efficient=SDPBackend.EFFICIENT_ATTENTION, math=SDPBackend.MATH)
+    order = list(kernels)
+
+    def run(name):
+        with sdpa_kernel([kernels[name]]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                                                    enable_gqa=H != Hkv)
+    run(want)
+    for earlier in order[:order.index(want)]:
+        with pytest.raises(RuntimeError):
+            run(earlier)
+
+
+# --------------------------------------------------------------------------- Triton: fp32 precision and tiles
+def test_launch_config_fp32_takes_smaller_tiles_and_fewer_stages():
+    from minispec.attention.triton_split import launch_config
+
+    bf16, fp32 = (launch_config(dt, 128, 64, gpu=True) for dt in (torch.bfloat16, torch.float32))
+    assert (bf16["BLOCK_N"], bf16["num_stages"]) == (64, 3)
+    assert (fp32["BLOCK_N"], fp32["num_stages"]) == (32, 2)
+
+    def kv_smem(cfg, itemsize):  # K and V tiles over the pipeline's stages
+        return cfg["num_stages"] * 2 * cfg["BLOCK_N"] * cfg["BLOCK_D"] * itemsize
+
+    assert kv_smem(fp32, 4) == 64 * 1024 < kv_smem(bf16, 4) == 192 * 1024  # fp32 in the 2-byte tiles: 192 KiB
+    assert launch_config(torch.float32, 128, 64, gpu=True, block_m=16, block_n=16)["BLOCK_N"] == 16  # overrides
+    assert launch_config(torch.bfloat16, 128, 64, gpu=False)["BLOCK_N"] == 32  # interpreter
+
+
+@needs_triton
+def test_triton_fp32_hd128_matches_float64():
+    """fp32 with head dim 128 through the fp32 launch config: within 1e-5 of float64 (IEEE products; a
+    GPU's TF32 default would be ~1e-3 off, which only test_gpu_fp32_matches_float64 can show)."""
+    from minispec.attention.triton_split import split_attention_triton
+
+    q, k, v, mask = make_case(2, 4, 2, 5, 70, 128, seed=13, per_batch_mask=True)
+    got = split_attention_triton(q, k, v, 70, mask)
+    assert (got.double() - dense64(q, k, v, 70, mask)).abs().max() < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_fp32_matches_float64():
+    """On a GPU, fp32 kernels multiply in IEEE precision: the interpreter's 1e-5 holds there too."""
+    from minispec.attention.triton_split import split_attention_triton
+
+    q, k, v, mask = make_case(2, 32, 8, 16, 1000, 128, seed=14)
+    want = dense64(q, k, v, 1000, mask)
+    got = split_attention_triton(q.cuda(), k.cuda(), v.cuda(), 1000, mask.cuda())
+    assert (got.double().cpu() - want).abs().max() < 1e-5
+
+
+# --------------------------------------------------------------------------- Triton: per-row prefix lengths
+@needs_triton
+def test_triton_split_per_row_prefix_lengths_tensor():
+    """Prefix lengths as a tensor [B]: each row equals the PyTorch split over its own prefix."""
+    from minispec.attention.triton_split import split_attention_triton, workspace_numel
+
+    B, H, Hkv, T, hd, S = 4, 4, 2, 5, 16, 60
+    g = torch.Generator().manual_seed(15)
+    q = torch.randn(B, H, T, hd, generator=g)
+    k, v = torch.randn(B, Hkv, S, hd, generator=g), torch.randn(B, Hkv, S, hd, generator=g)
+    mask = torch.stack([random_tree_mask(T, g) for _ in range(B)])  # [B, T, T]
+    lens = torch.tensor([0, 1, 33, S - T], dtype=torch.int32)
+    out, ws = torch.empty(B, H, T, hd), torch.empty(workspace_numel(B, H, T, hd, 3))
+    for prefix, kw in ((lens, {}), (lens.long(), {}), (lens, dict(num_splits=3, out=out, workspace=ws))):
+        got = split_attention_triton(q, k, v, prefix, mask, **kw)
+        for b, P in enumerate(lens.tolist()):
+            kb, vb = k[b:b + 1, :, :P + T], v[b:b + 1, :, :P + T]  # row b's keys: its prefix, then its tree
+            want = split_attention(q[b:b + 1], kb, vb, P, mask[b])
+            assert (got[b:b + 1] - want).abs().max() < 1e-5, (b, P, kw)
+    assert got is out
+    with pytest.raises(ValueError, match="must fit"):
+        split_attention_triton(q, k, v, torch.tensor([0, 1, 2, S - T + 1]), mask)
+    with pytest.raises(ValueError, match=r"integer \[B=4\]"):
+        split_attention_triton(q, k, v, torch.tensor([3, 4]), mask)
+    with pytest.raises(ValueError, match="workspace"):
+        split_attention_triton(q, k, v, lens, mask, num_splits=3, workspace=ws[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_split_triton_graph_replays_with_new_prefix_lengths():
+    """Captured once in a CUDA graph, the kernels read the lengths from the device: new lengths, same graph."""
+    from minispec.attention.triton_split import split_attention_triton, workspace_numel
+
+    B, H, Hkv, T, hd, S, ns = 2, 8, 2, 4, 64, 300, 4
+    g = torch.Generator().manual_seed(16)
+    q = torch.randn(B, H, T, hd, generator=g).cuda()
+    k, v = torch.randn(B, Hkv, S, hd, generator=g).cuda(), torch.randn(B, Hkv, S, hd, generator=g).cuda()
+    mask = torch.ones(T, T, dtype=torch.bool, device="cuda").tril()
+    lens = torch.tensor([100, 250], dtype=torch.int32, device="cuda")
+    out, ws = torch.empty_like(q), torch.empty(workspace_numel(B, H, T, hd, ns), device="cuda")
+    run = lambda: split_attention_triton(q, k, v, lens, mask, num_splits=ns, out=out, workspace=ws)  # noqa: E731
+    run()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for new in ([100, 250], [7, S - T], [0, 0]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        for b, P in enumerate(new):
+            want = split_attention(q[b:b + 1], k[b:b + 1, :, :P + T], v[b:b + 1, :, :P + T], P, mask)
+            assert (out[b:b + 1] - want).abs().max() < 1e-4, (new, b)

@@ -95,3 +95,107 @@ def test_unknown_section_and_missing_gpu_are_errors(tmp_path, capsys):
     if not torch.cuda.is_available():
         assert main(["gpu-suite", "--out", str(tmp_path)]) == 2
         assert "--smoke" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the GPU tests' prerequisites and budget
+def test_missing_prerequisites_names_each_one(monkeypatch):
+    import importlib.util
+
+    from minispec import gpu_suite
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(gpu_suite.shutil, "which", lambda name: None)  # no cc, gcc or clang on PATH
+    monkeypatch.setattr(gpu_suite.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "pytest" else real_find_spec(name, *a))
+    monkeypatch.setattr(gpu_suite.torch.cuda, "is_available", lambda: False)
+    missing = gpu_suite.missing_prerequisites(cuda=True)
+    assert len(missing) == 3
+    assert missing[0].startswith("pytest") and "dev" in missing[0]
+    assert "C compiler" in missing[1] and "CUDA" in missing[2]
+    assert gpu_suite.missing_prerequisites(cuda=False) == missing[:1]  # smoke: only pytest is needed
+    monkeypatch.setattr(gpu_suite.shutil, "which", lambda name: "/usr/bin/gcc" if name == "gcc" else None)
+    monkeypatch.setattr(gpu_suite.importlib.util, "find_spec", real_find_spec)
+    monkeypatch.setattr(gpu_suite.torch.cuda, "is_available", lambda: True)
+    assert gpu_suite.missing_prerequisites(cuda=True) == []
+
+
+def test_gpu_tests_section_records_what_is_missing_instead_of_running(tmp_path, monkeypatch):
+    from minispec import gpu_suite
+
+    monkeypatch.setattr(gpu_suite, "missing_prerequisites", lambda cuda=True: ["pytest: install the dev extra"])
+    real_run = gpu_suite.subprocess.run
+
+    def run(cmd, *a, **k):
+        assert "pytest" not in cmd, "pytest must not be started"
+        return real_run(cmd, *a, **k)
+
+    monkeypatch.setattr(gpu_suite.subprocess, "run", run)
+    rc = gpu_suite.Suite(tmp_path, smoke=True, budget_s=60, tests_s=5).run(["gpu_tests"])
+    doc = json.loads((tmp_path / "gpu_tests.json").read_text())
+    suite = json.loads((tmp_path / "suite.json").read_text())
+    assert rc == 0 and doc["missing"] == ["pytest: install the dev extra"] and doc["settings"]["timeout_s"] == 5
+    assert suite["sections"]["gpu_tests"]["status"] == "skipped" and "pytest" in suite["sections"]["gpu_tests"]["why"]
+
+
+def test_measurements_share_the_time_the_gpu_tests_left(tmp_path):
+    from minispec.gpu_suite import DEADLINES, Suite
+
+    s = Suite(tmp_path, smoke=True, budget_s=500, tests_s=150)
+    assert s.deadline("gpu_tests") == pytest.approx(time.perf_counter() + 150, abs=5)  # its own seconds
+    s.t0, s.t_measure = 1000.0, 1120.0  # the tests took 120 s of the 500
+    assert s.deadline("attention_grid") == pytest.approx(1120 + DEADLINES["attention_grid"] * 380)
+    assert s.deadline("llama_speedup") < s.t0 + s.budget_s
+
+
+def test_smoke_gpu_tests_ran_with_their_own_budget(smoke):
+    _, docs = smoke
+    tests = docs["gpu_tests"]
+    assert tests["missing"] == [] and tests["settings"]["timeout_s"] == docs["suite"]["tests_s"] > 0
+
+
+# --------------------------------------------------------------------------- the attention grid: timing, failures
+def test_timed_flushes_then_calls_the_function_the_requested_times():
+    from minispec.attention_grid import flush_buffer, timed
+
+    flush = torch.zeros(64)
+    calls = []
+
+    def fn():
+        calls.append(bool((flush == 1).all()))  # the flush was written before the first call
+
+    t = timed(fn, torch.device("cpu"), calls=5, flush=flush)
+    assert calls == [True] * 5 and t >= 0
+    assert flush_buffer(torch.device("cpu")).numel() * 4 == 1 << 20  # a token buffer on the CPU
+
+
+def test_grid_keeps_every_row_when_a_method_or_a_shape_fails(monkeypatch):
+    """A method raising at one shape (the dense reference, here) drops that method from the row; a
+    shape raising (out of memory, say) becomes a row with its error; all other rows are kept."""
+    from minispec import attention_grid as ag
+
+    real_dense, real_shape = ag.dense_attention, ag.run_shape
+
+    def dense(q, k, v, mask):
+        if q.shape[0] == 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_dense(q, k, v, mask)
+
+    def run_shape(B, H, Hkv, hd, P, T, *a, **kw):
+        if B == 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_shape(B, H, Hkv, hd, P, T, *a, **kw)
+
+    monkeypatch.setattr(ag, "dense_attention", dense)
+    monkeypatch.setattr(ag, "run_shape", run_shape)
+    seen = []
+    r = ag.run_grid("cpu", torch.float32, [1, 2, 3, 4], [16], [4], heads=(2, 1, 8), reps=1, bandwidth=1.0,
+                    on_row=seen.append)
+    rows = {row["batch"]: row for row in r["results"]}
+    assert sorted(rows) == [1, 2, 3, 4] and [row["batch"] for row in seen] == [1, 2, 4]
+    assert "OutOfMemoryError" in rows[3]["error"] and "median_s" not in rows[3]
+    assert "dense" not in rows[2]["median_s"] and "OutOfMemoryError" in rows[2]["failed"]["dense"]
+    assert {"split_torch", "causal"} <= set(rows[2]["median_s"])
+    for b in (1, 4):
+        assert "error" not in rows[b] and not rows[b]["failed"] and "dense" in rows[b]["median_s"]
+        assert rows[b]["sdpa_backend"] == dict(dense="cpu", causal="cpu") and rows[b]["calls_per_timing"] == 1
+    assert any("1 shapes failed" in n for n in r["notes"])

@@ -70,3 +70,72 @@ def test_top_p_boundary_is_inclusive():
     """Mass exactly reaching top_p stops the nucleus: 4 equal tokens (0.25 each) at top_p 0.5 keep 2."""
     p = probs(torch.zeros(4, dtype=torch.float64), temperature=1.0, top_p=0.5)
     assert (p > 0).sum() == 2 and torch.allclose(p[p > 0], torch.tensor([0.5, 0.5], dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------- seeded sampling on any device
+def test_sample_on_the_cpu_is_unchanged_bit_for_bit():
+    """The same seed gives the very tokens torch.multinomial gave before the device handling."""
+    p = torch.softmax(torch.randn(6, 50, generator=torch.Generator().manual_seed(3)), -1)
+    got = sample(p, torch.Generator().manual_seed(7))
+    want = torch.multinomial(p.float(), 1, generator=torch.Generator().manual_seed(7))[:, 0]
+    assert torch.equal(got, want) and got.device == p.device
+
+
+def test_draw_device_is_the_generators():
+    from minispec.sampling import draw_device
+
+    p = torch.empty(2, 10, device="meta")  # probabilities on a device other than the generator's
+    assert draw_device(p, torch.Generator()) == torch.device("cpu")
+    assert draw_device(p, None) == torch.device("meta")
+
+
+def test_sample_draws_where_the_generator_lives(monkeypatch):
+    """A generator on another device than p (generate's CPU generator, CUDA logits): p goes to the
+    generator, the token comes back to p's device. The other device is faked: the check is the
+    routing, which is what a GPU run needs (torch.multinomial refuses a generator on another device)."""
+    class OtherDeviceGenerator:
+        device = torch.device("meta")
+
+    seen = {}
+
+    def multinomial(x, n, generator=None):
+        seen.update(probs=x.device, generator=generator.device)
+        return torch.zeros(x.shape[0], n, dtype=torch.long)  # drawn "there" and handed back on the CPU
+
+    monkeypatch.setattr(torch, "multinomial", multinomial)
+    ids = sample(torch.full((3, 4), 0.25), OtherDeviceGenerator())
+    assert seen == dict(probs=torch.device("meta"), generator=torch.device("meta"))
+    assert ids.shape == (3,) and ids.device == torch.device("cpu")
+
+
+def test_dynamic_tree_expansion_keeps_the_logits_device():
+    """EAGLE-2's first level starts from a CPU score; the logits may live on a GPU (meta stands in)."""
+    from minispec.drafters.tree_drafter import expand_level
+
+    scores, tokens, _, nxt = expand_level(torch.zeros(1), torch.randn(1, 50, device="meta"), 4)
+    assert scores.device == tokens.device == nxt.device == torch.device("meta") and scores.shape == (4,)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_seeded_sample_equals_the_cpu_one():
+    p = torch.softmax(torch.randn(4, 1000, generator=torch.Generator().manual_seed(5)), -1)
+    cpu = sample(p, torch.Generator().manual_seed(9))
+    gpu = sample(p.cuda(), torch.Generator().manual_seed(9))  # generate's CPU generator, CUDA probabilities
+    assert gpu.device.type == "cuda" and torch.equal(gpu.cpu(), cpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("drafter", ["vanilla", "chain", "tree"])
+def test_gpu_seeded_sampled_generate_runs_and_repeats(drafter):
+    """generate's CPU generator with CUDA logits: no device error, and the same seed gives the same tokens."""
+    from minispec import generate, load
+    from minispec.drafters import DraftModel
+
+    (model, tok), (draft, _) = load("tiny-llama", device="cuda"), load("tiny-gpt2-draft", device="cuda")
+    make = {"vanilla": lambda: None, "chain": lambda: DraftModel(draft, k=3),
+            "tree": lambda: DraftModel(draft, tree="3,2,6")}[drafter]
+    runs = [generate(model, tok, "abc abc", drafter=make(), temperature=1.0, seed=4, max_new_tokens=12).tokens
+            for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) > 0

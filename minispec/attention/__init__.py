@@ -31,13 +31,14 @@ import torch
 import torch.nn.functional as F
 
 from .invariant import invariant_attention
-from .reference import attention_with_lse, dense_attention, merge, prefix_attention, split_attention, \
-    suffix_attention
+from .reference import attention_with_lse, dense_attention, dense_backend, expand_kv, merge, prefix_attention, \
+    sdpa_backend, split_attention, suffix_attention
 
 BACKENDS = ("dense", "split_torch", "split_triton")
 
 __all__ = ["BACKENDS", "attend", "attention_with_lse", "check_backend", "causal_mask", "dense_attention",
-           "invariant_attention", "merge", "prefix_attention", "split_attention", "suffix_attention", "triton_available"]
+           "dense_backend", "expand_kv", "invariant_attention", "merge", "prefix_attention", "sdpa_backend",
+           "split_attention", "suffix_attention", "triton_available"]
 
 
 def triton_available(device: torch.device | str | None = None) -> bool:
@@ -85,7 +86,9 @@ def attend(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pref
         mask: the full bool mask [B or 1, 1, T, S] / [T, S], or None for causal.
     Returns:
         [B, H, T, hd]. The split backends run when mask is None or tree_mask is given; any
-        other mask goes to dense (row-invariant on the CPU, SDPA elsewhere).
+        other mask goes to dense (row-invariant on the CPU, SDPA elsewhere: ``dense_attention``,
+        which expands K / V to the query heads under a mask so that SDPA need not fall back to
+        its math kernel; ``sdpa_backend`` names the kernel).
     """
     T, S = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
@@ -102,4 +105,4 @@ def attend(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pref
     if mask is None and (T == 1 or S == T):  # plain causal: no mask tensor needed
         return F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=gqa)
     mask = causal_mask(T, S, q.device) if mask is None else mask  # [T, S] or [B, 1, T, S]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)  # [B, H, T, hd]
+    return dense_attention(q, k, v, mask)  # [B, H, T, hd]; GQA with a mask: K / V expanded (not the math kernel)

@@ -75,8 +75,85 @@ def _ungrouped(x: torch.Tensor, H: int) -> torch.Tensor:
     return x.reshape(B, H, GT * Hkv // H, *x.shape[3:])
 
 
+def expand_kv(x: torch.Tensor, H: int) -> torch.Tensor:
+    """Repeat each KV head for its G = H / Hkv query heads: [B, Hkv, S, hd] -> [B, H, S, hd] (a copy).
+
+    Head h of the result is KV head h // G, as ``repeat_interleave(G, 1)`` and SDPA's ``enable_gqa``."""
+    B, Hkv, S, hd = x.shape
+    return x[:, :, None].expand(B, Hkv, H // Hkv, S, hd).reshape(B, H, S, hd)  # [B, Hkv, G, S, hd] -> [B, H, S, hd]
+
+
+def sdpa_backend(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None, is_causal: bool = False,
+                 device_type: str | None = None, capability: tuple[int, int] | None = None) -> str:
+    """The kernel ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+    enable_gqa=True)`` runs on CUDA, by PyTorch's dispatch rules (``sdp_utils.cpp``, inference,
+    no dropout, dense tensors), tried in its default order:
+
+        flash      sm80+, fp16 / bf16, no attn_mask, q/k/v head dim equal and <= 256, is_causal
+                   only when T == S; GQA (Hkv < H) supported
+        efficient  sm50+, fp16 / fp32 (bf16 on sm80+), any attn_mask, head dim a multiple of 8
+                   (2-byte) / 4 (fp32) where tensor cores are used; no GQA in the torch releases
+                   this was written for (pytorch#191085 proposes it; with it, ``dense_sdpa_inputs``'
+                   copy could be skipped)
+        math       everything else: upcasts to fp32 and materialises the [B, H, T, S] scores
+
+    Not modelled: cuDNN attention (recent torch tries it first on sm90 / sm100 with a new enough
+    cuDNN), efficient's pointer-alignment check, user overrides (``torch.nn.attention.sdpa_kernel``).
+    Only a GPU shows what really runs: tests/test_attention.py::test_gpu_sdpa_backend_rules runs
+    the predicted kernel alone and checks that the ones before it refuse.
+
+    Args:
+        q: [B, H, T, hd]; k: [B, Hkv, S, hd] as handed to SDPA (only shapes, dtype, strides read).
+        mask: the attn_mask or None; is_causal: SDPA's flag.
+        device_type: "cuda" or other (default q's device); capability: (major, minor) of the
+            GPU (default: torch's report for q's device, else (9, 0)). Both are data, so the
+            rules are tested on a CPU.
+    Returns:
+        "flash" | "efficient" | "math" on CUDA; "cpu" elsewhere (PyTorch's CPU kernels, not modelled).
+    """
+    device_type = device_type or q.device.type
+    if device_type != "cuda":
+        return "cpu"
+    if capability is None:
+        capability = torch.cuda.get_device_capability(q.device) if q.is_cuda else (9, 0)
+    (H, T, hd), (Hkv, S) = (q.shape[1], q.shape[2], q.shape[3]), (k.shape[1], k.shape[2])
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    unit_stride = q.stride(-1) == 1 and k.stride(-1) == 1
+    flash = (capability >= (8, 0) and half and mask is None and k.shape[-1] == hd <= 256 and unit_stride
+             and not (is_causal and T != S) and H % Hkv == 0)
+    if flash:
+        return "flash"
+    dtypes = (torch.float16, torch.float32) + ((torch.bfloat16,) if capability >= (8, 0) else ())
+    tensor_cores = capability >= (8, 0) or (capability >= (7, 0) and half)
+    align = (8 if half else 4) if tensor_cores else 1  # torch's minimum_gemm_alignment
+    efficient = capability >= (5, 0) and q.dtype in dtypes and hd % align == 0 and H == Hkv and unit_stride
+    return "efficient" if efficient else "math"
+
+
+def dense_sdpa_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K / V that ``dense_attention`` hands SDPA: expanded to the H query heads when a mask
+    comes with GQA (flash takes no mask and efficient no GQA, so SDPA would fall to math: fp32
+    scores [B, H, T, S]); as they are otherwise (SDPA's own GQA then reads each KV head once)."""
+    H = q.shape[1]
+    if mask is None or k.shape[1] == H:
+        return k, v
+    return expand_kv(k, H), expand_kv(v, H)  # [B, H, S, hd] each
+
+
+def dense_backend(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, **kw) -> str:
+    """``sdpa_backend`` of the SDPA call ``dense_attention(q, k, v, mask)`` makes (see ``dense_sdpa_inputs``)."""
+    if mask is not None and k.shape[1] != q.shape[1]:
+        k = k[:, :1].expand(k.shape[0], q.shape[1], *k.shape[2:])  # [B, H, S, hd] view: the shapes SDPA gets
+    return sdpa_backend(q, k, mask, **kw)
+
+
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """One SDPA call over prefix + tree with a boolean mask: the reference the split must equal.
+
+    With a mask and fewer KV heads than query heads, K / V are first expanded to the query heads
+    (``dense_sdpa_inputs``): on CUDA that lets the memory-efficient kernel run instead of the
+    fp32 math fallback (``sdpa_backend`` says which; only a GPU can time the difference).
 
     Args:
         q: [B, H, T, hd] queries; k, v: [B, Hkv, S, hd] keys / values (prefix + tree).
@@ -87,7 +164,8 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     B, H, Hkv, T, hd = check_shapes(q, k, v)
     if mask is not None and (mask.dtype != torch.bool or mask.shape[-2:] != (T, k.shape[2])):
         raise ValueError(f"mask must be boolean [.., {T}, {k.shape[2]}], got {mask.dtype} {tuple(mask.shape)}")
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=H != Hkv)
+    k, v = dense_sdpa_inputs(q, k, v, mask)  # [B, H or Hkv, S, hd]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != H)
 
 
 def _acc_dtype(x: torch.Tensor) -> torch.dtype:

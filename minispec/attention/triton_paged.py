@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .paged import check_paged
-from .triton_split import LOG2E, _finish, _load_q, _online_softmax_step, _pow2, _store_partial, num_splits_for
+from .triton_split import LOG2E, _finish, _load_q, _online_softmax_step, _store_partial, launch_config, num_splits_for
 
 
 @triton.jit
@@ -76,7 +76,8 @@ def paged_prefix_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
         q: [B, H, T, hd]; k_pool, v_pool: one layer's blocks [N, Hkv, bs, hd], head dim contiguous.
         block_table: int [B, W]; prefix_len: an int or one per sequence.
         num_splits: prefix splits (default: Flash-Decoding's heuristic, ``num_splits_for``).
-        block_m, block_n: row and key tile sizes (defaults 64 / 64 on GPU, 64 / 32 on CPU).
+        block_m, block_n: row and key tile sizes (default ``triton_split.launch_config``: smaller
+            tiles and fewer stages for fp32, which also multiplies in IEEE precision, not TF32).
     Returns:
         out [B, H, T, hd] in q's dtype and lse [B, H, T] float32 (out 0, lse -inf where P = 0).
     """
@@ -90,11 +91,10 @@ def paged_prefix_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
     table = block_table.to(torch.int32).contiguous()
     lens_t = torch.tensor(lens, dtype=torch.int32, device=q.device)
     G, P = H // Hkv, max(lens)
-    BLOCK_M = block_m or min(64, _pow2(G * T))
-    BLOCK_N = block_n or (64 if q.device.type == "cuda" else 32)
-    row_blocks = triton.cdiv(G * T, BLOCK_M)
-    ns = num_splits or num_splits_for(P, B * Hkv * row_blocks, BLOCK_N, q.device)
-    chunk = triton.cdiv(triton.cdiv(P, ns), BLOCK_N) * BLOCK_N  # whole tiles per split
+    cfg = launch_config(q.dtype, hd, G * T, q.device.type == "cuda", block_m, block_n)
+    row_blocks = triton.cdiv(G * T, cfg["BLOCK_M"])
+    ns = num_splits or num_splits_for(P, B * Hkv * row_blocks, cfg["BLOCK_N"], q.device)
+    chunk = triton.cdiv(triton.cdiv(P, ns), cfg["BLOCK_N"]) * cfg["BLOCK_N"]  # whole tiles per split
     parts_o = torch.empty(B, H, ns, T, hd, device=q.device, dtype=torch.float32)  # [B, H, NS, T, hd]
     parts_l = torch.empty(B, H, ns, T, device=q.device, dtype=torch.float32)  # [B, H, NS, T]
     so, sl = parts_o.stride(), parts_l.stride()
@@ -103,7 +103,7 @@ def paged_prefix_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
         q.stride(0), q.stride(1), q.stride(2), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), table.stride(0),
         so[0], so[1], so[2], so[3], sl[0], sl[1], sl[2],
-        HEAD_DIM=hd, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_pow2(hd))
+        HEAD_DIM=hd, **cfg)
     lse = torch.logsumexp(parts_l, dim=2)  # [B, H, T]; -inf where every split is empty
     w = torch.exp(parts_l - torch.where(torch.isfinite(lse), lse, 0.0)[:, :, None])  # [B, H, NS, T]; 0 for empty splits
     out = (parts_o * w[..., None]).sum(2)  # [B, H, T, hd]

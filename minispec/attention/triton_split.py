@@ -17,13 +17,25 @@ Keys and values are read from the KV cache's own layout [B, Hkv, S, hd] through 
 views ``KVCache.write`` returns). Prefix addressing lives in one function, ``_prefix_kv_rows``,
 so a paged cache (chapter 7) only swaps it for a block-table lookup.
 
+The prefix lengths are a device tensor [B] int32 that the kernels read (row b's tree keys sit at
+cache rows P_b .. P_b + T - 1), so one launch serves rows of different lengths and a CUDA graph
+captured once can replay for new lengths (a GPU test checks it: test_gpu_split_triton_graph_
+replays_with_new_prefix_lengths); the launch grid depends only on shapes (the splits cover the
+largest prefix the cache holds, S - T). The partial results of the splits live in one float32
+workspace allocated once per call, or passed in and reused.
+
 Runs on CUDA (fp16 / bf16 / fp32 inputs, fp32 accumulation) and on CPU tensors under the
-Triton interpreter: set ``TRITON_INTERPRET=1`` before triton is first imported.
+Triton interpreter: set ``TRITON_INTERPRET=1`` before triton is first imported. fp32 products
+use IEEE precision (``input_precision="ieee"``): Triton's GPU default, TF32, has a 10-bit
+mantissa (errors ~1e-3), which the interpreter does not emulate, so the 1e-5 tolerances of the
+CPU tests would hold there and not on a GPU. Only a GPU shows the kernels' speed, their
+shared-memory fit (``launch_config``) and the TF32/IEEE difference.
 
 References: Dao et al., "FlashAttention" (2022); Dao et al., "Flash-Decoding for long-context
 inference" (2023); Tillet et al., "Triton" (2019).
 
-Shapes: B batch, H = G * Hkv query heads, T tree tokens, P prefix tokens, S = P + T, hd head dim.
+Shapes: B batch, H = G * Hkv query heads, T tree tokens, P prefix tokens, S = P + T (S >= P_b + T
+with per-row lengths P_b), hd head dim.
 """
 
 from __future__ import annotations
@@ -56,14 +68,14 @@ def _online_softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale):
 
     q [BM, BD], k / v [BN, BD], visible [BM, BN] bool; running max m_i [BM], sum l_i [BM],
     unnormalised output acc [BM, BD]. Rows with no visible key so far keep m_i = -inf."""
-    s = tl.dot(q, tl.trans(k)) * qk_scale  # [BM, BN]
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [BM, BN]; fp32: no TF32 (ignored for 16-bit)
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # avoid -inf - -inf for fully masked rows
     alpha = tl.exp2(m_i - m_ref)  # rescales what was accumulated under the old max
     p = tl.exp2(s - m_ref[:, None])  # [BM, BN]
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     return m_new, l_i, acc
 
 
@@ -96,11 +108,11 @@ def _store_partial(O, L, out, lse, b, hkv, split, rows, d, G, T, so_b, so_h, so_
 
 
 @triton.jit
-def _prefix_kernel(Q, K, V, O, L, prefix_len, chunk, qk_scale, Hkv, G, T,
+def _prefix_kernel(Q, K, V, O, L, Lens, chunk, qk_scale, Hkv, G, T,
                    sq_b, sq_h, sq_t, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
                    so_b, so_h, so_s, so_t, sl_b, sl_h, sl_s,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Split ``split`` of the prefix, keys [split * chunk, min((split + 1) * chunk, P)), no mask."""
+    """Split ``split`` of row b's prefix, keys [split * chunk, min((split + 1) * chunk, Lens[b])), no mask."""
     pid, split = tl.program_id(0), tl.program_id(2)
     b, hkv = (pid // Hkv).to(tl.int64), pid % Hkv
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] (g, t) rows
@@ -110,7 +122,7 @@ def _prefix_kernel(Q, K, V, O, L, prefix_len, chunk, qk_scale, Hkv, G, T,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     start = split * chunk
-    end = tl.minimum(start + chunk, prefix_len)
+    end = tl.minimum(start + chunk, tl.load(Lens + b))  # this row's own prefix length P_b
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)  # [BN] token indices
         n_ok = n < end  # the last tile may run past the prefix (P not a multiple of BLOCK_N)
@@ -124,11 +136,11 @@ def _prefix_kernel(Q, K, V, O, L, prefix_len, chunk, qk_scale, Hkv, G, T,
 
 
 @triton.jit
-def _suffix_kernel(Q, K, V, M, O, L, prefix_len, split, qk_scale, Hkv, G, T,
+def _suffix_kernel(Q, K, V, M, O, L, Lens, split, qk_scale, Hkv, G, T,
                    sq_b, sq_h, sq_t, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, sm_t,
                    so_b, so_h, so_s, so_t, sl_b, sl_h, sl_s,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The T tree keys at cache rows P..P+T-1, masked by M [B or 1, T, T] (uint8, 1 = may attend)."""
+    """The T tree keys at cache rows P_b..P_b+T-1 (P_b = Lens[b]), masked by M [B or 1, T, T] (uint8, 1 = attend)."""
     pid = tl.program_id(0)
     b, hkv = (pid // Hkv).to(tl.int64), pid % Hkv
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -139,6 +151,7 @@ def _suffix_kernel(Q, K, V, M, O, L, prefix_len, split, qk_scale, Hkv, G, T,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    prefix_len = tl.load(Lens + b)
     for j0 in range(0, T, BLOCK_N):
         j = j0 + tl.arange(0, BLOCK_N)  # [BN] tree key indices
         j_ok = j < T
@@ -181,6 +194,47 @@ def _pow2(n: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(max(int(n), 1)))
 
 
+def launch_config(dtype: torch.dtype, hd: int, rows: int, gpu: bool, block_m: int | None = None,
+                  block_n: int | None = None) -> dict:
+    """Tiles and pipeline depth of a prefix launch (a pure function of the shapes: unit-tested on CPU).
+
+    Shared memory holds ``num_stages`` K and V tiles of BLOCK_N x BLOCK_D elements (plus q's
+    tile). With 2-byte inputs and hd 128, BLOCK_N 64 over 3 stages (Triton's default) is 96 KiB;
+    fp32 doubles it to 192 KiB, past an A100's 164 KiB (and all but the H100's 227 KiB once q's
+    32 KiB tile is added), so 4-byte inputs take BLOCK_N 32 and 2 stages: 32 KiB of K / V per
+    stage, 64 KiB. Only a GPU shows the fit: a launch that does not fit raises OutOfResources.
+
+    Args:
+        dtype: the inputs' dtype; hd: head dim; rows: G * T query rows per KV head.
+        gpu: CUDA launch (else the interpreter: BLOCK_N 32, the stages are ignored).
+        block_m, block_n: overrides of the row and key tiles.
+    Returns:
+        dict(BLOCK_M, BLOCK_N, BLOCK_D, num_stages, num_warps).
+    """
+    wide = dtype.itemsize >= 4  # fp32 (fp64): twice the bytes per tile of fp16 / bf16
+    return dict(BLOCK_M=block_m or min(64, _pow2(rows)), BLOCK_N=block_n or (64 if gpu and not wide else 32),
+                BLOCK_D=_pow2(hd), num_stages=2 if wide else 3, num_warps=4)
+
+
+def prefix_lengths(prefix_len: int | torch.Tensor, B: int, T: int, S: int, device: torch.device) -> torch.Tensor:
+    """The prefix lengths as the kernels read them: [B] int32 on ``device``.
+
+    An int (every row's P, with S = P + T keys) is checked and turned into a tensor. A tensor
+    [B] (int32 avoids a conversion) is taken as it is: row b's tree keys are cache rows
+    P_b .. P_b + T - 1, so 0 <= P_b <= S - T; this is checked only on the CPU, since reading a
+    GPU tensor back would stall the stream and cannot happen inside a CUDA graph."""
+    if not torch.is_tensor(prefix_len):
+        if prefix_len < 0 or prefix_len + T != S:
+            raise ValueError(f"prefix_len={prefix_len} + {T} tree tokens != {S} keys")
+        return torch.full((B,), prefix_len, dtype=torch.int32, device=device)
+    if prefix_len.shape != (B,) or prefix_len.is_floating_point() or prefix_len.device != device:
+        raise ValueError(f"prefix_len as a tensor must be integer [B={B}] on {device}, got {prefix_len.dtype} "
+                         f"{tuple(prefix_len.shape)} on {prefix_len.device}")
+    if device.type == "cpu" and not ((prefix_len >= 0) & (prefix_len + T <= S)).all():
+        raise ValueError(f"prefix lengths {prefix_len.tolist()} + {T} tree tokens must fit {S} keys")
+    return prefix_len.to(torch.int32)  # [B]; no copy when already int32
+
+
 def num_splits_for(prefix_len: int, programs: int, block_n: int, device: torch.device) -> int:
     """Flash-Decoding's heuristic: enough splits that B * Hkv * row blocks * splits fills the GPU
     about twice, each split at least 4 tiles; 1-2 splits under the interpreter (CPU)."""
@@ -192,55 +246,76 @@ def num_splits_for(prefix_len: int, programs: int, block_n: int, device: torch.d
     return max(1, min(want, triton.cdiv(tiles, 4)))
 
 
-def split_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int,
+def workspace_numel(B: int, H: int, T: int, hd: int, num_splits: int) -> int:
+    """float32 elements of the partials: out [B, H, NS + 1, T, hd] then lse [B, H, NS + 1, T]."""
+    return B * H * (num_splits + 1) * T * (hd + 1)
+
+
+def split_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int | torch.Tensor,
                            tree_mask: torch.Tensor | None, num_splits: int | None = None,
-                           block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
-    """Split tree attention with the Triton kernels; equals ``reference.split_attention``.
+                           block_m: int | None = None, block_n: int | None = None,
+                           out: torch.Tensor | None = None, workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """Split tree attention with the Triton kernels; equals ``reference.split_attention`` (row by row
+    with its own prefix length when ``prefix_len`` is a tensor).
 
     Args:
-        q: [B, H, T, hd]; k, v: [B, Hkv, S, hd] with S = prefix_len + T, any strides with the
-            head dim contiguous (e.g. views of the KV cache).
-        prefix_len: P, committed tokens (may be 0).
+        q: [B, H, T, hd]; k, v: [B, Hkv, S, hd], any strides with the head dim contiguous (e.g.
+            views of the KV cache).
+        prefix_len: P, committed tokens (may be 0), with S = P + T; or a tensor [B] (int32 on q's
+            device) of per-row lengths P_b, row b's tree keys at cache rows P_b .. P_b + T - 1
+            (S >= P_b + T; a CUDA graph captures it by address, so it may change between replays).
         tree_mask: bool [T, T] / [B or 1, T, T] among the tree tokens, None for causal.
         num_splits: prefix splits (default: a heuristic from the grid size and the GPU).
-        block_m, block_n: row and key tile sizes (defaults 64 / 64 on GPU, 64 / 32 on CPU).
+        block_m, block_n: row and key tile sizes (default ``launch_config``).
+        out: optional [B, H, T, hd] result buffer in q's dtype (reused, e.g. by a graph).
+        workspace: optional float32 buffer of at least ``workspace_numel`` elements for the partials.
     Returns:
-        [B, H, T, hd] in q's dtype.
+        [B, H, T, hd] in q's dtype (``out`` when given).
     """
     B, H, Hkv, T, hd = check_shapes(q, k, v)
-    if prefix_len < 0 or prefix_len + T != k.shape[2]:
-        raise ValueError(f"prefix_len={prefix_len} + {T} tree tokens != {k.shape[2]} keys")
     if q.device != k.device or q.device != v.device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    S = k.shape[2]
+    lens = prefix_lengths(prefix_len, B, T, S, q.device)  # [B] int32
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))  # kernels assume unit stride on hd
     G = H // Hkv
-    mask = tree_mask_3d(tree_mask, B, T, q.device).to(torch.uint8)  # [B or 1, T, T]
-    gpu = q.device.type == "cuda"
-    BLOCK_M = block_m or min(64, _pow2(G * T))
-    BLOCK_N = block_n or (64 if gpu else 32)
-    BLOCK_D = _pow2(hd)
-    row_blocks = triton.cdiv(G * T, BLOCK_M)
-    ns = num_splits or num_splits_for(prefix_len, B * Hkv * row_blocks, BLOCK_N, q.device)
-    chunk = triton.cdiv(triton.cdiv(prefix_len, ns), BLOCK_N) * BLOCK_N  # whole tiles per split
-    parts_o = torch.empty(B, H, ns + 1, T, hd, device=q.device, dtype=torch.float32)  # splits + suffix
-    parts_l = torch.empty(B, H, ns + 1, T, device=q.device, dtype=torch.float32)
+    mask = tree_mask_3d(tree_mask, B, T, q.device)  # [B or 1, T, T] bool
+    mask = mask.view(torch.uint8) if mask.stride(-1) == 1 else mask.contiguous().view(torch.uint8)  # no copy
+    cfg = launch_config(q.dtype, hd, G * T, q.device.type == "cuda", block_m, block_n)
+    row_blocks = triton.cdiv(G * T, cfg["BLOCK_M"])
+    P_max = S - T  # the splits cover the longest prefix the keys can hold; shorter rows leave splits empty
+    ns = num_splits or num_splits_for(P_max, B * Hkv * row_blocks, cfg["BLOCK_N"], q.device)
+    chunk = triton.cdiv(triton.cdiv(P_max, ns), cfg["BLOCK_N"]) * cfg["BLOCK_N"]  # whole tiles per split
+    n = workspace_numel(B, H, T, hd, ns)
+    if workspace is None:
+        workspace = torch.empty(n, device=q.device, dtype=torch.float32)  # one allocation per call
+    elif workspace.numel() < n or workspace.dtype != torch.float32 or not workspace.is_contiguous() \
+            or workspace.device != q.device:
+        raise ValueError(f"workspace must be a contiguous float32 tensor of >= {n} elements on {q.device}, got "
+                         f"{workspace.dtype} {workspace.numel()} on {workspace.device}")
+    workspace = workspace.view(-1)
+    parts_o = workspace[:B * H * (ns + 1) * T * hd].view(B, H, ns + 1, T, hd)  # splits + suffix
+    parts_l = workspace[B * H * (ns + 1) * T * hd:n].view(B, H, ns + 1, T)
     qk_scale = LOG2E / math.sqrt(hd)
     so, sl = parts_o.stride(), parts_l.stride()
-    common = dict(HEAD_DIM=hd, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
     _prefix_kernel[(B * Hkv, row_blocks, ns)](
-        q, k, v, parts_o, parts_l, prefix_len, chunk, qk_scale, Hkv, G, T,
+        q, k, v, parts_o, parts_l, lens, chunk, qk_scale, Hkv, G, T,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
-        v.stride(2), so[0], so[1], so[2], so[3], sl[0], sl[1], sl[2], **common)
+        v.stride(2), so[0], so[1], so[2], so[3], sl[0], sl[1], sl[2], HEAD_DIM=hd, **cfg)
     _suffix_kernel[(B * Hkv, row_blocks)](
-        q, k, v, mask, parts_o, parts_l, prefix_len, ns, qk_scale, Hkv, G, T,
+        q, k, v, mask, parts_o, parts_l, lens, ns, qk_scale, Hkv, G, T,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
         v.stride(2), mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1),
-        so[0], so[1], so[2], so[3], sl[0], sl[1], sl[2], **dict(common, BLOCK_N=_pow2(min(T, 64))))
-    out = torch.empty(B, H, T, hd, device=q.device, dtype=q.dtype)
+        so[0], so[1], so[2], so[3], sl[0], sl[1], sl[2], HEAD_DIM=hd, **dict(cfg, BLOCK_N=_pow2(min(T, 64))))
+    if out is None:
+        out = torch.empty(B, H, T, hd, device=q.device, dtype=q.dtype)
+    elif out.shape != (B, H, T, hd) or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {q.dtype} [{B}, {H}, {T}, {hd}], got {out.dtype} "
+                         f"{tuple(out.shape)}")
     BLOCK_T = min(64, _pow2(T, lo=1))
     po, pl = parts_o.view(B * H, ns + 1, T, hd), parts_l.view(B * H, ns + 1, T)
     ov = out.view(B * H, T, hd)
     _merge_kernel[(B * H, triton.cdiv(T, BLOCK_T))](
         po, pl, ov, T, ns + 1, po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-        ov.stride(0), ov.stride(1), HEAD_DIM=hd, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D)
+        ov.stride(0), ov.stride(1), HEAD_DIM=hd, BLOCK_T=BLOCK_T, BLOCK_D=cfg["BLOCK_D"])
     return out

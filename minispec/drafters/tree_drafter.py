@@ -200,7 +200,7 @@ class TreeDrafter(Drafter):
                 x = int(logits.argmax())
             else:
                 q = probs(logits, params)  # [V], processed exactly like p
-                x = int(sample(q, generator))
+                x = int(sample(q, generator))  # drawn on the generator's device (a CPU one with CUDA logits)
                 qs.append(q)
             drafts.append(x)
             if i + 1 < depth:
@@ -267,7 +267,7 @@ def expand_level(frontier_scores: torch.Tensor, child_logp: torch.Tensor, top_k:
     """
     F = child_logp.shape[0]
     top = torch.topk(child_logp, top_k, dim=-1)  # [F, top_k]
-    base = torch.as_tensor(frontier_scores).to(child_logp.dtype)[:, None]  # [F, 1]
+    base = torch.as_tensor(frontier_scores).to(child_logp)[:, None]  # [F, 1], on the logits' device (a GPU's)
     child = (base + top.values).flatten()  # [F * top_k] path scores
     parent = torch.arange(F).repeat_interleave(top_k)  # child j's frontier node: j // top_k
     return child, top.indices.flatten(), parent, torch.topk(child, min(top_k, child.numel())).indices
