@@ -73,21 +73,27 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x):
+        if x.dtype == self.weight.dtype == torch.float32:  # one dispatch: the same bits as the lines below
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         var = x.float().pow(2).mean(-1, keepdim=True)
         return self.weight * (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary tables for positions [B, T] -> cos, sin [B, 1, T, hd] (half-split layout)."""
+    """Rotary tables for positions [B, T] -> cos, signed sin [B, 1, T, hd] (half-split layout).
+
+    The sin table carries rotate_half's sign, [-sin | sin], so that ``apply_rope`` swaps the halves
+    without negating one (exactly the same values: a sign flip is exact)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
     ang = positions[..., None].float() * inv_freq  # [B, T, hd/2]
-    ang = torch.cat([ang, ang], dim=-1)[:, None]  # [B, 1, T, hd]
-    return ang.cos(), ang.sin()
+    sin = ang.sin()
+    return torch.cat([ang, ang], dim=-1)[:, None].cos(), torch.cat([-sin, sin], dim=-1)[:, None]  # [B, 1, T, hd]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)  # rotate_half: [-x2, x1]
-    return (x * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
+    """x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1]; ``sin`` from ``rope_cos_sin`` holds the sign."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return (x * cos + torch.cat([x2, x1], dim=-1) * sin).to(x.dtype)
 
 
 class Attention(nn.Module):

@@ -10,8 +10,9 @@ changes, and an argmax near-tie can flip. Batch-invariant inference (He and Thin
 "Defeating Nondeterminism in LLM Inference", 2025; vLLM's and SGLang's batch-invariant modes)
 fixes the order of every reduction; this is that idea for one attention step, in plain PyTorch:
 
-    s   = (q / sqrt(hd)) @ k^T                      a dot product over hd per (row, key); k^T is
-                                                    row-major (the CPU cache stores keys last)
+    s   = (q @ k^T) / sqrt(hd)                      a dot product over hd per (row, key), scaled in
+                                                    the same product; k^T is row-major (the CPU
+                                                    cache stores keys last)
     s   = -inf where the mask hides a key
     m   = max over keys of s                        max is exact in any order
     p   = exp(s - m)                                elementwise; a hidden key gives exactly 0
@@ -78,7 +79,7 @@ def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             raise ValueError(f"mask must be boolean [{T}, {S}] or [B or 1, 1, {T}, {S}], got {mask.dtype} "
                              f"{tuple(mask.shape)}")
         hidden = ~(mask if mask.dim() == 4 else mask[None, None])[:, :, None]  # [B or 1, 1, 1, T, S]
-    qg = (q * (1.0 / math.sqrt(hd))).reshape(B, Hkv, G * T, hd)  # the G query heads of a KV head as rows (g, t)
+    qg = q.reshape(B, Hkv, G * T, hd)  # the G query heads of a KV head as rows (g, t)
     if G * T <= ROW_CHUNK:
         out = _rows(qg, k, v, hidden, G, T)
     else:  # a long prefill: rows are independent, so chunks change no bit
@@ -104,7 +105,7 @@ def _ones(S: int, like: torch.Tensor) -> torch.Tensor:
 
 def _rows(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor | None, G: int,
           T: int) -> torch.Tensor:
-    """Attention of the query rows qg [B, Hkv, G*T, hd] (rows (g, t), scaled) -> [B, Hkv, G*T, hd].
+    """Attention of the query rows qg [B, Hkv, G*T, hd] (rows (g, t)) -> [B, Hkv, G*T, hd].
 
     Every product has two row-major operands, at least two rows and two columns, and at least
     BMM_NAIVE_BELOW multiply-adds: the regime in which a BLAS computes an element the same way
@@ -122,7 +123,9 @@ def _rows(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tens
     kt = k.transpose(-1, -2)  # [B, Hkv, hd, S]: row-major when the cache stores keys last (KVCache on the CPU)
     if kt.stride(-1) != 1:
         kt = kt.contiguous()  # a copy of the keys, for any other layout
-    s = torch.matmul(qg, kt)  # [B, Hkv, R', S]
+    R2, S_ = qg.shape[2], kt.shape[-1]
+    s = torch.baddbmm(qg.new_empty(B * Hkv, R2, S_), qg.reshape(B * Hkv, R2, hd), kt.reshape(B * Hkv, hd, S_),
+                      beta=0, alpha=1.0 / math.sqrt(hd)).view(B, Hkv, R2, S_)  # [B, Hkv, R', S]: (q k^T) / sqrt(hd)
     if hidden is not None:  # view the first G*T rows as [G, T] so the [., 1, 1, T, S] mask broadcasts
         s[:, :, :R].unflatten(2, (G, T)).masked_fill_(hidden, float("-inf"))
     p = s.sub_(s.amax(dim=-1, keepdim=True)).exp_()  # [B, Hkv, R', S]; hidden keys exactly 0
