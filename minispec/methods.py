@@ -9,6 +9,8 @@
                  over the full vocabulary)
     eagle3       EAGLE-3 head, chain of 5 (a dynamic tree when one is given)
     medusa       Medusa heads, Medusa's static mc_sim_7b_63 tree
+    copy         the context's own continuation where its last tokens occurred before (prompt lookup),
+                 else the EAGLE-1/2 head as ``eagle`` (``drafters.copying.CopyingDrafter``)
     auto         the method ``python -m minispec tune`` saved for this machine, else ``DEFAULT_AUTO``
 
 A branching method takes another tree as ``NAME@TREE``: ``sps@eagle`` (the EAGLE static tree),
@@ -20,16 +22,17 @@ from __future__ import annotations
 from importlib import resources
 
 from .drafters import DraftModel, PromptLookup, TreeSpec
+from .drafters.copying import CopyingDrafter
 from .drafters.registry import DEFAULT_TREES  # noqa: F401  (re-exported: the one table of default trees)
 
 # methods that draft through the target's LM head over a frequency-ranked draft vocabulary (FR-Spec,
 # minispec.drafters.vocab) unless told otherwise: K tokens
-DRAFT_VOCAB = {"eagle": 8192, "eagle2": 8192}
+DRAFT_VOCAB = {"eagle": 8192, "eagle2": 8192, "copy": 8192}
 # what ``auto`` means on a machine where ``python -m minispec tune`` has not run (minispec.dispatch.auto_method)
 DEFAULT_AUTO = "eagle@chain:2"
 PLAIN = ("vanilla", "pld")
 METHOD_NAMES = PLAIN + tuple(DEFAULT_TREES) + ("auto",)
-HEADS = {"eagle": "eagle", "eagle2": "eagle", "eagle3": "eagle3", "medusa": "medusa"}  # method -> shipped head
+HEADS = {"eagle": "eagle", "eagle2": "eagle", "eagle3": "eagle3", "medusa": "medusa", "copy": "eagle"}  # method -> head
 
 
 def parse_method(method: str) -> tuple[str, str | None]:
@@ -109,5 +112,6 @@ class Methods:
             path = self.drafter_path or shipped_head(HEADS[base], self.model_name)
             vocab = DRAFT_VOCAB.get(base) if self.draft_vocab is None else self.draft_vocab
             vocab = vocab if base in DRAFT_VOCAB and vocab and vocab < self.target.cfg.vocab_size else None
-            self._heads[method] = load_drafter(str(path), self.target, tree=spec, verbose=False, draft_vocab=vocab)
+            head = load_drafter(str(path), self.target, tree=spec, verbose=False, draft_vocab=vocab)
+            self._heads[method] = CopyingDrafter(head, k=self.pld_k) if base == "copy" else head
         return self._heads[method]

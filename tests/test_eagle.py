@@ -302,3 +302,35 @@ def test_draft_vocabulary_loss_is_the_soft_ce_over_those_tokens(target, head):
         _, _, ce_v, _ = eagle_loss(head, model, batch, 0.1, 1.0, 0.0, draft_head=full)
         zf, ztf = model.lm_head(pred[mask]), model.lm_head(hidden[:, 1:][mask])
         torch.testing.assert_close(ce_v, -(torch.softmax(ztf, -1) * torch.log_softmax(zf, -1)).sum(-1).mean())
+
+
+COPY_PROMPTS = ["abcdefabcdefabcdef", "1 2 3 4 1 2 3 4 1 2", "Hello world, hello world, hello"]
+
+
+def test_copying_drafter_greedy_equals_vanilla_and_copies(target, head):
+    from minispec.drafters.copying import CopyingDrafter
+
+    model, tok = target
+    copied = 0
+    for prompt in COPY_PROMPTS + PROMPTS:
+        vanilla = generate(model, tok, prompt, max_new_tokens=48)
+        d = CopyingDrafter(EagleDrafter(model, head, tree="chain:4"), k=6)
+        assert generate(model, tok, prompt, drafter=d, max_new_tokens=48).tokens == vanilla.tokens, prompt
+        copied += d.copied
+        assert d.copied + d.asked > 0
+    assert copied > 0  # the repetitive prompts were copied from
+
+
+def test_copying_drafter_sampled_has_the_target_law(target, head):
+    """A copied chain carries no q (one-hot verification), the head's chain its q: the first three tokens'
+    joint law matches the target's exact law either way."""
+    from minispec.drafters.copying import CopyingDrafter
+
+    model, tok = target
+    params = dict(temperature=0.7, top_k=3)
+    ids = tok.encode("abab")
+    exact = exact_law(model, ids, params)
+    law = sample_law(model, tok, ids, lambda: CopyingDrafter(EagleDrafter(model, head, tree=TreeSpec.chain(2)), k=4),
+                     exact, 1000, params)
+    assert law.accepted > law.n / 10
+    assert_same_law(law, exact)

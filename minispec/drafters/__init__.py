@@ -2,6 +2,7 @@
 
     DraftModel     a smaller causal LM with the same tokenizer (vanilla speculative sampling)
     PromptLookup   n-gram match in the context (no model, deterministic drafts)
+    CopyingDrafter the context's continuation when its last tokens repeat, else another drafter
     EagleDrafter   EAGLE-1/2 head: one decoder layer over the target's last hidden state (chapter 3)
     Eagle3Drafter  EAGLE-3 head: fused low/mid/high features, reduced draft vocabulary
     MedusaDrafter  Medusa heads: one residual block per future position on the last hidden state
@@ -12,6 +13,7 @@
 """
 
 from .base import Drafter
+from .copying import CopyingDrafter
 from .draft_model import DraftModel
 from .eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from .eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
@@ -21,6 +23,6 @@ from .oracle import OracleDrafter
 from .prompt_lookup import PromptLookup
 from .tree_drafter import STATIC_TREES, TreeDrafter, TreeSpec
 
-__all__ = ["Drafter", "DraftModel", "EagleConfig", "EagleDrafter", "EagleHead", "load_eagle", "Eagle3Config",
+__all__ = ["CopyingDrafter", "Drafter", "DraftModel", "EagleConfig", "EagleDrafter", "EagleHead", "load_eagle", "Eagle3Config",
            "Eagle3Drafter", "Eagle3Head", "build_vocab_map", "eagle3_layers", "load_drafter", "MedusaDrafter",
            "MedusaHeads", "OracleDrafter", "PromptLookup", "STATIC_TREES", "TreeDrafter", "TreeSpec"]

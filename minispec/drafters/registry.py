@@ -10,7 +10,8 @@ name, or a dynamic tree ``D,K,N`` (upstream EAGLE-2: depth D - 1, top_k K, total
 
 from __future__ import annotations
 
-DEFAULT_TREES = {"sps": "chain:4", "eagle": "chain:5", "eagle2": "6,10,60", "eagle3": "chain:5", "medusa": "medusa"}
+DEFAULT_TREES = {"sps": "chain:4", "eagle": "chain:5", "eagle2": "6,10,60", "eagle3": "chain:5", "medusa": "medusa",
+                 "copy": "chain:5"}
 """method -> the tree it drafts unless given ``NAME@TREE``."""
 
 KIND_METHOD = {"draft": "sps", "eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa"}
