@@ -224,9 +224,7 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--ce-weight", type=float, default=0.1)
-    ap.add_argument("--ce-frac", type=float, default=None,
-                    help="fraction of loss positions with a CE term (default: 1 over the draft vocabulary, 0.125 "
-                         "over the full one)")
+    ap.add_argument("--ce-frac", type=float, default=0.125, help="fraction of loss positions with a CE term")
     ap.add_argument("--draft-vocab", type=int, default=8192,
                     help="CE over the K most frequent tokens, where the head drafts (FR-Spec; targets from the true "
                          "next feature); 0: over the full vocabulary against the stored top-k")
@@ -254,8 +252,6 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.init_layer is not None and args.init_from is not None:
         ap.error("--init-layer and --init-from both set the head's starting weights: choose one")
-    if args.ce_frac is None:
-        args.ce_frac = 1.0 if args.draft_vocab else 0.125
     return args
 
 
