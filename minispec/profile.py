@@ -31,30 +31,43 @@ import torch
 from .generate import PHASES
 
 
-def copy_bandwidth(mib: int = 256, reps: int = 5) -> float:
-    """Memory bandwidth in GB/s of copying a ``mib`` MiB fp32 tensor (bytes read + written), best of ``reps``."""
-    src = torch.ones(mib * 2**20 // 4)
+def copy_bandwidth(mib: int = 256, reps: int = 5, device=None) -> float:
+    """Memory bandwidth in GB/s of copying a ``mib`` MiB fp32 tensor (bytes read + written), best of
+    ``reps``, on ``device`` (default the CPU; on a GPU its memory)."""
+    device = torch.device(device or "cpu")
+    src = torch.ones(mib * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    best = min(_timed(lambda: dst.copy_(src)) for _ in range(reps))
+    best = min(_timed(lambda: dst.copy_(src), device) for _ in range(reps))
     return 2 * src.numel() * 4 / best / 1e9
 
 
-def matmul_peak(n: int = 1024, reps: int = 5) -> float:
-    """fp32 GFLOP/s of an n x n x n product, best of ``reps``, through ``minispec.linear.Linear`` (the
-    prepacked oneDNN path the model's layers take)."""
-    from .linear import Linear
+def matmul_peak(n: int = 1024, reps: int = 5, device=None, dtype: torch.dtype = torch.float32) -> float:
+    """GFLOP/s of an n x n x n product, best of ``reps``. On the CPU in fp32 through
+    ``minispec.linear.Linear`` (the prepacked oneDNN path the model's layers take); elsewhere (a GPU,
+    another dtype) a plain ``torch.mm`` of ``dtype`` on ``device``."""
+    device = torch.device(device or "cpu")
+    if device.type == "cpu" and dtype == torch.float32:
+        from .linear import Linear
 
-    lin, a = Linear(n, n, bias=False), torch.randn(n, n)
+        lin, a = Linear(n, n, bias=False), torch.randn(n, n)
+        fn = lambda: lin(a)  # noqa: E731
+    else:
+        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+        fn = lambda: torch.mm(a, b)  # noqa: E731
     with torch.inference_mode():
-        lin(a)  # packs the weight once
-        best = min(_timed(lambda: lin(a)) for _ in range(reps))
+        fn()  # packs the weight once / loads the kernel
+        best = min(_timed(fn, device) for _ in range(reps))
     return 2 * n**3 / best / 1e9
 
 
-def _timed(fn) -> float:
+def _timed(fn, device: torch.device = torch.device("cpu")) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     t = time.perf_counter()
     fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter() - t
 
 

@@ -6,6 +6,12 @@ model with random bf16 weights, built directly on the GPU, times what a real che
 (``drafters.oracle``) supplies it, drafting the target's own greedy stream with each token
 corrupted at a set rate, so tau is known in advance and the output must still equal vanilla.
 
+Predicted here (the roofline, Williams et al. 2009): ``step_bytes`` (every linear weight once +
+the KV cache of the batch), ``flops_per_row`` (a multiply-add per linear weight + attention over
+the context), ``roofline_step_s`` (the slower of the two at a bandwidth and a peak), the
+``ridge_rows`` at which they meet, ``roofline_speedup`` of an oracle tree at a given tau and the
+``crossover_batch`` at which it falls below 1. Weights are counted on a meta-device model.
+
 Measured here:
   step_latency       one target forward of T = N + 1 new tokens for B sequences after P cached
                      tokens: eager (``Transformer.forward`` + ``KVCache``, dense or split
@@ -16,19 +22,25 @@ Measured here:
                      and the weight-bandwidth floor ((weight + KV bytes per step) / bandwidth);
   oracle_speedup     batch 1, the real decode loop: vanilla vs oracle chain / tree; output equal
                      to vanilla?, measured tau and speedup next to the cost model's prediction
-                     from the same run's measured draft and verify time per step.
+                     from the same run's measured draft and verify time per step; the oracle
+                     re-anchors when a verify forward breaks a near-tie differently from the
+                     vanilla run, and a tau that leaves the promise raises ``OracleTauError``.
 
 The KV cache of a latency measurement holds zeros that stand for a prefilled prompt (attention
 costs the same whatever the keys), which skips a prefill of up to 32 x 8k tokens per point.
 
-References: Grattafiori et al., "The Llama 3 Herd of Models" (2024) for the shapes; Leviathan
-et al. (2023) for the speedup model; Li et al., "EAGLE-2" (2024) for the tree (depth 6, 60 nodes).
+References: Grattafiori et al., "The Llama 3 Herd of Models" (2024) for the shapes; Williams,
+Waterman, Patterson, "Roofline" (CACM 2009); Chen et al., "MagicDec" (2024) for long contexts;
+Leviathan et al. (2023) for the speedup model; Li et al., "EAGLE-2" (2024) for the tree (depth 6,
+60 nodes).
 
 Shapes: B batch, P prompt (cached) tokens, N draft nodes, T = N + 1 new tokens, V vocab.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import statistics
 import time
 
@@ -68,6 +80,8 @@ def random_model(cfg: ModelConfig, device="cpu", dtype=torch.float32, seed: int 
     with torch.device("meta"):
         model = Transformer(cfg)
     model = model.to(dtype=dtype).to_empty(device=device)
+    if cfg.tie_embeddings:  # to_empty gives each module a new Parameter: tie them again (one matrix, not two)
+        model.lm_head.weight = model.tok_emb.weight
     g = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -86,6 +100,78 @@ def weight_bytes(model) -> int:
 def kv_bytes(cfg: ModelConfig, batch: int, tokens: int, dtype: torch.dtype) -> int:
     """Bytes of keys and values a forward reads for ``batch`` sequences of ``tokens`` cached tokens."""
     return 2 * cfg.n_layer * batch * cfg.n_kv_head * tokens * cfg.head_dim * torch.finfo(dtype).bits // 8
+
+
+# --------------------------------------------------------------------------- the roofline of a decode step
+H100_SPEC = dict(name="H100 SXM5 (NVIDIA spec sheet)", bandwidth=3.35e12, peak=989e12, dtype="bfloat16")
+"""Spec-sheet figures, not measurements: NVIDIA's H100 SXM5 datasheet gives 3.35 TB/s of HBM3 and
+989 TFLOP/s of dense BF16 tensor-core math (1979 with 2:4 sparsity). Achieved rates are lower."""
+
+
+def _shape_key(cfg: ModelConfig) -> tuple:
+    return (cfg.arch, cfg.vocab_size, cfg.n_layer, cfg.n_head, cfg.d_model, cfg.d_ff, cfg.n_kv_head, cfg.head_dim,
+            cfg.tie_embeddings)
+
+
+@functools.lru_cache(maxsize=64)
+def _linear_params(key: tuple) -> int:
+    arch, vocab, n_layer, n_head, d_model, d_ff, n_kv_head, head_dim, tie = key
+    cfg = ModelConfig(arch, vocab, n_layer, n_head, d_model, d_ff, max_seq_len=1, n_kv_head=n_kv_head,
+                      head_dim=head_dim, tie_embeddings=tie)
+    with torch.device("meta"):  # shapes only: an 8B model costs no memory
+        model = Transformer(cfg)
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def linear_params(cfg: ModelConfig) -> int:
+    """Weights of the linear layers one forward multiplies by (attention projections, MLP, LM head;
+    not the embedding table, which is read one row per token), counted on a meta-device model."""
+    return _linear_params(_shape_key(cfg))
+
+
+def step_bytes(cfg: ModelConfig, batch: int, context: int, dtype: torch.dtype) -> int:
+    """Bytes one forward reads from memory: every linear weight once (shared by all rows) and the
+    keys and values of ``batch`` sequences of ``context`` cached tokens (chapter 9, exercise 9.1)."""
+    return linear_params(cfg) * torch.finfo(dtype).bits // 8 + kv_bytes(cfg, batch, context, dtype)
+
+
+def flops_per_row(cfg: ModelConfig, context: int) -> int:
+    """FLOPs of one new token's row: a multiply-add per linear weight, and attention over
+    ``context`` keys (q.k and p.v: 2 x 2 x head_dim per key, head and layer)."""
+    return 2 * linear_params(cfg) + 4 * cfg.n_layer * cfg.n_head * cfg.head_dim * context
+
+
+def roofline_step_s(cfg: ModelConfig, batch: int, new_tokens: int, context: int, dtype: torch.dtype,
+                    bandwidth: float, peak: float) -> float:
+    """The roofline's lower bound on one forward of ``new_tokens`` rows for each of ``batch``
+    sequences after ``context`` cached tokens: the longer of reading ``step_bytes`` at
+    ``bandwidth`` (bytes/s) and computing every row's ``flops_per_row`` at ``peak`` (FLOP/s)."""
+    return max(step_bytes(cfg, batch, context, dtype) / bandwidth,
+               batch * new_tokens * flops_per_row(cfg, context) / peak)
+
+
+def ridge_rows(cfg: ModelConfig, batch: int, context: int, dtype: torch.dtype, bandwidth: float, peak: float) -> float:
+    """Rows per forward at which computing them takes as long as reading the step's bytes: below
+    it extra rows (draft tokens, sequences) are free on the roofline, above it each costs its FLOPs.
+    With no KV this is ``peak x bytes per weight / (2 x bandwidth)``."""
+    return step_bytes(cfg, batch, context, dtype) / bandwidth * peak / flops_per_row(cfg, context)
+
+
+def roofline_speedup(cfg: ModelConfig, batch: int, nodes: int, tau: float, context: int, dtype: torch.dtype,
+                     bandwidth: float, peak: float) -> float:
+    """Speculation's speedup over vanilla on the roofline, drafting free: tau tokens per forward of
+    ``nodes + 1`` rows per sequence against one token per forward of one row."""
+    vanilla = roofline_step_s(cfg, batch, 1, context, dtype, bandwidth, peak)
+    return tau * vanilla / roofline_step_s(cfg, batch, nodes + 1, context, dtype, bandwidth, peak)
+
+
+def crossover_batch(cfg: ModelConfig, nodes: int, tau: float, context: int, dtype: torch.dtype, bandwidth: float,
+                    peak: float, max_batch: int = 4096) -> int | None:
+    """The smallest batch in 1..max_batch at which ``roofline_speedup`` is below 1 (speculation stops
+    paying), or None if it pays up to ``max_batch`` (long contexts: the KV reads, one per sequence,
+    outweigh every row's FLOPs)."""
+    return next((b for b in range(1, max_batch + 1)
+                 if roofline_speedup(cfg, b, nodes, tau, context, dtype, bandwidth, peak) < 1), None)
 
 
 METHODS = {"vanilla": (0, 0), "chain": (5, 5), "eagle2": (6, 60)}  # name -> (depth, draft nodes)
@@ -188,14 +274,61 @@ def _free(device) -> None:
         torch.cuda.empty_cache()
 
 
+class OracleTauError(RuntimeError):
+    """A run's measured tau left the oracle's promise: its speedup says nothing about that tau."""
+
+
+def tau_check(tokens_per_step: list[int], depth: int, p_corrupt: float, max_new_tokens: int,
+              z: float = 4.0) -> dict:
+    """Measured tokens per step against the oracle's promise sum_{i=0..depth} (1 - p)^i.
+
+    Only the steps whose budget allowed the full depth count (the last few steps draft fewer
+    tokens); a step in which the oracle drafted nothing (off its stream) counts as the 1 token it
+    committed, so a collapse shows. Tolerance: ``z`` standard errors of the mean of n steps, from
+    the exact law of one step's tokens (1 + the number of leading uncorrupted drafts, at most depth).
+
+    Args:
+        tokens_per_step: ``GenerationStats.tokens_per_step`` (index 0: the prefill's token).
+    Returns:
+        dict(tau_full, full_steps, tau_expected, tolerance, ok); ok is None when no step had the
+        full depth.
+    """
+    a, done, full = 1.0 - p_corrupt, tokens_per_step[0], []
+    for n in tokens_per_step[1:]:
+        if max_new_tokens - done - 1 >= depth:  # the step's draft budget (Decoder.propose)
+            full.append(n)
+        done += n
+    law = [(j + 1, a ** j * (1 - a)) for j in range(depth)] + [(depth + 1, a ** depth)]  # (tokens, probability)
+    mean = sum(t * q for t, q in law)
+    sd = math.sqrt(max(sum(t * t * q for t, q in law) - mean ** 2, 0.0))
+    if not full:
+        return dict(tau_full=None, full_steps=0, tau_expected=mean, tolerance=None, ok=None)
+    tol = z * sd / math.sqrt(len(full)) + 1e-9
+    tau = sum(full) / len(full)
+    return dict(tau_full=tau, full_steps=len(full), tau_expected=mean, tolerance=tol, ok=abs(tau - mean) <= tol)
+
+
 def oracle_speedup(model, prompt_len: int, max_new_tokens: int, p_corrupt: float, seed: int = 0,
-                   methods=METHODS) -> dict:
+                   methods=METHODS, reanchor: bool = True, check_tau: bool = True, tau_z: float = 4.0) -> dict:
     """Batch 1 through ``generate``: vanilla, then the oracle as a chain and as a tree.
 
     Per method: output identical to vanilla, tau (measured and expected), decode tokens/s, the
     measured speedup, and the cost model's prediction from the same run's per-step draft and
     target time (``dispatch.predicted_tokens_per_s``, no loop overhead: the gap to the measured
-    speedup is what sampling, verification, KV commit and Python cost).
+    speedup is what sampling, verification, KV commit and Python cost; ``phase_s_per_step`` has
+    each part).
+
+    The oracle re-anchors when the context leaves its stream (``reanchor``; see
+    ``drafters.oracle``); re-anchoring is the measuring device's cost, so its time is taken out of
+    the draft phase and the decode time and reported as ``reanchor_s`` with the count
+    ``reanchors``. Then tau is checked against the promise (``tau_check``, ``tau_z`` standard
+    errors): with ``check_tau`` a departure raises ``OracleTauError``, naming the method, its
+    re-anchors and off-stream proposals, instead of reporting the speedup of another tau.
+
+    Args:
+        methods: {name: (depth, draft nodes)}, "vanilla": (0, 0) included.
+    Returns:
+        dict(prompt_tokens, max_new_tokens, p_corrupt, methods={name: {...}}, identical_all, tau_ok_all).
     """
     from .dispatch import predicted_tokens_per_s
     from .generate import generate
@@ -211,23 +344,40 @@ def oracle_speedup(model, prompt_len: int, max_new_tokens: int, p_corrupt: float
     out = {}
     for method, (depth, nodes) in methods.items():
         drafter = None if nodes == 0 else OracleDrafter(stream, k=depth, p_corrupt=p_corrupt, seed=seed,
-                                                        tree_nodes=nodes, vocab_size=model.cfg.vocab_size)
+                                                        tree_nodes=nodes, vocab_size=model.cfg.vocab_size,
+                                                        target=model if reanchor else None)
         if drafter is not None:  # warm-up: kernels for this tree size
             generate(model, tok, prompt, drafter=drafter, max_new_tokens=2 * depth + 2, chat=False, stop_at_eos=False)
         r = generate(model, tok, prompt, drafter=drafter, max_new_tokens=max_new_tokens, chat=False, stop_at_eos=False)
         s = r.stats
         steps = len(s.nodes)
+        re_s = getattr(drafter, "reanchor_s", 0.0)
+        phase = dict(s.phase_s, draft=s.phase_s["draft"] - re_s)
+        decode_s = s.decode_s - re_s
         first = next((i for i, (a, b) in enumerate(zip(r.tokens, ref.tokens)) if a != b), None)
+        check = tau_check(s.tokens_per_step, depth, p_corrupt if nodes else 1.0, max_new_tokens, tau_z)
         out[method] = dict(depth=depth, nodes=nodes, identical=r.tokens == ref.tokens[:max_new_tokens],
                            first_difference=first, off_stream=getattr(drafter, "off_stream", 0),
-                           tau_expected=expected_tau(p_corrupt, depth), tau_step=(s.new_tokens - 1) / steps,
-                           decode_tokens_per_s=(s.new_tokens - 1) / s.decode_s,
-                           draft_s=s.phase_s["draft"] / steps, target_s=s.phase_s["target"] / steps,
-                           step_s=s.decode_s / steps, phase_s_per_step={k: v / steps for k, v in s.phase_s.items()})
+                           reanchors=getattr(drafter, "reanchors", 0), reanchor_s=re_s,
+                           diverged_at=list(getattr(drafter, "diverged_at", [])),
+                           tau_expected=expected_tau(p_corrupt, depth) if nodes else 1.0,
+                           tau_step=(s.new_tokens - 1) / steps, tau_full=check["tau_full"],
+                           full_steps=check["full_steps"], tau_tolerance=check["tolerance"], tau_ok=check["ok"],
+                           steps=steps, decode_tokens_per_s=(s.new_tokens - 1) / decode_s,
+                           draft_s=phase["draft"] / steps, target_s=phase["target"] / steps,
+                           step_s=decode_s / steps, phase_s_per_step={k: v / steps for k, v in phase.items()})
     base = out["vanilla"]
     base_pred = predicted_tokens_per_s(1.0, base["target_s"], 0.0)
     for r in out.values():
         r["measured_speedup"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
         r["predicted_speedup"] = predicted_tokens_per_s(r["tau_step"], r["target_s"], r["draft_s"]) / base_pred
+    bad = {m: r for m, r in out.items() if r["tau_ok"] is False}
+    if check_tau and bad:
+        raise OracleTauError("; ".join(
+            f"{m}: measured tau {r['tau_full']:.2f} over {r['full_steps']} full-depth steps, promised "
+            f"{r['tau_expected']:.2f} +- {r['tau_tolerance']:.2f} ({r['reanchors']} re-anchors, {r['off_stream']} "
+            f"proposals off the stream, diverged at {r['diverged_at'][:5]})" for m, r in bad.items())
+            + ": the speedup measured would belong to another tau")
     return dict(prompt_tokens=prompt_len, max_new_tokens=max_new_tokens, p_corrupt=p_corrupt, methods=out,
-                identical_all=all(r["identical"] for r in out.values()))
+                identical_all=all(r["identical"] for r in out.values()),
+                tau_ok_all=all(r["tau_ok"] is not False for r in out.values()))
