@@ -14,6 +14,10 @@ behind ``.item()`` / ``int()`` / ``.tolist()``, ``aten.nonzero``, a copy to anot
 Running the same function on the ``meta`` device (shapes without data) counts the kernels of an
 8B-parameter model's step without allocating its weights.
 
+Shapes are frozen per graph, so steps of varying size are padded to a few *buckets*, one graph
+each: ``padding_waste`` counts the padded slots of a set of buckets over the sizes that occur,
+and ``best_buckets`` chooses the k buckets that waste least (a small dynamic programme).
+
 References: NVIDIA, "CUDA Graphs" (CUDA C++ Programming Guide, "Graph capture" restrictions);
 PyTorch, ``torch.cuda.graphs`` documentation ("Constraints").
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -162,15 +166,85 @@ def find_hazards(fn: Callable, *calls: tuple[tuple, dict]) -> list[str]:
     return found
 
 
-def dispatch_cost_s(reps: int = 2000) -> float:
+def dispatch_cost_s(reps: int = 2000, device: torch.device | str = "cpu") -> float:
     """Seconds the host spends to dispatch one small operator on this machine (an add of two
-    8-element tensors: the kernel does almost nothing, so the time is the launch path)."""
+    8-element tensors: the kernel does almost nothing, so the time is the launch path).
+
+    On a CUDA device the adds are queued asynchronously and the device is synchronised before
+    and after the loop: the time per add is then the host's launch cost (the GPU runs each tiny
+    kernel faster than the host queues the next)."""
     import time
 
-    a, b = torch.ones(8), torch.ones(8)
+    dev = torch.device(device)
+    a, b = torch.ones(8, device=dev), torch.ones(8, device=dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for _ in range(100):
         torch.add(a, b)
+    sync()
     t0 = time.perf_counter()
     for _ in range(reps):
         torch.add(a, b)
+    sync()
     return (time.perf_counter() - t0) / reps
+
+
+# --------------------------------------------------------------------------- buckets: what padding costs
+def padding_waste(sizes: Sequence[int], buckets: Sequence[int]) -> int:
+    """Padded slots when every size is padded up to the smallest bucket that holds it.
+
+    Args:
+        sizes: the sizes that occur (a multiset: repeat a size as often as it occurs).
+        buckets: the bucket sizes; the largest must hold every size.
+    Returns:
+        sum over sizes of (its bucket - size). ValueError if a size exceeds every bucket.
+    """
+    from .cuda_graphs import pick_bucket
+
+    return sum(pick_bucket(s, buckets) - s for s in sizes)
+
+
+def best_buckets(sizes: Sequence[int], k: int) -> list[int]:
+    """At most ``k`` buckets that minimise ``padding_waste(sizes, buckets)``: one graph each.
+
+    An optimal set uses only sizes that occur (lowering a bucket to the largest size it holds
+    wastes less), and its largest bucket is the largest size. Over the distinct sizes sorted,
+    ``cost[j][i]`` is the least waste of the first i distinct sizes with j buckets, the last at
+    size i - 1; a dynamic programme over (j, i), O(k n^2) for n distinct sizes.
+
+    Args:
+        sizes: the sizes that occur (a multiset), at least one; k: the most buckets (>= 1).
+    Returns:
+        the buckets, sorted (fewer than k when there are fewer distinct sizes). Ties go to the
+        set found first (smaller buckets first).
+    """
+    if k < 1 or not len(sizes):
+        raise ValueError(f"need k >= 1 and at least one size, got k={k}, {len(sizes)} sizes")
+    count = Counter(int(s) for s in sizes)
+    vals = sorted(count)  # distinct sizes
+    n = len(vals)
+    k = min(k, n)
+    inf = float("inf")
+
+    n_le, sum_le = [0], [0]  # prefix sums over the distinct sizes: how many, and their total
+    for v in vals:
+        n_le.append(n_le[-1] + count[v])
+        sum_le.append(sum_le[-1] + v * count[v])
+
+    def waste(lo: int, hi: int) -> int:  # the sizes vals[lo..hi] padded to vals[hi]
+        return vals[hi] * (n_le[hi + 1] - n_le[lo]) - (sum_le[hi + 1] - sum_le[lo])
+
+    cost = [[inf] * (n + 1) for _ in range(k + 1)]  # cost[j][i]: first i sizes, j buckets, last at i - 1
+    back = [[0] * (n + 1) for _ in range(k + 1)]
+    cost[0][0] = 0
+    for j in range(1, k + 1):
+        for i in range(1, n + 1):
+            for prev in range(i):  # the previous bucket ends at size prev - 1 (prev = 0: none)
+                c = cost[j - 1][prev] + waste(prev, i - 1)
+                if c < cost[j][i]:
+                    cost[j][i], back[j][i] = c, prev
+    j = min(range(1, k + 1), key=lambda j: (cost[j][n], j))
+    out, i = [], n
+    while i > 0:
+        out.append(vals[i - 1])
+        i, j = back[j][i], j - 1
+    return sorted(out)

@@ -1,0 +1,192 @@
+"""Chapter 8 exercises: what a CUDA graph needs (no host syncs, static shapes, static buffers, buckets).
+
+A CUDA graph records the kernels of one step once and replays them with a single launch, on
+the same addresses and with the same shapes. So a step that is to be captured
+
+  - must not make the host wait for the device (a *host sync*: ``.item()``, ``int(t)``,
+    ``nonzero``, boolean-mask indexing, a copy to the host), nor change a shape from one step
+    to the next (exercise 8.1 finds both in a record of the operators a step dispatched);
+  - reads its inputs from static buffers: the KV cache keeps its committed lengths in a device
+    tensor, every step attends over the cache's whole capacity, and a mask built on the device
+    hides what a row must not see (exercise 8.2);
+  - has one of a few shapes: the batch and the new tokens of a step are padded up to a bucket,
+    one graph per bucket (exercise 8.3), and the buckets are chosen to waste little (8.4).
+
+The library's versions are in ``minispec.cuda_graphs`` (``StaticKVCache``, ``static_forward``,
+``pad_inputs``, ``pick_bucket``, ``GraphedForward``) and ``minispec.graph_rules``
+(``record_ops``, ``find_hazards``, ``padding_waste``, ``best_buckets``).
+
+References:
+    NVIDIA, "CUDA Graphs" (CUDA C++ Programming Guide): capture and its restrictions.
+    PyTorch, "Accelerating PyTorch with CUDA Graphs" (2021) and ``torch.cuda.graph``.
+    gpt-fast (PyTorch team, 2023): a static KV cache attended over its whole length with a mask.
+    vLLM and SGLang: one graph per batch-size bucket.
+
+Check your work: ``python -m minispec grade 8``, or ``minispec.grading.check("8.1")``, or
+``pytest tests/test_exercises.py -m ch08 --impl exercises``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def capture_hazards(calls: Sequence[Sequence[tuple[str, tuple]]], sync_ops: set[str]) -> list[tuple]:
+    """What keeps a step from being captured, read off the operators its calls dispatched.
+
+    ``calls`` holds one record per call of the step (consecutive steps, in order); a record is the
+    list of the operators that call dispatched, in order, each as ``(name, output_shapes)`` (as in
+    ``minispec.graph_rules.OpRecord.ops``, e.g. ``("mm", ((1, 576),))``).
+
+    Two kinds of findings, in this order:
+      1. host syncs: for each call i in order, ``(i, "sync", name)`` for each distinct operator
+         name of that call that is in ``sync_ops``, in the order of its first occurrence;
+      2. changing shapes: for each call i >= 1 whose record differs from call 0's (names or
+         shapes), ``(i, "shape", n)`` where n is the index of the first operator at which the
+         two records differ, or the length of the shorter record when one is a prefix of the
+         other.
+
+    Args:
+        calls: one list of (operator name, output shapes) per call.
+        sync_ops: the names of the operators that make the host wait for the device.
+    Returns:
+        the findings as tuples; empty when the step can be captured.
+    """
+    # EXERCISE 8.1: host-sync operators of every call, then the first operator where a call's record departs from call 0's
+    # BEGIN SOLUTION
+    found = []
+    for i, ops in enumerate(calls):
+        seen = []
+        for name, _ in ops:
+            if name in sync_ops and name not in seen:
+                seen.append(name)
+        found += [(i, "sync", name) for name in seen]
+    first = list(calls[0]) if calls else []
+    for i, ops in enumerate(calls[1:], 1):
+        ops = list(ops)
+        if ops != first:
+            n = next((j for j, (a, b) in enumerate(zip(first, ops)) if a != b), min(len(first), len(ops)))
+            found.append((i, "shape", n))
+    return found
+    # END SOLUTION
+
+
+def static_mask(lengths: torch.Tensor, tree_mask: torch.Tensor, capacity: int) -> torch.Tensor:
+    """The attention mask of a captured step over a static KV cache of ``capacity`` slots.
+
+    Row b of the batch holds ``lengths[b]`` committed tokens in slots 0 .. lengths[b] - 1; the
+    step's T new tokens are written to the slots that follow, new token j of row b at slot
+    ``lengths[b] + j``. Every new token attends over the whole capacity, so the mask says, for
+    new token i of row b and slot s, whether i may see what s holds: every committed slot, and
+    the slot of new token j exactly when ``tree_mask[b, i, j]``; nothing else (slots past the
+    new tokens hold stale or no entries).
+
+    Build it with tensor operations only: it runs inside the captured graph, so it must not read
+    ``lengths`` on the host (no ``.item()``, ``int()``, ``.tolist()``, no Python loop over the
+    values). The grader records the operators your function dispatches and fails on a host sync.
+
+    Args:
+        lengths: long [B], committed tokens per row (lengths[b] + T <= capacity).
+        tree_mask: bool [B, T, T], True where new token i may see new token j.
+        capacity: slots of the cache, C.
+    Returns:
+        bool [B, T, C].
+    """
+    # EXERCISE 8.2: the [B, T, C] mask over the cache's slots: the committed prefix plus the tree mask placed after it
+    # BEGIN SOLUTION
+    B, T, _ = tree_mask.shape
+    slots = torch.arange(capacity, device=lengths.device)  # [C]
+    mask = (slots[None, None, :] < lengths[:, None, None]).expand(B, T, capacity).clone()  # [B, T, C] the prefix
+    write_pos = lengths[:, None] + torch.arange(T, device=lengths.device)  # [B, T] slots of the new tokens
+    mask.scatter_(2, write_pos[:, None, :].expand(B, T, T), tree_mask)  # mask[b, i, write_pos[b, j]] = tree_mask[b, i, j]
+    return mask
+    # END SOLUTION
+
+
+def pad_to_bucket(tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor,
+                  batch_buckets: Sequence[int], token_buckets: Sequence[int]):
+    """Pad a step's inputs up to the smallest (batch, tokens) bucket that holds them.
+
+    B_b is the smallest of ``batch_buckets`` that is >= B, T_b the smallest of ``token_buckets``
+    that is >= T (the buckets are not necessarily sorted). In the padded inputs:
+      - tokens and positions keep the real [B, T] block in their top-left corner; every padded
+        entry is token id 0 at position 0;
+      - the mask keeps each real row's [T, T] block; a real token sees no padded token; every
+        padded token (in a real row past T, or anywhere in a padded row) sees itself only.
+
+    Do not modify the arguments. Raise ValueError when B or T exceeds every bucket.
+
+    Args:
+        tokens, positions: long [B, T]; tree_mask: bool [B, T, T].
+        batch_buckets, token_buckets: the bucket sizes.
+    Returns:
+        (tokens [B_b, T_b], positions [B_b, T_b], tree_mask bool [B_b, T_b, T_b]).
+    """
+    # EXERCISE 8.3: pad tokens, positions and tree mask to the smallest bucket; padded tokens see only themselves
+    # BEGIN SOLUTION
+    B, T = tokens.shape
+
+    def smallest(n, buckets):
+        fits = [b for b in buckets if b >= n]
+        if not fits:
+            raise ValueError(f"{n} exceeds the largest bucket {max(buckets)}")
+        return min(fits)
+
+    B_b, T_b = smallest(B, batch_buckets), smallest(T, token_buckets)
+    tok = tokens.new_zeros(B_b, T_b)
+    pos = positions.new_zeros(B_b, T_b)
+    tok[:B, :T], pos[:B, :T] = tokens, positions
+    m = torch.eye(T_b, dtype=torch.bool, device=tree_mask.device).repeat(B_b, 1, 1)  # [B_b, T_b, T_b] self only
+    m[:B, :T, :T] = tree_mask
+    return tok, pos, m
+    # END SOLUTION
+
+
+def choose_buckets(sizes: Sequence[int], k: int) -> list[int]:
+    """At most ``k`` buckets that minimise the padding of ``sizes``: one CUDA graph per bucket.
+
+    Every size s is padded up to the smallest bucket >= s, wasting (bucket - s) slots; the total
+    waste is the sum over ``sizes`` (a multiset: a size that occurs 5 times counts 5 times).
+    Return a set of at most k buckets that holds every size (the largest bucket is at least
+    the largest size) with the least total waste; when several sets tie, any of them.
+
+    Hint: some optimal set uses only sizes that occur, and its largest bucket is the largest
+    size. Sort the distinct sizes and think about the best waste of the first i of them with j
+    buckets, the j-th bucket at the i-th size (a dynamic programme; the grader compares your
+    waste with a brute force over every subset).
+
+    Args:
+        sizes: the sizes that occur, at least one (positive integers).
+        k: the most buckets (>= 1).
+    Returns:
+        the buckets (a list of ints).
+    """
+    # EXERCISE 8.4: the k buckets of least total padding, by dynamic programming over the sorted distinct sizes
+    # BEGIN SOLUTION
+    vals = sorted(set(sizes))
+    count = {v: 0 for v in vals}
+    for s in sizes:
+        count[s] += 1
+    n, inf = len(vals), float("inf")
+
+    def waste(lo, hi):  # sizes vals[lo..hi] padded to vals[hi]
+        return sum((vals[hi] - vals[x]) * count[vals[x]] for x in range(lo, hi + 1))
+
+    best = [[inf] * (n + 1) for _ in range(k + 1)]  # best[j][i]: first i sizes with j buckets, the last at vals[i-1]
+    prev = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0
+    for j in range(1, k + 1):
+        for i in range(1, n + 1):
+            for p in range(i):
+                c = best[j - 1][p] + waste(p, i - 1)
+                if c < best[j][i]:
+                    best[j][i], prev[j][i] = c, p
+    j = min(range(1, k + 1), key=lambda j: best[j][n])
+    out, i = [], n
+    while i > 0:
+        out.append(vals[i - 1])
+        i, j = prev[j][i], j - 1
+    return sorted(out)
+    # END SOLUTION
