@@ -560,3 +560,207 @@ def test_triton_merge_kernel_exercise_passes_on_reference_catches_nan_and_stub_f
     assert not passed and msg.startswith("Exercise 6.5 merge_kernel: not implemented yet"), msg
     passed, msg = find_exercise("6.5").run(_with(6, merge_kernel=_merge_kernel_without_empty_guard()))
     assert not passed and "nan" in msg and "empty parts" in msg, msg
+
+
+# --------------------------------------------------------------------------- chapter 9 (scaling): the checks have teeth
+def test_scaling_chapter_passes_on_reference_and_stubs_fail():
+    assert len(chapter_module(9).EXERCISES) >= 3
+    for impl in ("solutions", "minispec"):
+        failed = [r[3] for r in grade(9, impl) if not r[2]]
+        assert not failed, (impl, failed)
+    for ex_id, name, passed, msg in grade(9, "exercises"):
+        assert not passed and msg.startswith(f"Exercise {ex_id} {name}: not implemented yet"), msg
+
+
+def _bytes_no_kv(cfg, batch, context, dtype):
+    return _solutions(9).step_bytes(cfg, 1, 0, dtype)
+
+
+def _bytes_query_heads(cfg, batch, context, dtype):  # KV with n_head heads: forgets grouped-query attention
+    import dataclasses
+    return _solutions(9).step_bytes(cfg, 1, 0, dtype) + _solutions(9).step_bytes(
+        dataclasses.replace(cfg, n_kv_head=cfg.n_head), batch, context, dtype) - _solutions(9).step_bytes(
+        dataclasses.replace(cfg, n_kv_head=cfg.n_head), 1, 0, dtype)
+
+
+def _bytes_untied_head_skipped(cfg, batch, context, dtype):  # a tied LM head counted as free
+    size = torch.finfo(dtype).bits // 8
+    skip = cfg.vocab_size * cfg.d_model * size if cfg.tie_embeddings else 0
+    return _solutions(9).step_bytes(cfg, batch, context, dtype) - skip
+
+
+def _roof_sum(cfg, batch, new, context, dtype, bw, peak):  # memory + compute instead of the slower one
+    s = _solutions(9)
+    mem = s.step_bytes(cfg, batch, context, dtype) / bw
+    comp = s.roofline_step_s(cfg, batch, new, context, dtype, float("inf"), peak)
+    return mem + comp
+
+
+def _roof_no_attention(cfg, batch, new, context, dtype, bw, peak):  # FLOPs of the linear layers only
+    s = _solutions(9)
+    size = torch.finfo(dtype).bits // 8
+    return max(s.step_bytes(cfg, batch, context, dtype) / bw, batch * new * 2 * s.step_bytes(cfg, 1, 0, dtype) / size / peak)
+
+
+def _tau_alpha(tau, k):  # returns the acceptance rate instead of the corruption rate
+    return 1 - _solutions(9).corruption_for_tau(tau, k)
+
+
+def _tau_no_bonus(tau, k):  # k terms: forgets the target's own token
+    if k < 2:
+        return _solutions(9).corruption_for_tau(tau, k)
+    return _solutions(9).corruption_for_tau(min(tau, k), k - 1) if tau <= k else 0.0
+
+
+def _tau_no_checks(tau, k):  # right inside the domain, but silent outside it
+    return _solutions(9).corruption_for_tau(min(max(tau, 1.0), max(k, 1) + 1), max(k, 1))
+
+
+def _cross_rows(cfg, nodes, tau, context, dtype, bw, peak, max_batch=4096):  # the verify forward of nodes rows
+    s = _solutions(9)
+    return next((b for b in range(1, max_batch + 1) if tau * s.roofline_step_s(cfg, b, 1, context, dtype, bw, peak)
+                 < s.roofline_step_s(cfg, b, nodes, context, dtype, bw, peak)), None)
+
+
+def _cross_max_batch(cfg, nodes, tau, context, dtype, bw, peak, max_batch=4096):  # "never" as max_batch, not None
+    b = _solutions(9).crossover_batch(cfg, nodes, tau, context, dtype, bw, peak, max_batch)
+    return max_batch if b is None else b
+
+
+WRONG_SCALING = [
+    ("9.1", dict(step_bytes=_bytes_no_kv), "the KV cache is missing"),
+    ("9.1", dict(step_bytes=_bytes_query_heads), "n_kv_head heads"),
+    ("9.1", dict(step_bytes=_bytes_untied_head_skipped), "tied or not"),
+    ("9.2", dict(roofline_step_s=_roof_sum), "not their sum"),
+    ("9.2", dict(roofline_step_s=_roof_no_attention), "attention over the context"),
+    ("9.3", dict(corruption_for_tau=_tau_alpha), "acceptance rate"),
+    ("9.3", dict(corruption_for_tau=_tau_no_bonus), "k + 1 terms"),
+    ("9.3", dict(corruption_for_tau=_tau_no_checks), "instead of raising ValueError"),
+    ("9.4", dict(crossover_batch=_cross_rows), "expected"),
+    ("9.4", dict(crossover_batch=_cross_max_batch), "expected None"),
+]
+
+
+@pytest.mark.parametrize("ex_id, overrides, needle", WRONG_SCALING,
+                         ids=[f"{w[0]}-{i}" for i, w in enumerate(WRONG_SCALING)])
+def test_scaling_checks_catch_wrong_answers(ex_id, overrides, needle):
+    ex = find_exercise(ex_id)
+    passed, msg = ex.run(_with(ex.chapter, **overrides))
+    assert not passed
+    assert msg.startswith(f"Exercise {ex_id} {ex.name}: ") and needle in msg, msg
+
+
+
+# --------------------------------------------------------------------------- chapter 8 (CUDA graphs): the checks have teeth
+def test_cuda_graphs_chapter_passes_on_reference_and_stubs_fail():
+    assert len(chapter_module(8).EXERCISES) >= 3
+    for impl in ("solutions", "minispec"):
+        failed = [r[3] for r in grade(8, impl) if not r[2]]
+        assert not failed, (impl, failed)
+    for ex_id, name, passed, msg in grade(8, "exercises"):
+        assert not passed and msg.startswith(f"Exercise {ex_id} {name}: not implemented yet"), msg
+
+
+def _hazards_every_occurrence(calls, sync_ops):  # a sync operator reported each time it occurs
+    out = [(i, "sync", n) for i, ops in enumerate(calls) for n, _ in ops if n in sync_ops]
+    return out + [f for f in _solutions(8).capture_hazards(calls, sync_ops) if f[1] == "shape"]
+
+
+def _hazards_vs_previous(calls, sync_ops):  # each call compared with the one before it, not with call 0
+    out = [f for f in _solutions(8).capture_hazards(calls, sync_ops) if f[1] == "sync"]
+    for i in range(1, len(calls)):
+        out += [(i, "shape", n) for (_, _, n) in _solutions(8).capture_hazards([calls[i - 1], calls[i]], set())]
+    return out
+
+
+def _hazards_names_only(calls, sync_ops):  # compares operator names, not their shapes
+    return _solutions(8).capture_hazards([[(n, ()) for n, _ in ops] for ops in calls], sync_ops)
+
+
+def _hazards_library_set(calls, sync_ops):  # ignores the sync_ops argument
+    from minispec.graph_rules import SYNC_OPS
+    return _solutions(8).capture_hazards(calls, set(SYNC_OPS))
+
+
+def _mask_host_loop(lengths, tree_mask, capacity):  # right values, read on the host
+    B, T, _ = tree_mask.shape
+    out = torch.zeros(B, T, capacity, dtype=torch.bool)
+    for b in range(B):
+        n = int(lengths[b])
+        out[b, :, :n] = True
+        out[b, :, n:n + T] = tree_mask[b]
+    return out
+
+
+def _mask_causal(lengths, tree_mask, capacity):  # ignores the tree: causal over the new tokens
+    T = tree_mask.shape[1]
+    return _solutions(8).static_mask(lengths, torch.ones(T, T, dtype=torch.bool).tril().expand_as(tree_mask), capacity)
+
+
+def _mask_whole_row(lengths, tree_mask, capacity):  # the tree mask placed at slot 0, not after the prefix
+    B, T, _ = tree_mask.shape
+    out = _solutions(8).static_mask(lengths, tree_mask, capacity)
+    out[:, :, :T] |= tree_mask
+    return out
+
+
+def _pad_first_fit(tokens, positions, tree_mask, bb, tb):  # the first bucket that fits, in the given order
+    B, T = tokens.shape
+    first = lambda n, bs: next(b for b in bs if b >= n)  # noqa: E731
+    return _solutions(8).pad_to_bucket(tokens, positions, tree_mask, [first(B, bb)], [first(T, tb)])
+
+
+def _pad_blind_rows(tokens, positions, tree_mask, bb, tb):  # padded tokens see nothing (an all-masked softmax row)
+    tok, pos, m = _solutions(8).pad_to_bucket(tokens, positions, tree_mask, bb, tb)
+    B, T = tokens.shape
+    keep = torch.zeros_like(m)
+    keep[:B, :T, :T] = True
+    return tok, pos, m & keep
+
+
+def _pad_repeat_last(tokens, positions, tree_mask, bb, tb):  # padded positions repeat the last real one
+    tok, pos, m = _solutions(8).pad_to_bucket(tokens, positions, tree_mask, bb, tb)
+    B, T = tokens.shape
+    pos[:B, T:] = positions[:, -1:]
+    return tok, pos, m
+
+
+def _buckets_most_frequent(sizes, k):  # the k most frequent sizes (and the largest)
+    from collections import Counter
+    common = [s for s, _ in Counter(sizes).most_common(k - 1)]
+    return sorted(set(common) | {max(sizes)})
+
+
+def _buckets_powers_of_two(sizes, k):
+    top = 1 << (max(sizes) - 1).bit_length()
+    return [top >> i for i in range(k)][::-1]
+
+
+def _buckets_evenly_spaced(sizes, k):
+    vals = sorted(set(sizes))
+    return sorted({vals[(len(vals) - 1) * i // k] for i in range(1, k)} | {vals[-1]})
+
+
+WRONG_GRAPHS = [
+    ("8.1", dict(capture_hazards=_hazards_every_occurrence), "each distinct sync operator once"),
+    ("8.1", dict(capture_hazards=_hazards_vs_previous), "expected"),
+    ("8.1", dict(capture_hazards=_hazards_names_only), "expected"),
+    ("8.1", dict(capture_hazards=_hazards_library_set), "expected"),
+    ("8.2", dict(static_mask=_mask_host_loop), "could not run inside a captured graph"),
+    ("8.2", dict(static_mask=_mask_causal), "the slot of new token"),
+    ("8.2", dict(static_mask=_mask_whole_row), "mask["),
+    ("8.3", dict(pad_to_bucket=_pad_first_fit), "smallest bucket"),
+    ("8.3", dict(pad_to_bucket=_pad_blind_rows), "tree_mask["),
+    ("8.3", dict(pad_to_bucket=_pad_repeat_last), "positions["),
+    ("8.4", dict(choose_buckets=_buckets_most_frequent), "the best"),
+    ("8.4", dict(choose_buckets=_buckets_powers_of_two), "the best"),
+    ("8.4", dict(choose_buckets=_buckets_evenly_spaced), "the best"),
+]
+
+
+@pytest.mark.parametrize("ex_id, overrides, needle", WRONG_GRAPHS, ids=[f"{w[0]}-{i}" for i, w in enumerate(WRONG_GRAPHS)])
+def test_cuda_graphs_checks_catch_wrong_answers(ex_id, overrides, needle):
+    ex = find_exercise(ex_id)
+    passed, msg = ex.run(_with(ex.chapter, **overrides))
+    assert not passed
+    assert msg.startswith(f"Exercise {ex_id} {ex.name}: ") and needle in msg, msg

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 
 # Chapters whose notebooks follow the rule: all of them.
-CHAPTERS_CHECKED = ["01", "02", "03", "04", "05", "06", "07"]
+CHAPTERS_CHECKED = ["01", "02", "03", "04", "05", "06", "07", "08", "09"]
 
 # Exercise -> a phrase of the "## " heading of the section that teaches it (case-insensitive).
 TAUGHT_IN = {
@@ -41,6 +41,9 @@ TAUGHT_IN = {
     "6.1": "the log-sum-exp merge", "6.2": "pytorch references", "6.3": "the triton kernels",
     "6.4": "the triton kernels", "6.5": "triton puzzle",
     "7.1": "reserving a forward", "7.2": "a tree step", "7.3": "ragged acceptance",
+    "8.1": "capture rules", "8.2": "static buffers", "8.3": "buckets and padding", "8.4": "choosing buckets",
+    "9.1": "on the meta device", "9.2": "the roofline of a decode step", "9.3": "the oracle draft",
+    "9.4": "where speculation stops paying",
 }
 
 # Exercise -> the library functions (last dotted name) whose source is its answer. The function
@@ -55,6 +58,10 @@ ANSWERS = {
     "6.1": ["merge"], "6.2": ["attention_with_lse", "suffix_attention"],
     "6.3": ["prefix_attention", "_online_softmax_step", "_prefix_kernel"], "6.4": ["split_attention"],
     "6.5": ["_merge_kernel", "merge"],
+    "8.1": ["find_hazards", "record_ops"], "8.2": ["static_forward"], "8.3": ["pad_inputs", "pick_bucket"],
+    "8.4": ["best_buckets"],
+    "9.1": ["weight_bytes", "kv_bytes", "linear_params"], "9.2": ["flops_per_row", "ridge_rows"],
+    "9.4": ["roofline_speedup"],
 }
 
 
