@@ -33,6 +33,8 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
+from .sampling import sample
+
 MODES = ("greedy", "chain", "mss_replacement", "mss_no_replacement", "onehot")
 _REAL_Q_MODES = ("chain", "mss_replacement", "mss_no_replacement")
 
@@ -60,9 +62,7 @@ class TorchChooser:
         return u.item() < prob
 
     def categorical(self, dist: torch.Tensor) -> int:
-        if self.generator is not None:
-            dist = dist.to(self.generator.device)
-        return int(torch.multinomial(dist, 1, generator=self.generator).item())
+        return int(sample(dist, self.generator))  # inverse transform, on the generator's device
 
 
 def _chooser(generator, chooser) -> Chooser:

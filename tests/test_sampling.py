@@ -73,12 +73,23 @@ def test_top_p_boundary_is_inclusive():
 
 
 # --------------------------------------------------------------------------- seeded sampling on any device
-def test_sample_on_the_cpu_is_unchanged_bit_for_bit():
-    """The same seed gives the very tokens torch.multinomial gave before the device handling."""
+def test_sample_is_the_inverse_transform_of_one_uniform_per_row():
+    """The token whose cumulative mass first exceeds u x total, u from the generator: exact by construction."""
     p = torch.softmax(torch.randn(6, 50, generator=torch.Generator().manual_seed(3)), -1)
     got = sample(p, torch.Generator().manual_seed(7))
-    want = torch.multinomial(p.float(), 1, generator=torch.Generator().manual_seed(7))[:, 0]
+    u = torch.rand(6, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    cdf = p.double().cumsum(-1)
+    want = (cdf <= u * cdf[:, -1:]).sum(-1)  # how many tokens' cumulative mass stays at or below the draw
     assert torch.equal(got, want) and got.device == p.device
+
+
+def test_sample_never_draws_a_token_without_mass():
+    p = torch.zeros(4000, 7)
+    p[:, [0, 3, 6]] = torch.tensor([0.2, 0.5, 0.3])  # zeros in front, between and after
+    ids = sample(p, torch.Generator().manual_seed(0))
+    assert set(ids.tolist()) == {0, 3, 6}
+    with pytest.raises(ValueError, match="no mass"):
+        sample(torch.zeros(2, 5))
 
 
 def test_draw_device_is_the_generators():
@@ -89,23 +100,16 @@ def test_draw_device_is_the_generators():
     assert draw_device(p, None) == torch.device("meta")
 
 
-def test_sample_draws_where_the_generator_lives(monkeypatch):
-    """A generator on another device than p (generate's CPU generator, CUDA logits): p goes to the
-    generator, the token comes back to p's device. The other device is faked: the check is the
-    routing, which is what a GPU run needs (torch.multinomial refuses a generator on another device)."""
-    class OtherDeviceGenerator:
-        device = torch.device("meta")
+def test_sample_draws_on_the_generators_device(monkeypatch):
+    """p goes to draw_device (the generator's), the token comes back to p's device: routed through
+    draw_device, whose rule is tested above (the other device needs a GPU: tests marked gpu)."""
+    import minispec.sampling as sampling
 
-    seen = {}
-
-    def multinomial(x, n, generator=None):
-        seen.update(probs=x.device, generator=generator.device)
-        return torch.zeros(x.shape[0], n, dtype=torch.long)  # drawn "there" and handed back on the CPU
-
-    monkeypatch.setattr(torch, "multinomial", multinomial)
-    ids = sample(torch.full((3, 4), 0.25), OtherDeviceGenerator())
-    assert seen == dict(probs=torch.device("meta"), generator=torch.device("meta"))
-    assert ids.shape == (3,) and ids.device == torch.device("cpu")
+    calls = []
+    monkeypatch.setattr(sampling, "draw_device", lambda p, g: calls.append((p.device, g)) or torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    ids = sampling.sample(torch.full((3, 4), 0.25), gen)
+    assert calls == [(torch.device("cpu"), gen)] and ids.shape == (3,) and ids.device == torch.device("cpu")
 
 
 def test_dynamic_tree_expansion_keeps_the_logits_device():
