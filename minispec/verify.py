@@ -428,7 +428,7 @@ def check_tree(parents, tokens, V: int) -> tuple[list[int], list[int]]:
 
 def verify_tree(parents, tokens, p: torch.Tensor, q: torch.Tensor | None = None, *, mode: str,
                 generator: torch.Generator | None = None,
-                chooser: Chooser | None = None) -> VerifyResult:
+                chooser: Chooser | None = None, p_from_probs: bool = False) -> VerifyResult:
     """Verify a whole draft tree, level by level, with ``verify_candidates`` at each node.
 
     Indexing convention ("row = node + 1"): the root is the last committed token; row 0 of
@@ -447,6 +447,8 @@ def verify_tree(parents, tokens, p: torch.Tensor, q: torch.Tensor | None = None,
         mode: see ``verify_candidates``: "greedy", "chain" / "mss_replacement",
             "mss_no_replacement", "onehot".
         generator / chooser: source of the random choices.
+        p_from_probs: p is ``sampling.probs``'s output (the decode loop's own): its rows are not
+            checked again (a check costs as much as a node's verification). q always is.
     Returns:
         VerifyResult(path, next_token, emitted).
     """
@@ -456,7 +458,7 @@ def verify_tree(parents, tokens, p: torch.Tensor, q: torch.Tensor | None = None,
     par, tok = check_tree(parents, tokens, p.shape[1])
     N, V = len(tok), p.shape[1]
     _check_rows(p, [N + 1], V, "p")
-    if mode != "greedy":
+    if mode != "greedy" and not p_from_probs:
         _check_dist(p, "p")
     if mode in _REAL_Q_MODES[1:]:
         _check_rows(q, [N, N + 1], V, "q")
