@@ -96,9 +96,10 @@ def _runners(methods, model_name, k, draft_path, pld_k, tree=None, drafter_path=
             continue
         real = m
         if m == "auto":
-            from .dispatch import auto_method
+            from .dispatch import resolve_auto
 
-            real = auto_method(model_name, batch_size=batch_size)
+            real, line = resolve_auto(target, tok, model_name, batch_size=batch_size, methods=made)
+            print(line, flush=True)
             resolved[m] = real
         runners[m] = minispec_runner(real)
     draft = None

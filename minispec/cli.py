@@ -43,43 +43,59 @@ def _demo(args) -> int:
     print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{model.cfg.n_layer} layers; {threads} CPU thread{'s' * (threads > 1)} (--threads N to change)", flush=True)
     method = args.method
+    methods = Methods(model, args.model, drafter_path=args.drafter, draft_vocab=args.draft_vocab)
     if method == "auto":
-        from .dispatch import auto_method, tune_path
+        from .dispatch import resolve_auto, tune_path
 
-        method = auto_method(args.model)
-        how = ("chosen by python -m minispec tune on this machine" if tune_path(args.model).exists() else
-               "minispec's default; python -m minispec tune measures every method here and saves its choice")
-        print(f"method: {method} ({how})", flush=True)
+        if not tune_path(args.model).exists():
+            print("calibrating 'auto' for this machine (once, about half a minute) ...", flush=True)
+        method, line = resolve_auto(model, tok, args.model, methods=methods)
+        print(line, flush=True)
     print(f"prompt: {args.prompt}\n", flush=True)
-    drafter = Methods(model, args.model, drafter_path=args.drafter, draft_vocab=args.draft_vocab).drafter(method)
+    drafter = methods.drafter(method)
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
               seed=args.seed)
     r = generate(model, tok, args.prompt, drafter=drafter, **kw)
     print(r.text, flush=True)
-    runs = [(method, r)]
+    runs = {method: [r]}
     if drafter is not None and not args.no_compare:
         # the run above paid one-time costs (kernel set-up for each row count, lazy loads) that vanilla,
-        # run after it, would not: time both again, warm, one after the other
-        print(f"\n(timing vanilla and {method} again on the same prompt, both warm, for comparison ...)", flush=True)
-        runs = [("vanilla", generate(model, tok, args.prompt, **kw)),
-                (method, generate(model, tok, args.prompt, drafter=drafter, **kw))]
-    print(demo_table(runs, sampled=args.temperature > 0))
+        # run after it, would not: time both again, warm, interleaved prompt by prompt, on this prompt and
+        # a few of minispec's own (one short prompt alone gives a noisy ratio)
+        from .prompts import own_prompts
+
+        prompts = [args.prompt] + [p["prompt"] for p in own_prompts()][:args.compare_prompts]
+        print(f"\n(timing vanilla and {method} again, both warm, interleaved on {len(prompts)} prompts ...)", flush=True)
+        runs = {"vanilla": [], method: []}
+        for p in prompts:
+            runs["vanilla"].append(generate(model, tok, p, **kw))
+            runs[method].append(generate(model, tok, p, drafter=drafter, **kw))
+    print(demo_table(list(runs.items()), sampled=args.temperature > 0))
     return 0
 
 
 def demo_table(runs, sampled: bool) -> str:
-    """method | tokens/s | speedup | tau | identical output, for (name, GenerationResult) pairs, vanilla first."""
+    """method | tokens/s | speedup | tau | identical output, for (name, [GenerationResult per prompt]) pairs,
+    vanilla first: tokens over the summed wall time, tau over the summed forwards."""
+    def rate(rs):
+        return sum(r.stats.new_tokens for r in rs) / sum(r.stats.total_s for r in rs)
+
     base = runs[0][1] if runs[0][0] == "vanilla" else None
     lines = [f"\n{'method':<16} {'tokens/s':>9} {'speedup':>8} {'tau':>5}  identical output"]
-    for name, r in runs:
-        s = r.stats
-        speedup = f"{s.tokens_per_s / base.stats.tokens_per_s:.2f}x" if base is not None else "-"
-        same = "-" if r is base or base is None else (
-            "- (sampled: same law, other draws)" if sampled else ("yes" if r.tokens == base.tokens else "NO"))
-        lines.append(f"{name:<16} {s.tokens_per_s:>9.1f} {speedup:>8} {s.tau:>5.2f}  {same}")
-    s = runs[-1][1].stats
-    lines.append(f"({s.new_tokens} new tokens, prompt of {s.prompt_tokens} tokens, {'sampling' if sampled else 'greedy'}; "
-                 "tau = tokens per target forward)")
+    for name, rs in runs:
+        speedup = f"{rate(rs) / rate(base):.2f}x" if base is not None else "-"
+        tau = sum(r.stats.new_tokens for r in rs) / sum(r.stats.target_forwards for r in rs)
+        if rs is base or base is None:
+            same = "-"
+        elif sampled:
+            same = "- (sampled: same law, other draws)"
+        else:
+            hits = sum(r.tokens == b.tokens for r, b in zip(rs, base))
+            same = "yes" if hits == len(rs) else f"NO ({hits}/{len(rs)} prompts)"
+        lines.append(f"{name:<16} {rate(rs):>9.1f} {speedup:>8} {tau:>5.2f}  {same}")
+    rs = runs[-1][1]
+    lines.append(f"({sum(r.stats.new_tokens for r in rs)} new tokens over {len(rs)} prompt{'s' * (len(rs) > 1)}, "
+                 f"{'sampling' if sampled else 'greedy'}; tau = tokens per target forward)")
     return "\n".join(lines)
 
 
@@ -145,6 +161,8 @@ def main(argv=None) -> int:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     d.add_argument("--no-compare", action="store_true", help="skip the vanilla run that the speedup is measured against")
+    d.add_argument("--compare-prompts", type=int, default=3,
+                   help="minispec's own prompts timed beside yours for the comparison (interleaved, warm)")
     d.add_argument("--method", default="auto", help="vanilla, pld, sps, eagle, eagle2, eagle3, medusa, NAME@TREE or "
                    "auto (default: the tree dispatcher's choice, see tune)")
     d.add_argument("--drafter", default=None, help="head checkpoint for eagle/eagle2/eagle3/medusa (default: shipped)")

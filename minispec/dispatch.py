@@ -41,7 +41,7 @@ import torch
 from .kv import KVCache
 from .tree import Tree
 
-DEFAULT_CANDIDATES = ("vanilla", "pld", "sps", "sps@eagle", "sps@4/4/12", "eagle", "eagle@chain:3", "eagle2@4/4/12",
+DEFAULT_CANDIDATES = ("vanilla", "pld", "copy", "sps", "sps@eagle", "sps@4/4/12", "eagle", "eagle@chain:3", "eagle2@4/4/12",
                       "eagle2@5/8/32", "eagle2", "eagle3", "eagle3@5/8/32", "medusa")
 DEFAULT_SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -68,6 +68,7 @@ class TuneResult:
     candidates: list[CandidateResult] = field(default_factory=list)
     choice: str = "vanilla"
     skipped: dict = field(default_factory=dict)  # method -> why it could not run
+    calibration_s: float | None = None  # wall time of a quick calibration (resolve_auto); None for tune
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -229,11 +230,25 @@ def format_tune(r: TuneResult) -> str:
     return "\n".join(lines)
 
 
+def machine_key() -> str:
+    """The machine a calibration holds for: the GPU's name, or the CPU's model and torch's thread count
+    (a choice made on 2 threads is not the choice for 1)."""
+    import re
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+    else:
+        from .benchinfo import device_info
+
+        info = device_info()
+        name = f"{info.get('cpu_model') or 'cpu'}-{torch.get_num_threads()}t"
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_")
+
+
 def tune_path(model_name: str, batch_size: int = 1):
     from .config import cache_dir
 
-    dev = torch.cuda.get_device_name(0).replace(" ", "_") if torch.cuda.is_available() else "cpu"
-    return cache_dir() / "tune" / f"{model_name}-{dev}-b{batch_size}.json"
+    return cache_dir() / "tune" / f"{model_name}-{machine_key()}-b{batch_size}.json"
 
 
 def save_choice(r: TuneResult):
@@ -244,11 +259,9 @@ def save_choice(r: TuneResult):
 
 
 def auto_method(model_name: str = "smollm2-135m", batch_size: int = 1, strict: bool = False) -> str:
-    """The method ``tune`` chose on this machine; without a saved result, ``methods.DEFAULT_AUTO``.
-
-    Nothing is measured here (``python -m minispec tune`` does that, and saves its choice), so
-    ``auto`` never starts a long calibration unannounced. ``strict``: raise FileNotFoundError
-    instead of falling back to the default."""
+    """The method ``tune`` (or ``resolve_auto``'s quick calibration) chose on this machine; without a
+    saved result, ``methods.DEFAULT_AUTO``. Nothing is measured here. ``strict``: raise
+    FileNotFoundError instead of falling back to the default."""
     from .methods import DEFAULT_AUTO
 
     path = tune_path(model_name, batch_size)
@@ -258,6 +271,50 @@ def auto_method(model_name: str = "smollm2-135m", batch_size: int = 1, strict: b
                                     f"run: python -m minispec tune --model {model_name} --batch-size {batch_size}")
         return DEFAULT_AUTO
     return json.loads(path.read_text())["choice"]
+
+
+QUICK_CANDIDATES = ("eagle@chain:2", "eagle@chain:3", "eagle", "copy", "eagle2@4/4/12")
+QUICK_SIZES = (0, 1, 2, 3, 4, 5, 8, 12)
+
+
+def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=QUICK_CANDIDATES, prompts: int = 2,
+               max_new_tokens: int = 32, methods=None, progress: bool = False) -> TuneResult:
+    """``tune`` in about half a minute on a 2-core CPU: the verify-cost curve over a few tree sizes and
+    the candidates (and vanilla) on ``prompts`` of minispec's own prompts (never a benchmark's)."""
+    from .prompts import own_prompts
+
+    calib = [p["prompt"] for p in own_prompts()][:prompts]
+    t0 = time.perf_counter()
+    r = tune(target, tok, calib, model_name, candidates, max_new_tokens=max_new_tokens, context=128,
+             sizes=QUICK_SIZES, methods=methods, progress=progress)
+    r.calibration_s = time.perf_counter() - t0
+    return r
+
+
+def resolve_auto(target, tok, model_name: str = "smollm2-135m", batch_size: int = 1, methods=None) -> tuple[str, str]:
+    """What ``auto`` means here: the saved choice for this machine, model, thread count and batch size,
+    else a quick calibration (``quick_tune``, batch 1) made now and saved for next time.
+
+    Returns:
+        (method, one line that says what was chosen and how).
+    """
+    path = tune_path(model_name, batch_size)
+    if path.exists():
+        saved = json.loads(path.read_text())
+        how = f"calibrated on this machine in {saved['calibration_s']:.0f} s" if saved.get("calibration_s") else \
+            "chosen by python -m minispec tune on this machine"
+        return saved["choice"], f"auto = {saved['choice']} ({how}; {path})"
+    if batch_size != 1:
+        from .methods import DEFAULT_AUTO
+
+        return DEFAULT_AUTO, (f"auto = {DEFAULT_AUTO} (minispec's default: run python -m minispec tune --batch-size "
+                              f"{batch_size} to measure this batch size)")
+    r = quick_tune(target, tok, model_name, methods=methods)
+    save_choice(r)
+    best = max(r.candidates, key=lambda c: c.predicted_tok_s)
+    base = next(c for c in r.candidates if c.method == "vanilla")
+    return r.choice, (f"auto = {r.choice} (calibrated now on this machine in {r.calibration_s:.0f} s: predicted "
+                      f"{best.predicted_tok_s / base.predicted_tok_s:.2f}x vanilla; saved to {path})")
 
 
 def calibration_prompts(limit: int, path=None) -> list[str]:

@@ -29,7 +29,7 @@ def test_demo_on_tiny_model_prints_tokens_per_second():
     r = _run("demo", "--model", "tiny-llama", "--max-new-tokens", "8", "--prompt", "hi", "--method", "vanilla")
     assert r.returncode == 0, r.stderr
     row = next(line for line in r.stdout.splitlines() if line.startswith("vanilla "))
-    assert "tokens/s" in r.stdout and "(8 new tokens" in r.stdout and row.split()[2:4] == ["1.00x", "1.00"]
+    assert "tokens/s" in r.stdout and "(8 new tokens over 1 prompt," in r.stdout and row.split()[2:4] == ["1.00x", "1.00"]
     assert "for comparison" not in r.stdout  # vanilla is not run twice
 
 
@@ -37,22 +37,24 @@ def test_demo_shows_the_method_beside_vanilla():
     r = _run("demo", "--model", "tiny-llama", "--max-new-tokens", "12", "--prompt", "abcabcabc", "--method", "pld")
     assert r.returncode == 0, r.stderr
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.split()[:1] in (["vanilla"], ["pld"])}
-    assert set(rows) == {"vanilla", "pld"} and rows["pld"][-1] == "yes"  # greedy: identical output
-    assert "(12 new tokens" in r.stdout
-    assert "both warm" in r.stdout  # the first (cold) run of the method prints the text; the table times warm runs
+    assert set(rows) == {"vanilla", "pld"} and rows["pld"][-1] == "yes"  # greedy: identical output on every prompt
+    assert "(48 new tokens over 4 prompts," in r.stdout  # the prompt given and 3 of minispec's own, 12 tokens each
+    assert "both warm, interleaved on 4 prompts" in r.stdout  # the first (cold) run printed the text; the table times warm runs
 
 
-def test_demo_auto_without_a_tune_uses_the_default_and_measures_nothing(tmp_path):
+def test_demo_auto_calibrates_once_and_says_so(tmp_path):
+    """Without a saved choice, 'auto' calibrates this machine (announced), saves it, and reads it back
+    the next time (here no head loads, so every candidate is skipped and vanilla is the choice)."""
     import os
 
-    from minispec.methods import DEFAULT_AUTO
-
     env = dict(os.environ, MINISPEC_CACHE=str(tmp_path))
-    r = subprocess.run([sys.executable, "-m", "minispec", "demo", "--model", "tiny-llama", "--method", "auto",
-                        "--max-new-tokens", "4", "--prompt", "hi", "--drafter", "none-such", "--no-compare"],
-                       capture_output=True, text=True, timeout=300, env=env)
-    assert f"method: {DEFAULT_AUTO} (minispec's default" in r.stdout
-    assert not (tmp_path / "tune").exists()
+    cmd = [sys.executable, "-m", "minispec", "demo", "--model", "tiny-llama", "--method", "auto", "--max-new-tokens",
+           "4", "--prompt", "hi", "--drafter", "none-such", "--no-compare", "--threads", "1"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert "calibrating 'auto' for this machine" in first.stdout and "auto = vanilla (calibrated now" in first.stdout
+    assert len(list((tmp_path / "tune").glob("tiny-llama-*-1t-b1.json"))) == 1
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert "calibrating" not in second.stdout and "auto = vanilla (calibrated on this machine" in second.stdout
 
 
 def test_demo_rejects_an_empty_prompt():

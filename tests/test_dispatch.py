@@ -100,3 +100,33 @@ def test_cost_curve_is_non_decreasing(tiny):
     curve = dispatch.verify_cost_curve(model, sizes=(8, 0, 2, 4, 16), context=16, reps=1)[1]
     values = [curve[n] for n in sorted(curve)]
     assert values == sorted(values) and list(curve) == [0, 2, 4, 8, 16]
+
+
+def test_auto_calibrates_once_on_own_prompts_and_announces_it(tiny, tmp_path, monkeypatch):
+    """resolve_auto: no saved choice -> a quick calibration (minispec's own prompts, a few tree sizes),
+    saved per machine, model and thread count; the next call reads it back. One line says which."""
+    import torch
+
+    model, tok, draft = tiny
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
+    methods = Methods(model, "tiny-llama", draft_model=draft)
+    seen = {}
+    real_tune = dispatch.tune
+
+    def spy(target, tok_, prompts, *a, **kw):
+        seen["prompts"] = prompts
+        return real_tune(target, tok_, prompts, *a, **kw)
+
+    monkeypatch.setattr(dispatch, "tune", spy)
+    monkeypatch.setattr(dispatch, "QUICK_CANDIDATES", ("pld", "sps"))
+    method, line = dispatch.resolve_auto(model, tok, "tiny-llama", methods=methods)
+    from minispec.prompts import own_prompts
+    assert seen["prompts"] == [p["prompt"] for p in own_prompts()][:2]  # never a benchmark's prompts
+    assert method in ("vanilla", "pld", "sps") and line.startswith(f"auto = {method} (calibrated now")
+    path = dispatch.tune_path("tiny-llama")
+    assert path.exists() and f"-{torch.get_num_threads()}t-" in path.name
+    saved = json.loads(path.read_text())
+    assert saved["choice"] == method and saved["calibration_s"] > 0
+    seen.clear()
+    again, line2 = dispatch.resolve_auto(model, tok, "tiny-llama", methods=methods)
+    assert again == method and "calibrated on this machine" in line2 and not seen  # read back, not measured again
