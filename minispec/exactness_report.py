@@ -97,6 +97,7 @@ def run_model_suite(n_samples: int, tv_limit: float | None, alpha: float, seed: 
 
 
 BATCHED_DRAFTERS = {"batched_chain_k2": "chain:2", "batched_tree_2,2,4": "2,2,4"}  # name -> draft-model tree
+BATCHED_COPYING = "batched_copying_k2"  # and the copying drafter (copies, else the draft model's chain:2)
 BATCHED_PARAMS = SamplingParams(1.0, 3, 1.0)  # top-k 3: 27 outcomes of the first three tokens
 
 
@@ -109,7 +110,7 @@ def run_batched_suite(n_samples: int, alpha: float, seed: int = 0, batch: int = 
     (``joint_law.claim_uniform_q``). The loop runs each row's drafter in Python, so this part takes
     fewer samples than the others and is judged by the TV bound of its own sample size.
     Returns (records, controls)."""
-    from .drafters import DraftModel
+    from .drafters import CopyingDrafter, DraftModel
     from .joint_law import claim_uniform_q, loop_tv_check
     from .models import load
 
@@ -118,7 +119,11 @@ def run_batched_suite(n_samples: int, alpha: float, seed: int = 0, batch: int = 
         g = torch.Generator().manual_seed(seed)  # unrelated tiny draft misses p's top 3: a bug would not show)
         d.lm_head.weight.add_(0.05 * torch.randn(d.lm_head.weight.shape, generator=g))
     drafters = {name: (lambda tree=tree: DraftModel(d, tree=tree)) for name, tree in BATCHED_DRAFTERS.items()}
-    wrong = {f"{name}_fake_uniform_q": (lambda make=make: claim_uniform_q(make())) for name, make in drafters.items()}
+    # the copying drafter: the prompt's own continuation after its last token's earlier occurrence (a
+    # deterministic chain, one-hot q), else the draft model's chain (sampled, real q)
+    drafters[BATCHED_COPYING] = lambda: CopyingDrafter(DraftModel(d, tree="chain:2"), k=2, min_ngram=1)
+    wrong = {f"{name}_fake_uniform_q": (lambda make=make: claim_uniform_q(make(), t.cfg.vocab_size))
+             for name, make in drafters.items()}
     res, bound, support, _ = loop_tv_check(t, tok, tok.encode(PROMPT), {**drafters, **wrong}, BATCHED_PARAMS,
                                            n_samples, length=3, batch=batch, seed=seed)
     bound = ex.tv_bound(n_samples, len(support))  # K = the 27 outcomes, as in the committed full run
@@ -142,7 +147,7 @@ def run_all(full: bool, samples: int | None = None, seed: int = 0, parts=PARTS) 
         raise ValueError(f"parts must be among {PARTS}, got {parts}")
     n = samples or (100_000 if full else 4_000)
     n_model = len(MODEL_SETTINGS) + len(REDUCED_VOCAB)
-    n_settings = n_model * len(MODEL_VERIFIERS) + len(ex.EMPIRICAL_VERIFIERS) + len(BATCHED_DRAFTERS)
+    n_settings = n_model * len(MODEL_VERIFIERS) + len(ex.EMPIRICAL_VERIFIERS) + len(BATCHED_DRAFTERS) + 1  # + copying
     alpha = 0.001 / n_settings
     tv_limit = 0.01 if full else None  # fast mode: the sample-size bound of exactness.tv_bound
     enum, enum_controls, synth, synth_controls, model, model_controls, batched, batched_controls = [[]] * 8

@@ -26,9 +26,9 @@ def test_every_verifier_passes_and_every_control_is_flagged(report):
     reduced = [r for r in report["empirical"] if r["setting"].endswith("_reduced_vocab")]  # FR-Spec drafting
     assert len(reduced) == 2 * 5 and all(r["passed"] for r in reduced)
     batched = report["batched"]  # the batched decode loop (chapter 7): each draft kind passes, drafts were accepted
-    assert len(batched) == 2 and all(r["passed"] and r["drafts_accepted"] > r["samples"] / 4 for r in batched)
+    assert len(batched) == 3 and all(r["passed"] and r["drafts_accepted"] > r["samples"] / 4 for r in batched)
     assert {r["verifier"] for r in report["controls"] if r["part"] == "batched"} == \
-        {"batched_chain_k2_fake_uniform_q", "batched_tree_2,2,4_fake_uniform_q"}
+        {"batched_chain_k2_fake_uniform_q", "batched_tree_2,2,4_fake_uniform_q", "batched_copying_k2_fake_uniform_q"}
     n = len(report["empirical"]) + len(batched)  # the Bonferroni correction counts every empirical setting run
     assert report["criteria"]["chi_square_correction"] == f"Bonferroni over {n} empirical settings"
     assert report["criteria"]["chi_square_alpha"] == pytest.approx(0.001 / n)
