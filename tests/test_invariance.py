@@ -278,3 +278,12 @@ def _paths(parents):
     for i, p in enumerate(parents):
         paths.append((paths[p] if p >= 0 else []) + [i])
     return paths
+
+
+def test_attention_is_differentiable():
+    """Under autograd the attention runs out of place (a draft model trains through it): gradcheck in float64."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, n, m, 8, dtype=torch.float64, generator=g, requires_grad=True)
+               for n, m in ((4, 5), (2, 9), (2, 9)))
+    mask = torch.ones(5, 9, dtype=torch.bool).tril(4)
+    assert torch.autograd.gradcheck(lambda q, k, v: invariant_attention(q, k, v, mask), (q, k, v))

@@ -128,6 +128,9 @@ def _rows(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tens
                       beta=0, alpha=1.0 / math.sqrt(hd)).view(B, Hkv, R2, S_)  # [B, Hkv, R', S]: (q k^T) / sqrt(hd)
     if hidden is not None:  # view the first G*T rows as [G, T] so the [., 1, 1, T, S] mask broadcasts
         s[:, :, :R].unflatten(2, (G, T)).masked_fill_(hidden, float("-inf"))
-    p = s.sub_(s.amax(dim=-1, keepdim=True)).exp_()  # [B, Hkv, R', S]; hidden keys exactly 0
+    if torch.is_grad_enabled() and s.requires_grad:  # training (a draft model): autograd keeps s
+        p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+    else:
+        p = s.sub_(s.amax(dim=-1, keepdim=True)).exp_()  # [B, Hkv, R', S]; hidden keys exactly 0
     o, l = torch.matmul(p, v), torch.matmul(p, _ones(S, v))  # [., R', hd], [., R', 16]: sums in key order
     return (o / l[..., :1])[:, :, :R]
