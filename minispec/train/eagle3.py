@@ -19,6 +19,7 @@ plus extra ShareGPT conversations; its first 32 examples are held out. The draft
 the ``--draft-vocab`` most frequent tokens of the training sequences (``build_vocab_map``).
 
     python -m minispec train eagle3 --steps 600
+    torchrun --nproc_per_node 2 -m minispec train eagle3 --steps 600     # DDP (minispec.train.loop)
 
 Shapes: B batch, T tokens, Tp = T - 1 head positions, H hidden, Hq / Hkv heads, hd head dim,
 K top-k, Vd draft vocab, N selected rows.
@@ -27,23 +28,18 @@ K top-k, Vd draft vocab, N selected rows.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import math
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..benchinfo import device_info, versions
-from ..config import cache_dir
-from . import bf16_help, native_bf16
-from .distill_draft import _shown
 from ..drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
+from . import bf16_help, ddp, loop, native_bf16
+from .data import TARGET, FeatureData, feature_data
+from .measure import record_measurement
 
-TARGET = "smollm2-135m"
 FORMAT = "minispec-eagle3-v1"
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-135m-eagle3.safetensors"
 
@@ -98,7 +94,7 @@ def target_map(head: Eagle3Head) -> torch.Tensor:
     return m
 
 
-def ttt_loss(head, embed, batch: dict, steps: int, decay: float, tmap: torch.Tensor):
+def ttt_loss(head, embed, batch: dict, steps: int, decay: float, tmap: torch.Tensor, share=ddp.local):
     """Weighted soft cross-entropy of the unrolled head against the target (draft vocab only).
 
     Args:
@@ -106,6 +102,8 @@ def ttt_loss(head, embed, batch: dict, steps: int, decay: float, tmap: torch.Ten
             (row r: the target's distribution of token r+1), rows [B, T] bool (rows with a loss).
         steps, decay: unroll length and step weight decay^j.
         tmap: ``target_map(head)``.
+        share: ``ddp.share`` when ``batch`` is this rank's share of a global batch: each step's CE
+            and accuracy are means over the rows of every rank (a step no rank has rows for is left out).
     Returns:
         (loss, [acc_j]): acc_j = P(head argmax == target argmax) at step j over the selected rows.
     """
@@ -116,25 +114,26 @@ def ttt_loss(head, embed, batch: dict, steps: int, decay: float, tmap: torch.Ten
         r = torch.arange(Tp, device=out.device) + j + 1  # [Tp] target rows of step j
         ok = r < batch["tokens"].shape[1]
         sel = batch["rows"][:, r.clamp(max=Tp)] & ok  # [B, Tp]
-        if not sel.any():
-            continue
         rows = r.clamp(max=Tp)
         idx = tmap[batch["top_idx"][:, rows][sel]]  # [N, K] draft ids (-1: not in the draft vocab)
         logp = batch["top_logp"][:, rows][sel].float().masked_fill(idx < 0, float("-inf"))  # [N, K]
         keep = torch.isfinite(logp).any(-1)  # rows with some target mass inside the draft vocab
         p = torch.softmax(logp[keep], -1)  # [N', K] renormalised
         logq = torch.log_softmax(head.draft_logits(out[sel][keep]).float(), -1)  # [N', Vd]
-        ce = -(p * logq.gather(1, idx[keep].clamp(min=0))).sum(-1).mean()
+        ce, n = share(-(p * logq.gather(1, idx[keep].clamp(min=0))).sum(-1).mean(), int(keep.sum()))
+        if n == 0:
+            continue
         total, weights = total + decay ** j * ce, weights + decay ** j
         top = batch["top_idx"][:, rows][sel][:, 0]  # [N] the target's argmax (target ids)
-        accs.append(_acc(head, out[sel], top))
+        accs.append(share(_acc(head, out[sel], top), int(sel.sum()))[0].item())
     return total / max(weights, 1e-9), accs
 
 
-def _acc(head, out: torch.Tensor, top: torch.Tensor) -> float:
+def _acc(head, out: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
     """Fraction of rows where the head's argmax (mapped to a target id) is the target's argmax."""
-    d = head.draft_logits(out).argmax(-1)  # [N] draft ids
-    return (d + head.d2t[d] == top).float().mean().item()
+    with torch.no_grad():
+        d = head.draft_logits(out).argmax(-1)  # [N] draft ids
+        return (d + head.d2t[d] == top).float().mean()
 
 
 def make_batch(seqs, feats, idx: list[int], layers) -> dict:
@@ -171,7 +170,7 @@ def evaluate(head, embed, seqs, feats, layers, steps: int, tmap, batch_size: int
     return {"acc_by_step": [round(a / n, 4) for a in sums], "soft_ce_mean_over_steps": round(ce / n, 4), "sequences": n}
 
 
-# --------------------------------------------------------------------------- init, save, measure
+# --------------------------------------------------------------------------- init, save
 
 def init_head(target, d2t: torch.Tensor, t2d: torch.Tensor, seed: int = 0) -> Eagle3Head:
     """A head warm-started from the target: lm_head = the target's rows of the draft vocabulary,
@@ -208,63 +207,7 @@ def save_head(head: Eagle3Head, path: Path, record: dict) -> None:
     sd = {k: (v.to(torch.float16) if v.is_floating_point() else v).detach().contiguous() for k, v in head.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(path), metadata={"format": FORMAT, "target": TARGET})
-    path.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-
-
-def lr_at(step: int, progress: float, lr: float, warmup: int, min_ratio: float = 0.1) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine decay to ``min_ratio * lr`` as
-    ``progress`` (the fraction of the run done: of the steps, or of the time budget) goes to 1."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
-def progress(step: int, steps: int, elapsed_s: float, minutes: float) -> float:
-    """Fraction of the run done: of ``steps``, or of a ``minutes`` time budget when that comes first."""
-    return max(step / steps, elapsed_s / (60 * minutes) if minutes else 0.0)
-
-
-@torch.inference_mode()
-def measure(target, tok, drafters: dict, prompts: list, max_new_tokens: int = 128) -> dict:
-    """Greedy ``minispec.generate`` with each drafter on ``prompts``: tau (new tokens / target
-    forwards, prefill included), acceptance by depth, and whether every output equals vanilla.
-
-    Args:
-        drafters: name -> zero-argument factory of a fresh drafter.
-        prompts: texts (chat template applied) or token-id lists (used as they are).
-    Returns:
-        {name: {"tau", "acceptance_by_position", "equal_to_vanilla", "new_tokens", "target_forwards", "decode_s"}}
-    """
-    from ..generate import generate
-
-    vanilla = [generate(target, tok, p, max_new_tokens=max_new_tokens) for p in prompts]
-    out = {"vanilla": dict(tau=1.0, new_tokens=sum(v.stats.new_tokens for v in vanilla),
-                           decode_s=round(sum(v.stats.decode_s for v in vanilla), 2))}
-    for name, make in drafters.items():
-        new = fwd = 0
-        equal, tested, accepted, dec = True, [], [], 0.0
-        for p, v in zip(prompts, vanilla):
-            r = generate(target, tok, p, drafter=make(), max_new_tokens=max_new_tokens)
-            equal &= r.tokens == v.tokens
-            new, fwd, dec = new + r.stats.new_tokens, fwd + r.stats.target_forwards, dec + r.stats.decode_s
-            for acc, src in ((tested, r.stats.tested_at_depth), (accepted, r.stats.accepted_at_depth)):
-                acc.extend([0] * (len(src) - len(acc)))
-                for d, x in enumerate(src):
-                    acc[d] += x
-        out[name] = dict(tau=round(new / fwd, 3), equal_to_vanilla=equal, new_tokens=new, target_forwards=fwd,
-                         acceptance_by_position=[round(a / t, 3) for a, t in zip(accepted + [0] * len(tested), tested)],
-                         decode_s=round(dec, 2))
-    return out
-
-
-def measure_prompts(tok, held, n_heldout: int = 8, n_own: int = 4) -> tuple[list, dict]:
-    """The measurement prompts: the first ``n_heldout`` held-out ShareGPT prompts (token ids, chat
-    template included) and the first ``n_own`` of ``minispec.prompts.own_prompts()``."""
-    from ..prompts import own_prompts
-
-    ids = [s.tokens[:s.prompt_len].tolist() for s in held[:n_heldout]]
-    own = [p["prompt"] for p in own_prompts()[:n_own]]
-    return ids + own, dict(heldout_sharegpt=len(ids), own_prompts=len(own))
+    loop.write_record(path, record)
 
 
 # --------------------------------------------------------------------------- main
@@ -298,28 +241,6 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def load_data(args, target, tok):
-    """Train / held-out sequences and their cached target features (fused layers, top-k)."""
-    from .data import eagle_features, training_sequences
-
-    train, held = training_sequences(tok, heldout=args.heldout, extra_sharegpt=args.extra_sharegpt, max_len=args.max_len,
-                                     distill_prompts=args.distill_prompts)
-    ftrain, fheld = eagle_features(target, train, held, args.topk)
-    return train, held, ftrain, fheld, eagle3_layers(target.cfg.n_layer)
-
-
-def record_measurement(args, target, tok, held, record: dict, name: str, default_out: Path, drafters: dict) -> dict:
-    """Measure ``drafters`` (name -> factory) with ``measure`` on the held-out and own prompts, store the
-    result and the command that reruns it in ``record["measured"]``, and rewrite the JSON record."""
-    prompts, sizes = measure_prompts(tok, held)
-    res = measure(target, tok, drafters, prompts, args.measure_tokens)
-    record["measured"] = dict(greedy=True, max_new_tokens=args.measure_tokens, prompts=sizes, results=res,
-                              command=f"python -m minispec train {name} --measure-only" +
-                                      ("" if args.out == default_out else f" --out {args.out}"))
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    return record
-
-
 def run_measure(args, target, tok, held, record: dict) -> dict:
     from ..drafters.loader import load_drafter
 
@@ -329,133 +250,75 @@ def run_measure(args, target, tok, held, record: dict) -> dict:
                               {k: (lambda t=t: Eagle3Drafter(target, head, tree=t)) for k, t in trees.items()})
 
 
-def batch_indices(step: int, n: int, batch_size: int, seed: int) -> list[int]:
-    """The sequences of optimizer step ``step``: a fresh seeded permutation per epoch (resumable)."""
-    epoch, i = divmod(step, max(n // batch_size, 1))
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-    return perm[i * batch_size:(i + 1) * batch_size].tolist()
+def loop_settings(args) -> loop.Settings:
+    """The loop's settings: ``--steps`` and ``--minutes`` both bound the run (whichever ends first)."""
+    return loop.Settings.from_args("eagle3", args)
 
 
-def fit(name: str, args, model: torch.nn.Module, batch_at, loss_of, log, init_eval):
-    """The resumable training loop of ``train eagle3`` and ``train medusa``.
+def trainer(args, target, head: Eagle3Head, data: FeatureData) -> loop.Trainer:
+    """``head`` and ``ttt_loss`` on ``data`` for ``loop.fit``; the history keeps the step's loss, grad
+    norm and accuracy by unroll step, and the held-out accuracy on 16 sequences."""
+    tmap, embed, layers = target_map(head), target.tok_emb, eagle3_layers(target.cfg.n_layer)
 
-    AdamW(0.9, 0.95) on the trainable parameters, ``lr_at``'s warm-up + cosine schedule over
-    ``args.steps`` or the ``args.minutes`` budget (whichever ends first), bf16 autocast when
-    ``args.bf16``, gradient clipping at 1, a held-out entry every ``args.eval_every`` steps and a
-    resumable checkpoint every ``args.ckpt_every`` steps (``--resume`` continues from it).
+    def heldout(n_seqs: int | None = None) -> dict:
+        return evaluate(head, embed, data.held[:n_seqs], data.fheld[:n_seqs], layers, args.ttt_steps, tmap)
 
-    Args:
-        batch_at: step -> that step's batch (built outside the autocast region).
-        loss_of: batch -> (loss, [accuracies]).
-        log: (step, loss, grad_norm, accs) -> history entry (with its held-out evaluation).
-        init_eval: () -> held-out metrics before training (not rerun when resuming).
-    Returns:
-        (steps done, history, training seconds, init_eval result, resume checkpoint path)
-    """
-    from tqdm import tqdm
+    def loss(model, batch, generator, share):
+        total, accs = ttt_loss(model, embed, batch, args.ttt_steps, args.decay, tmap, share)
+        return total, dict(acc=torch.tensor(accs))
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    resume_path = cache_dir() / name / (args.out.stem + ".resume.pt")
-    start, history, train_s = 0, [], 0.0
-    if args.resume and resume_path.exists():
-        ck = torch.load(resume_path, weights_only=True)
-        model.load_state_dict(ck["model"]), opt.load_state_dict(ck["opt"])
-        start, history, train_s, init = ck["step"], ck["history"], ck["train_s"], ck["init_eval"]
-    else:
-        init = init_eval()
-    t0 = time.perf_counter() - train_s
-    bar = tqdm(range(start, args.steps), desc=name, initial=start, total=args.steps)
-    step = start
-    for step in bar:
-        done = progress(step, args.steps, time.perf_counter() - t0, args.minutes)
-        if done >= 1:
-            break
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, done, args.lr, args.warmup)
-        batch = batch_at(step)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            loss, accs = loss_of(batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}", acc=",".join(f"{a:.2f}" for a in accs))
-        if (step + 1) % args.eval_every == 0:
-            history.append(log(step + 1, loss.item(), gnorm.item(), accs))
-            bar.write(f"step {step + 1}: {history[-1]}")
-        if (step + 1) % args.ckpt_every == 0 and step + 1 < args.steps:
-            resume_path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), step=step + 1, history=history,
-                            train_s=time.perf_counter() - t0, init_eval=init), resume_path)
-    else:
-        step = args.steps
-    train_s = time.perf_counter() - t0
-    bar.close()
-    return step, history, train_s, init, resume_path
+    def log(n: dict) -> dict:
+        return dict(train_loss=round(n["loss"], 4), grad_norm=round(n["grad_norm"], 3),
+                    train_acc_by_step=[round(a, 3) for a in n["acc"]], heldout16=heldout(16))
+
+    return loop.Trainer(model=head, lengths=[len(s.tokens) for s in data.train],
+                        batch=lambda idx: make_batch(data.train, data.ftrain, idx, layers),
+                        loss=loss, log=log, before=heldout)
 
 
-def main(argv=None) -> dict:
-    """Train (resumably), save fp16 safetensors + JSON record, measure; returns the record."""
-    from ..models import load
-
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    t_start = time.perf_counter()
-    target, tok = load(TARGET)
-    target.requires_grad_(False)
-    train, held, ftrain, fheld, layers = load_data(args, target, tok)
-    if args.measure_only:
-        record = json.loads(args.out.with_suffix(".json").read_text())
-        return run_measure(args, target, tok, held, record)
-
-    counts = torch.bincount(torch.cat([s.tokens for s in train]), minlength=target.cfg.vocab_size)
-    d2t, t2d = build_vocab_map(counts, args.draft_vocab)
-    head = init_head(target, d2t, t2d, args.seed)
-    tmap, embed = target_map(head), target.tok_emb
-    held_small, fheld_small = held[:16], fheld[:16]
-
-    def batch_at(step):
-        return make_batch(train, ftrain, batch_indices(step, len(train), args.batch_size, args.seed), layers)
-
-    def loss_of(batch):
-        return ttt_loss(head, embed, batch, args.ttt_steps, args.decay, tmap)
-
-    def log(step, loss, gnorm, accs):
-        return dict(step=step, train_loss=round(loss, 4), grad_norm=round(gnorm, 3),
-                    train_acc_by_step=[round(a, 3) for a in accs],
-                    heldout16=evaluate(head, embed, held_small, fheld_small, layers, args.ttt_steps, tmap))
-
-    step, history, train_s, init_eval, resume_path = fit(
-        "eagle3", args, head, batch_at, loss_of, log, lambda: evaluate(head, embed, held, fheld, layers, args.ttt_steps, tmap))
-
-    final = evaluate(head, embed, held, fheld, layers, args.ttt_steps, tmap)
-    record = dict(
-        format=FORMAT, target=TARGET, config=head.config.to_dict(), target_layers=list(layers), dtype="float16",
-        command="python -m minispec train eagle3 " + " ".join(argv if argv is not None else sys.argv[1:]),
-        settings={k: (_shown(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "resume"},
+def make_record(args, argv, head: Eagle3Head, data: FeatureData, run: loop.Run, counts: torch.Tensor,
+                layers, final: dict) -> dict:
+    """The JSON record of a run (before the measurement); ``counts`` [V]: the training tokens' counts."""
+    train, held = data.train, data.held
+    return dict(
+        format=FORMAT, target=TARGET, config=head.config.to_dict(), target_layers=list(layers), dtype="float16", command=loop.command("python -m minispec train eagle3", argv), settings=loop.settings(args),
         data=dict(source="minispec.train.data.training_sequences (self-distilled ShareGPT cache + extra ShareGPT)",
                   train_sequences=len(train), heldout_sequences=len(held),
                   train_tokens=sum(len(s.tokens) for s in train), heldout_tokens=sum(len(s.tokens) for s in held),
-                  draft_vocab_coverage_of_train_tokens=round((counts[t2d].sum() / counts.sum()).item(), 4)),
-        training=dict(steps=step, epochs=round(step * args.batch_size / len(train), 2),
-                      optimizer="AdamW(0.9, 0.95)", schedule=f"linear warm-up {args.warmup}, cosine to 0.1*lr",
-                      loss=f"sum_j {args.decay}^j soft-CE(target top-{args.topk} in draft vocab, q_j), j < {args.ttt_steps}",
-                      init="warm start from the target's last layer / norm / lm_head rows", train_s=round(train_s, 1),
-                      history=history),
-        eval=dict(heldout_before_training=init_eval, heldout=final,
+                  draft_vocab_coverage_of_train_tokens=round((counts[head.t2d].sum() / counts.sum()).item(), 4)),
+        training=loop.training_record(
+            run, loop_settings(args), len(train),
+            f"sum_j {args.decay}^j soft-CE(target top-{args.topk} in draft vocab, q_j), j < {args.ttt_steps}",
+            init="warm start from the target's last layer / norm / lm_head rows"),
+        eval=dict(heldout_before_training=run.init_eval, heldout=final,
                   note="teacher-forced: acc_by_step[j] = P(argmax of unroll step j == target argmax)"),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        device=device_info(), versions=versions(),
-    )
-    save_head(head, args.out, record)
-    resume_path.unlink(missing_ok=True)
-    if args.measure:
-        record = run_measure(args, target, tok, held, record)
-    record["run_s"] = round(time.perf_counter() - t_start, 1)
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        **loop.stamp())
+
+
+def main(argv=None) -> dict:
+    """Train (resumably; under torchrun on every rank), save fp16 safetensors + JSON record, measure;
+    returns the record (rank 0; {} elsewhere)."""
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    target, tok = loop.start(args)
+    if args.measure_only:
+        loop.one_process("--measure-only")
+        held = feature_data(args, target, tok, features=False).held
+        return run_measure(args, target, tok, held, loop.read_record(args.out))
+    data = loop.main_first(lambda: feature_data(args, target, tok))
+    counts = torch.bincount(torch.cat([s.tokens for s in data.train]), minlength=target.cfg.vocab_size)  # [V]
+    head = init_head(target, *build_vocab_map(counts, args.draft_vocab), args.seed)
+    run = loop.fit(loop_settings(args), trainer(args, target, head, data))
+    if not ddp.is_main():
+        ddp.cleanup()
+        return {}
+    layers = eagle3_layers(target.cfg.n_layer)
+    final = evaluate(head, target.tok_emb, data.held, data.fheld, layers, args.ttt_steps, target_map(head))
+    measure = (lambda rec: run_measure(args, target, tok, data.held, rec)) if args.measure else None
+    record = loop.finish(args.out, make_record(args, argv, head, data, run, counts, layers, final),
+                         lambda out, rec: save_head(head, out, rec), run, t_start, measure=measure)
     print(json.dumps(dict(out=str(args.out), heldout=final, measured=record.get("measured", {}).get("results")), indent=2))
+    ddp.cleanup()
     return record
 
 

@@ -13,6 +13,7 @@ the last hidden state and the top-k are used). Held-out metric: teacher-forced t
 of each head against the target's argmax.
 
     python -m minispec train medusa --steps 300
+    torchrun --nproc_per_node 2 -m minispec train medusa --steps 300     # DDP (minispec.train.loop)
 
 Shapes: B batch, T tokens, K heads, N selected rows, V vocab, H hidden.
 """
@@ -20,27 +21,23 @@ Shapes: B batch, T tokens, K heads, N selected rows, V vocab, H hidden.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from ..benchinfo import device_info, versions
-from . import bf16_help, native_bf16
-from .distill_draft import _shown
 from ..drafters.medusa import MedusaDrafter, MedusaHeads
-from .eagle3 import batch_indices, fit, load_data, record_measurement
+from . import bf16_help, ddp, loop, native_bf16
+from .data import TARGET, FeatureData, feature_data
+from .measure import record_measurement
 
-TARGET = "smollm2-135m"
 FORMAT = "minispec-medusa-v1"
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-135m-medusa.safetensors"
 
 
 def medusa_loss(heads: MedusaHeads, lm_head: torch.Tensor, hidden, top_idx, top_logp, rows, decay: float = 0.8,
-                max_rows: int = 0, generator=None):
+                max_rows: int = 0, generator=None, share=ddp.local):
     """Soft cross-entropy of every head against the target's distribution i+1 positions later.
 
     Args:
@@ -50,6 +47,8 @@ def medusa_loss(heads: MedusaHeads, lm_head: torch.Tensor, hidden, top_idx, top_
             at every position (row r: distribution of token r+1); rows [B, T] bool: rows with a loss.
         decay: weight decay**i of head i.
         max_rows: subsample at most this many positions per head (0: all), to bound the [N, V] logits.
+        share: ``ddp.share`` when the batch is this rank's share of a global one: each head's CE and
+            accuracy are means over the rows of every rank (a head no rank has rows for is left out).
     Returns:
         (loss, [acc_i]): acc_i = P(head i's argmax == the target's argmax at t+i+1).
     """
@@ -61,16 +60,17 @@ def medusa_loss(heads: MedusaHeads, lm_head: torch.Tensor, hidden, top_idx, top_
         t_idx = sel.nonzero()  # [N, 2] (b, t)
         if max_rows and len(t_idx) > max_rows:
             t_idx = t_idx[torch.randperm(len(t_idx), generator=generator)[:max_rows]]
-        if not len(t_idx):
-            continue
         b, t = t_idx.unbind(1)
         x = head[0](hidden[b, t])  # [N, H]
         z = (head[1](x) if heads.own_lm_head else x @ lm_head.t()).float()  # [N, V]
         logq = torch.log_softmax(z, -1)
         p = torch.softmax(top_logp[b, t + i + 1].float(), -1)  # [N, K'] renormalised top-k
-        ce = -(p * logq.gather(1, top_idx[b, t + i + 1])).sum(-1).mean()
+        ce, n = share(-(p * logq.gather(1, top_idx[b, t + i + 1])).sum(-1).mean(), len(t_idx))
+        if n == 0:
+            continue
         total, weights = total + decay ** i * ce, weights + decay ** i
-        accs.append((z.argmax(-1) == top_idx[b, t + i + 1, 0]).float().mean().item())
+        acc = (z.detach().argmax(-1) == top_idx[b, t + i + 1, 0]).float().mean()
+        accs.append(share(acc, len(t_idx))[0].item())
     return total / max(weights, 1e-9), accs
 
 
@@ -106,7 +106,7 @@ def save_heads(heads: MedusaHeads, path: Path, record: dict) -> None:
     sd = {k: v.detach().to(torch.float16).contiguous() for k, v in heads.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(path), metadata={"format": FORMAT, "target": TARGET})
-    path.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    loop.write_record(path, record)
 
 
 def parse_args(argv=None):
@@ -116,6 +116,7 @@ def parse_args(argv=None):
     ap.add_argument("--decay", type=float, default=0.8, help="loss weight of head i: decay**i")
     ap.add_argument("--extra-sharegpt", type=int, default=256)
     ap.add_argument("--max-len", type=int, default=320)
+    ap.add_argument("--distill-prompts", type=int, default=576, help="self-distilled training examples (target answers)")
     ap.add_argument("--heldout", type=int, default=32)
     ap.add_argument("--topk", type=int, default=32)
     ap.add_argument("--steps", type=int, default=300, help="optimizer steps (at most)")
@@ -145,61 +146,74 @@ def run_measure(args, target, tok, held, record: dict) -> dict:
                               {k: (lambda t=t: MedusaDrafter(target, heads, tree=t)) for k, t in trees.items()})
 
 
-def main(argv=None) -> dict:
-    from ..models import load
+def loop_settings(args) -> loop.Settings:
+    """The loop's settings: ``--steps`` and ``--minutes`` both bound the run (whichever ends first)."""
+    return loop.Settings.from_args("medusa", args)
 
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    t_start = time.perf_counter()
-    target, tok = load(TARGET)
-    target.requires_grad_(False)
-    train, held, ftrain, fheld, _ = load_data(args, target, tok)  # the EAGLE-3 feature cache (one forward)
-    if args.measure_only:
-        return run_measure(args, target, tok, held, json.loads(args.out.with_suffix(".json").read_text()))
-    heads = MedusaHeads(target.cfg.d_model, args.heads, target.cfg.vocab_size)
-    lm_head = target.lm_head.weight.detach()
-    gen = torch.Generator()
 
-    def batch_at(step):
-        gen.manual_seed(args.seed * 7919 + step)  # row subsample: a function of the step (resumable)
-        return make_batch(train, ftrain, batch_indices(step, len(train), args.batch_size, args.seed))
+def trainer(args, target, heads: MedusaHeads, data: FeatureData) -> loop.Trainer:
+    """``heads`` and ``medusa_loss`` on ``data`` for ``loop.fit``; the history keeps the step's loss, grad
+    norm and accuracy by head, and the held-out accuracy on 16 sequences. Under torchrun each rank
+    subsamples at most ceil(max_rows / world) rows per head of its share (its own draws)."""
+    lm_head = target.lm_head.weight.detach()  # [V, H]
+    max_rows = -(-args.max_rows // ddp.world_size())
 
-    def loss_of(batch):
-        return medusa_loss(heads, lm_head, *batch, decay=args.decay, max_rows=args.max_rows, generator=gen)
+    def loss(model, batch, generator, share):
+        total, accs = medusa_loss(model, lm_head, *batch, decay=args.decay, max_rows=max_rows, generator=generator,
+                                  share=share)
+        return total, dict(acc=torch.tensor(accs))
 
-    def log(step, loss, gnorm, accs):
-        return dict(step=step, train_loss=round(loss, 4), grad_norm=round(gnorm, 3),
-                    train_acc_by_head=[round(a, 3) for a in accs], heldout16=evaluate(heads, lm_head, held[:16], fheld[:16]))
+    def log(n: dict) -> dict:
+        return dict(train_loss=round(n["loss"], 4), grad_norm=round(n["grad_norm"], 3),
+                    train_acc_by_head=[round(a, 3) for a in n["acc"]],
+                    heldout16=evaluate(heads, lm_head, data.held[:16], data.fheld[:16]))
 
-    step, history, train_s, init_eval, resume_path = fit(
-        "medusa", args, heads, batch_at, loss_of, log, lambda: evaluate(heads, lm_head, held, fheld))
-    final = evaluate(heads, lm_head, held, fheld)
-    record = dict(
+    return loop.Trainer(model=heads, lengths=[len(s.tokens) for s in data.train],
+                        batch=lambda idx: make_batch(data.train, data.ftrain, idx), loss=loss, log=log,
+                        before=lambda: evaluate(heads, lm_head, data.held, data.fheld))
+
+
+def make_record(args, argv, heads: MedusaHeads, data: FeatureData, run: loop.Run, final: dict) -> dict:
+    """The JSON record of a run (before the measurement)."""
+    train, held = data.train, data.held
+    return dict(
         format=FORMAT, target=TARGET, dtype="float16",
         config=dict(hidden_size=heads.hidden, medusa_num_heads=heads.num_heads, medusa_num_layers=1,
                     vocab_size=heads.vocab_size, own_lm_head=False,
                     alignment="head i reads f_t (the last observed feature) and predicts x_{t+i+2}"),
-        command="python -m minispec train medusa " + " ".join(argv if argv is not None else sys.argv[1:]),
-        settings={k: (_shown(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "resume"},
+        command=loop.command("python -m minispec train medusa", argv), settings=loop.settings(args),
         data=dict(source="minispec.train.data.training_sequences (self-distilled ShareGPT cache + extra ShareGPT)",
                   train_sequences=len(train), heldout_sequences=len(held),
                   train_tokens=sum(len(s.tokens) for s in train), heldout_tokens=sum(len(s.tokens) for s in held)),
-        training=dict(steps=step, epochs=round(step * args.batch_size / len(train), 2),
-                      optimizer="AdamW(0.9, 0.95)", schedule=f"linear warm-up {args.warmup}, cosine to 0.1*lr",
-                      loss=f"sum_i {args.decay}^i soft-CE(target top-{args.topk} at t+i+1, head i at t)",
-                      rows_per_head_per_step=args.max_rows, train_s=round(train_s, 1), history=history),
-        eval=dict(heldout_before_training=init_eval, heldout=final, note="teacher-forced top-1 accuracy per head"),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        device=device_info(), versions=versions(),
-    )
-    save_heads(heads, args.out, record)
-    resume_path.unlink(missing_ok=True)
-    if args.measure:
-        record = run_measure(args, target, tok, held, record)
-    record["run_s"] = round(time.perf_counter() - t_start, 1)
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        training=loop.training_record(run, loop_settings(args), len(train),
+                                      f"sum_i {args.decay}^i soft-CE(target top-{args.topk} at t+i+1, head i at t)",
+                                      rows_per_head_per_step=args.max_rows),
+        eval=dict(heldout_before_training=run.init_eval, heldout=final, note="teacher-forced top-1 accuracy per head"),
+        **loop.stamp())
+
+
+def main(argv=None) -> dict:
+    """Train (resumably; under torchrun on every rank), save fp16 safetensors + JSON record, measure;
+    returns the record (rank 0; {} elsewhere)."""
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    target, tok = loop.start(args)
+    if args.measure_only:
+        loop.one_process("--measure-only")
+        held = feature_data(args, target, tok, features=False).held
+        return run_measure(args, target, tok, held, loop.read_record(args.out))
+    data = loop.main_first(lambda: feature_data(args, target, tok))  # the EAGLE trainers' feature cache (one forward)
+    heads = MedusaHeads(target.cfg.d_model, args.heads, target.cfg.vocab_size)
+    run = loop.fit(loop_settings(args), trainer(args, target, heads, data))
+    if not ddp.is_main():
+        ddp.cleanup()
+        return {}
+    final = evaluate(heads, target.lm_head.weight.detach(), data.held, data.fheld)
+    measure = (lambda rec: run_measure(args, target, tok, data.held, rec)) if args.measure else None
+    record = loop.finish(args.out, make_record(args, argv, heads, data, run, final),
+                         lambda out, rec: save_heads(heads, out, rec), run, t_start, measure=measure)
     print(json.dumps(dict(out=str(args.out), heldout=final, measured=record.get("measured", {}).get("results")), indent=2))
+    ddp.cleanup()
     return record
 
 

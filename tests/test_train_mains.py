@@ -1,0 +1,117 @@
+"""Every trainer's ``main`` end to end on the tiny target (minispec.train.loop's start, fit and save tail):
+a few steps, the weights saved and loadable, and a JSON record holding every field of the record the same
+command wrote for the head shipped in minispec/checkpoints (flags, data, training, eval, history)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from minispec import load
+from minispec.drafters.eagle3 import eagle3_layers
+from minispec.train import distill_draft, eagle, eagle3, loop, medusa
+from minispec.train.data import FeatureData, Sequence, target_features
+
+SHIPPED = Path(__file__).resolve().parents[1] / "minispec" / "checkpoints"
+ADDED_BY_HAND = {"command_note", "replaces", "measured"}  # in the shipped records, not written by --no-measure runs
+COMMON = ["--steps", "3", "--batch-size", "2", "--eval-every", "2", "--ckpt-every", "2"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    target, tok = load("tiny-llama")
+    target.requires_grad_(False)
+    g = torch.Generator().manual_seed(0)
+    seqs = [Sequence(torch.randint(0, target.cfg.vocab_size, (n,), generator=g), n // 3, "distill")
+            for n in [12, 20, 9, 16, 24, 11, 13, 15]]
+    feats = target_features(target, seqs, layers=eagle3_layers(target.cfg.n_layer), topk=4, cache=False)
+    return target, tok, FeatureData(seqs[:6], seqs[6:], feats[:6], feats[6:])
+
+
+@pytest.fixture
+def patched(tiny, tmp_path, monkeypatch):
+    """The trainers' target and data replaced by the tiny ones (no SmolLM2, no ShareGPT)."""
+    target, tok, data = tiny
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path / "cache"))
+
+    def start(args):
+        torch.manual_seed(args.seed)
+        return target, tok
+
+    def feature_data(args, target, tok, seed=0, features=True):
+        return FeatureData(list(data.train), list(data.held), list(data.ftrain), list(data.fheld))
+
+    monkeypatch.setattr(loop, "start", start)
+    for module in (eagle, eagle3, medusa):
+        monkeypatch.setattr(module, "feature_data", feature_data)
+    return tiny
+
+
+def _keys(d: dict) -> set:
+    return set(d) - ADDED_BY_HAND
+
+
+def _check_fields(record: dict, shipped_name: str) -> None:
+    shipped = json.loads((SHIPPED / f"{shipped_name}.json").read_text())
+    assert _keys(shipped) <= set(record), _keys(shipped) - set(record)
+    for part in ("settings", "data", "training", "eval"):
+        assert set(shipped[part]) <= set(record[part]), (part, set(shipped[part]) - set(record[part]))
+    assert set(shipped["training"]["history"][-1]) <= set(record["training"]["history"][-1])
+    assert record["command"].split(" --")[0] == shipped["command"].split(" --")[0]
+    assert record["training"]["steps"] == 3 and [h["step"] for h in record["training"]["history"]] == [2, 3]
+
+
+@pytest.mark.parametrize("name, module, flags", [
+    ("eagle", eagle, ["--draft-vocab", "0", "--eval-tau-seqs", "1", "--final-tau-seqs", "1"]),
+    ("eagle3", eagle3, ["--draft-vocab", "64", "--ttt-steps", "2", "--no-bf16"]),
+    ("medusa", medusa, ["--heads", "2", "--max-rows", "16", "--no-bf16"]),
+])
+def test_head_trainers_main(name, module, flags, patched, tmp_path):
+    from minispec.drafters.loader import load_drafter
+
+    out = tmp_path / f"{name}.safetensors"
+    record = module.main(COMMON + flags + ["--no-measure", "--out", str(out)])
+    _check_fields(record, f"smollm2-135m-{name}")
+    assert json.loads(out.with_suffix(".json").read_text()) == record
+    assert not list((tmp_path / "cache").rglob("*.resume.pt"))  # the save tail removed the resume checkpoint
+    load_drafter(out, patched[0], verbose=False)  # the weights load as users load them
+
+
+def test_distill_draft_main(patched, tmp_path, monkeypatch):
+    target, tok, data = patched
+
+    def examples(seqs, feats):  # the target's own top-k along each sequence's response
+        return [dict(prompt=s.tokens[:s.prompt_len], response=s.tokens[s.prompt_len:],
+                     top_idx=f["top_idx"][s.prompt_len - 1:-1], top_logp=f["top_logp"][s.prompt_len - 1:-1])
+                for s, f in zip(seqs, feats)]
+
+    cache = dict(train=examples(data.train, data.ftrain), heldout=examples(data.held, data.fheld), generation_s=0.0,
+                 cached_examples=8, settings=dict(source="tiny"))
+    monkeypatch.setattr(distill_draft, "load_or_make_data", lambda args, tok: cache)
+    build = distill_draft.build_draft
+
+    def build_draft(target, init_from):  # see test_the_draft_model_trains_with_the_default_attention
+        draft = build(target, init_from)
+        draft.attention = "split_torch"
+        return draft
+
+    monkeypatch.setattr(distill_draft, "build_draft", build_draft)
+    out = tmp_path / "draft.safetensors"
+    record = distill_draft.main(COMMON + ["--layers", "1", "--init-from", "1", "--topk", "4", "--no-bf16",
+                                          "--out", str(out)])
+    _check_fields(record, "smollm2-135m-draft")
+    assert 0 <= record["eval"]["heldout"]["acceptance"] <= 1 and out.exists()
+
+
+def test_the_draft_model_trains_with_the_default_attention(tiny):
+    """The dense CPU attention is differentiable (out of place under autograd): train draft backpropagates."""
+    target = tiny[0]
+    draft = distill_draft.build_draft(target, [1])
+    tokens = torch.randint(0, target.cfg.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    sel = torch.zeros(2, 20, dtype=torch.bool)
+    sel[:, 5:] = True
+    top_idx = torch.randint(0, target.cfg.vocab_size, (30, 4), generator=torch.Generator().manual_seed(1))
+    kl, _ = distill_draft.distill_loss(draft, tokens, sel, top_idx, torch.zeros(30, 4))
+    kl.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in draft.parameters() if p.requires_grad)
