@@ -7,12 +7,12 @@ sends one row per step, verification the root and N draft nodes. Batch-invariant
 ways a row can change with its company, and minispec closes both on the CPU:
 
     matrix products   a BLAS picks its kernel, and with it the order of the sums, from the
-                      shape: on an AVX-512 CPU oneDNN's packed 1536 -> 576 product gives one row
-                      alone (M = 1) other bits than the same row among two or more. Each
+                      shape: on an AVX-512 CPU one row alone (M = 1) takes a matrix-vector
+                      kernel and gets other bits than the same row among two or more. Each
                       ``minispec.linear.Linear`` weight shape is probed here, at the running
                       thread count, and computed by the cheapest plan that the probe finds
                       invariant (``RowPlan``): the product as it is; a single row padded to two
-                      (the 1536 -> 576 case); the input features in two halves whose products
+                      (the M = 1 case); the input features in two halves whose products
                       are added; or calls of few rows padded with zero rows;
     attention         a fused kernel blocks its reductions by the number of queries and keys;
                       ``minispec.attention.invariant`` reduces each row over its visible keys
@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 PROBE_ROWS = (*range(1, 18), 24, 32, 33, 48, 64, 65, 96, 127)  # row counts compared with REF_ROWS rows
 REF_ROWS = 128
@@ -63,7 +62,7 @@ def varying_rows(fn: Product, n_in: int, dtype: torch.dtype = torch.float32,
 class RowPlan:
     """How a linear layer computes its rows so that none depends on the row count.
 
-    kernel: the product used ("packed": oneDNN prepacked weights, "f_linear", or a stand-in);
+    kernel: the product used ("panels": the weight panels, "f_linear", or a stand-in);
     split: 1 = one product over all input features, 2 = the input features in two halves, the two
         products added; min_rows: calls with fewer rows are padded with zero rows up to this, None if
         no plan is invariant; varies: the row counts at which the plain product varied.
@@ -127,4 +126,4 @@ def plans() -> dict[tuple, RowPlan]:
 
 def pad_rows(x: torch.Tensor, min_rows: int) -> torch.Tensor:
     """[M, n] -> [max(M, min_rows), n], zero rows appended."""
-    return x if x.shape[0] >= min_rows else F.pad(x, (0, 0, 0, min_rows - x.shape[0]))
+    return x if x.shape[0] >= min_rows else torch.cat([x, x.new_zeros(min_rows - x.shape[0], x.shape[1])])

@@ -1,32 +1,39 @@
-"""A linear layer whose CPU inference reads a weight prepacked once for oneDNN, and whose rows do
+"""A linear layer whose CPU inference reads its weight as contiguous panels, and whose rows do
 not depend on how many rows are computed.
 
 Why: decoding a small model on a CPU is a stream of matrix-vector products, one weight matrix
-after another. ``F.linear`` hands each one to a BLAS that repacks the weight into its blocked
-layout on every call, and switches to a different kernel (with a different summation order)
-depending on how many rows come in. Verification of N draft tokens sends N + 1 rows through the
-same weights, so both effects matter for speculative decoding:
+after another. Verification of N draft tokens sends N + 1 rows through the same weights, so two
+things matter for speculative decoding:
 
-    cost        with the weight already in oneDNN's blocked layout, N + 1 rows read the weights
-                once, as one row does: up to N of roughly 8 the forward stays near the
-                memory-bandwidth floor instead of doubling (see ``python -m minispec profile``);
+    cost        N + 1 rows should read the weights once, as one row does: then up to N of
+                roughly 8 the forward stays near the memory-bandwidth floor instead of growing
+                with N (see ``python -m minispec profile``);
     invariance  row i of a forward over N + 1 tokens must equal, bit for bit, what a forward of
                 that row alone gives, so that greedy verification compares exactly the logits
-                vanilla decoding would have computed and no argmax near-tie can flip. The packed
-                kernel keeps each output element's summation order for most shapes and row
-                counts, but not all on every CPU (on an AVX-512 machine the 1536 -> 576 product
-                computes one row alone in another order). So each kind of layer is probed once
-                per thread count and computed by the cheapest plan found invariant
-                (``minispec.invariance.RowPlan``): as it is, its input features in two halves,
-                or few rows padded with zero rows.
+                vanilla decoding would have computed and no argmax near-tie can flip.
 
-This is the path torch.compile's CPU weight freezing takes (``torch.ops.mkldnn``
-``_reorder_linear_weight`` + ``_linear_pointwise``), taken here by hand so the model stays
-plain eager PyTorch. Training (autograd), other dtypes and other devices use ``F.linear``
-(probed and planned the same way on the CPU; not under autograd, and not on a GPU, where
-minispec claims no row invariance).
+``F.linear`` gives neither on the CPU: its BLAS switches kernel (and summation order) with the
+row count, and each kernel reads the weight differently. Here the weight W [out, in] is copied
+once into panels of PANEL output features, ``Wp[p] = W[p*PANEL:(p+1)*PANEL].T`` of shape
+[P, in, PANEL], each one contiguous in memory, and a call is one batched product
 
-Shapes: [..., in] -> [..., out].
+    y[:, p*PANEL:(p+1)*PANEL] = x @ Wp[p]          x [M, in] shared by every panel (no copy)
+
+Both operands are row-major and the sum over the input features runs along the rows of a panel,
+so each output element is accumulated over ``in`` in the same order whatever M is (measured: on
+an AVX-512 Xeon every SmolLM2 shape at M = 2..65, 1 and 2 threads; one row alone takes a
+matrix-vector kernel, so M = 1 is padded to 2), and the panels stream through memory one after
+another: on that machine the 121 products of a SmolLM2 forward take 20 ms at M = 2 where
+``F.linear`` takes 21 ms and oneDNN's prepacked weights 29 ms (``benchmarks/linear_kernels.py``).
+No CPU is trusted blindly: each kind of layer is probed once per thread count and computed by
+the cheapest plan found invariant (``minispec.invariance.RowPlan``): as it is, its input features
+in two halves, or few rows padded with zero rows.
+
+Training (autograd), other dtypes and other devices use ``F.linear`` (probed and planned the
+same way on the CPU; not under autograd, and not on a GPU, where minispec claims no row
+invariance).
+
+Shapes: [..., in] -> [..., out]; P = ceil(out / PANEL) panels.
 """
 
 from __future__ import annotations
@@ -37,25 +44,25 @@ import torch.nn.functional as F
 
 from .invariance import RowPlan, linear_plan, pad_rows
 
-_MKLDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+PANEL = 32  # output features per weight panel (32 floats: two AVX-512 or four AVX2 registers per row)
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same state_dict) with a prepacked-weight CPU inference path
+    """``nn.Linear`` (same parameters, same state_dict) with a weight-panel CPU inference path
     whose rows do not depend on the row count.
 
     ``Linear.prepack = False`` switches every instance back to ``F.linear`` (for before/after
     measurements); ``Linear.row_invariant = False`` computes every call as it is, whatever the
-    probe found (to show what the plans prevent). Packed copies are rebuilt when the weight
+    probe found (to show what the plans prevent). Panel copies are rebuilt when the weight
     changes (in place or replaced).
     """
 
     prepack: bool = True
     row_invariant: bool = True
 
-    def _use_packed(self, x: torch.Tensor) -> bool:
+    def _use_panels(self, x: torch.Tensor) -> bool:
         w = self.weight
-        return (Linear.prepack and _MKLDNN and w.device.type == "cpu" and w.dtype == x.dtype == torch.float32
+        return (Linear.prepack and w.device.type == "cpu" and w.dtype == x.dtype == torch.float32
                 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad)))
 
     def _part(self, part: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -66,28 +73,38 @@ class Linear(nn.Linear):
         h = self.in_features // 2
         return (self.weight[:, :h], self.bias) if part == 0 else (self.weight[:, h:], None)
 
-    def packed_weight(self, part: int | None = None) -> torch.Tensor:
-        """The oneDNN-blocked copy of ``weight`` (or of its input half ``part``), built on first use and
-        after any change to the weight."""
+    def panel_weight(self, part: int | None = None) -> torch.Tensor:
+        """[P, in (or its half), PANEL]: the panels of ``weight`` (or of its input half ``part``),
+        zero-padded to whole panels, built on first use and after any change to the weight."""
         w = self.weight
         key = (w.data_ptr(), w._version, tuple(w.shape))
-        cache = self.__dict__.setdefault("_packed_parts", {})
+        cache = self.__dict__.setdefault("_panel_parts", {})
         if cache.get(part, (None,))[0] != key:
             with torch.no_grad():
-                cache[part] = (key, torch.ops.mkldnn._reorder_linear_weight(self._part(part)[0].detach().contiguous(),
-                                                                            None))
+                wp = self._part(part)[0].detach()  # [out, in']
+                P = -(-wp.shape[0] // PANEL)
+                wp = F.pad(wp, (0, 0, 0, P * PANEL - wp.shape[0]))  # [P * PANEL, in'], zero rows at the end
+                cache[part] = (key, wp.reshape(P, PANEL, -1).transpose(1, 2).contiguous())
         return cache[part][1]
 
     def kernel(self, x: torch.Tensor) -> str:
-        """The product that computes ``x``: "packed" (the oneDNN prepacked weight) or "f_linear"."""
-        return "packed" if self._use_packed(x) else "f_linear"
+        """The product that computes ``x``: "panels" (the weight panels, one batched product) or "f_linear"."""
+        return "panels" if self._use_panels(x) else "f_linear"
 
     def _product(self, kernel: str, x: torch.Tensor, part: int | None = None) -> torch.Tensor:
         """``kernel``'s product of x [..., in (or its half)] with the whole weight or the half ``part``."""
         w, b = self._part(part)
-        if kernel == "packed":
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed_weight(part), b, "none", [], "")
-        return F.linear(x, w, b)
+        if kernel != "panels":
+            return F.linear(x, w, b)
+        x2 = x.reshape(-1, x.shape[-1])  # [M, in']
+        wp = self.panel_weight(part)  # [P, in', PANEL]
+        y = torch.bmm(x2.expand(wp.shape[0], -1, -1), wp)  # [P, M, PANEL]: every panel reads the same x
+        y = y.transpose(0, 1).reshape(x2.shape[0], -1)  # [M, P * PANEL]
+        if y.shape[1] != self.out_features:
+            y = y[:, :self.out_features]  # [M, out]: the zero rows of the last panel dropped
+        if b is not None:
+            y = y + b
+        return y.reshape(*x.shape[:-1], self.out_features)
 
     def _split_product(self, kernel: str, x: torch.Tensor) -> torch.Tensor:
         h = self.in_features // 2
@@ -108,7 +125,7 @@ class Linear(nn.Linear):
 
     def _plan(self, x: torch.Tensor) -> tuple[str, int, int]:
         """(kernel, split, min_rows) for ``x``, remembered per kernel, dtype, grad mode and thread count."""
-        key = (self._use_packed(x), x.dtype, x.device.type, torch.is_grad_enabled(), x.requires_grad,
+        key = (self._use_panels(x), x.dtype, x.device.type, torch.is_grad_enabled(), x.requires_grad,
                torch.get_num_threads(), Linear.row_invariant)
         if self.__dict__.get("_plan_key") != key:
             plan = self.row_plan(x) if Linear.row_invariant else None
@@ -129,14 +146,15 @@ class Linear(nn.Linear):
 
 @torch.no_grad()
 def prepack(module: nn.Module) -> nn.Module:
-    """Pack the weight of every ``Linear`` in ``module`` and choose its row plan at the running thread
-    count now rather than on its first forward, so that the first timed generation pays for neither.
+    """Build the weight panels of every ``Linear`` in ``module`` and choose its row plan at the running
+    thread count now rather than on its first forward, so that the first timed generation pays for
+    neither.
     Returns ``module``."""
     for m in module.modules():
         if isinstance(m, Linear) and m.weight.device.type == "cpu":
             x = m.weight.new_empty(1, m.in_features)  # stands for an input of the weight's dtype
             kernel, split, _ = m._plan(x)
-            if kernel == "packed":
+            if kernel == "panels":
                 for part in ((None,) if split == 1 else (0, 1)):
-                    m.packed_weight(part)
+                    m.panel_weight(part)
     return module

@@ -7,7 +7,7 @@ rest of the loop; dividing by the number of steps gives milliseconds per step. I
   bandwidth   the machine's memory copy bandwidth (read + write bytes of a large tensor copy);
   floor       the target's weight bytes read per forward / that bandwidth: what a single-token
               forward cannot beat when decoding is memory-bound;
-  peak        the machine's fp32 matrix-multiply rate (a large GEMM through the same prepacked
+  peak        the machine's fp32 matrix-multiply rate (a large GEMM through the same weight-panel
               oneDNN path the model uses), and with it the compute floor of a forward over N + 1
               rows: (N + 1) x 2 x (linear weights) FLOP / peak. Extra rows pay at least this, so
               it bounds how cheap verification can get on this machine;
@@ -44,7 +44,7 @@ def copy_bandwidth(mib: int = 256, reps: int = 5, device=None) -> float:
 
 def matmul_peak(n: int = 1024, reps: int = 5, device=None, dtype: torch.dtype = torch.float32) -> float:
     """GFLOP/s of an n x n x n product, best of ``reps``. On the CPU in fp32 through
-    ``minispec.linear.Linear`` (the prepacked oneDNN path the model's layers take); elsewhere (a GPU,
+    ``minispec.linear.Linear`` (the weight-panel path the model's layers take); elsewhere (a GPU,
     another dtype) a plain ``torch.mm`` of ``dtype`` on ``device``."""
     device = torch.device(device or "cpu")
     if device.type == "cpu" and dtype == torch.float32:
@@ -56,7 +56,7 @@ def matmul_peak(n: int = 1024, reps: int = 5, device=None, dtype: torch.dtype = 
         a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
         fn = lambda: torch.mm(a, b)  # noqa: E731
     with torch.inference_mode():
-        fn()  # packs the weight once / loads the kernel
+        fn()  # builds the weight panels once / loads the kernel
         best = min(_timed(fn, device) for _ in range(reps))
     return 2 * n**3 / best / 1e9
 
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--draft-vocab", type=int, default=None)
-    ap.add_argument("--no-prepack", action="store_true", help="F.linear instead of prepacked weights (the before figure)")
+    ap.add_argument("--no-prepack", action="store_true", help="F.linear instead of the weight panels (the before figure)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: one per idle core)")
     ap.add_argument("--json", default=None, help="write the result (device, versions, settings) here")
     args = ap.parse_args(argv)

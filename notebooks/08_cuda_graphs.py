@@ -134,7 +134,7 @@ print(f"SmolLM2 eager decode step on this CPU: {len(rec.ops)} ATen operators, {r
 print("most frequent:", ", ".join(f"{n} x{c}" for n, c in rec.counts().most_common(10)))
 
 # %% [markdown]
-# The counts above are those of the CPU path (minispec's prepacked `_linear_pointwise` and its
+# The counts above are those of the CPU path (minispec's weight-panel `bmm` linears and its
 # row-invariant attention, `minispec.attention.invariant`). A GPU runs other kernels for the
 # same modules. PyTorch's **meta** device runs a model with shapes but no data: every operator
 # is dispatched, nothing is computed, nothing is allocated. So we can count the kernels of a Llama-3.1-8B step without its

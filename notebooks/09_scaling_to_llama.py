@@ -186,7 +186,7 @@ check("9.1", impl="exercises")
 #
 # Below, this machine's two roofs, measured live: the copy bandwidth of a large tensor (bytes read
 # + written) and the peak of a large matrix product in the dtype minispec runs in here (on a CPU:
-# fp32 through the same prepacked path the model's layers take). Next to them the H100's, from
+# fp32 through the same weight-panel path the model's layers take). Next to them the H100's, from
 # NVIDIA's spec sheet (not a measurement).
 
 # %%

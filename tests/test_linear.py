@@ -1,13 +1,11 @@
-"""minispec.linear.Linear: the prepacked oneDNN path equals F.linear, and a row's result does not
+"""minispec.linear.Linear: the weight-panel path equals F.linear, and a row's result does not
 depend on how many rows are computed with it (what keeps greedy verification == vanilla)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from minispec.linear import _MKLDNN, Linear
-
-needs_mkldnn = pytest.mark.skipif(not _MKLDNN, reason="needs PyTorch's oneDNN (mkldnn) CPU backend")
+from minispec.linear import PANEL, Linear
 
 
 def _layer(n_in, n_out, bias, seed=0):
@@ -15,20 +13,20 @@ def _layer(n_in, n_out, bias, seed=0):
     return Linear(n_in, n_out, bias=bias)
 
 
-@needs_mkldnn
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(576,), (5, 576), (2, 7, 576)])
-def test_packed_equals_f_linear(shape, bias):
-    layer = _layer(576, 1536, bias)
+@pytest.mark.parametrize("n_out", [1536, 100])  # whole panels, and a last panel zero-padded
+def test_panels_equal_f_linear(shape, bias, n_out):
+    layer = _layer(576, n_out, bias)
     x = torch.randn(*shape)
     with torch.inference_mode():
-        assert layer._use_packed(x)
+        assert layer._use_panels(x)
         y = layer(x)
-    assert y.shape == (*shape[:-1], 1536)
+    assert y.shape == (*shape[:-1], n_out)
+    assert layer.panel_weight().shape == (-(-n_out // PANEL), 576, PANEL)
     torch.testing.assert_close(y, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
 
-@needs_mkldnn
 def test_non_contiguous_input():
     layer = _layer(576, 64, False)
     x = torch.randn(4, 1152)[:, ::2]  # every other column: a strided view
@@ -36,7 +34,6 @@ def test_non_contiguous_input():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
 
 
-@needs_mkldnn
 @pytest.mark.parametrize("n_in,n_out", [(576, 960), (1536, 576), (576, 49152)])  # qkv, down, LM head of SmolLM2
 def test_row_results_do_not_depend_on_the_row_count(n_in, n_out):
     layer = _layer(n_in, n_out, False)
@@ -48,8 +45,7 @@ def test_row_results_do_not_depend_on_the_row_count(n_in, n_out):
             assert torch.equal(layer(x[0, m]), full[0, m]), f"row {m} computed alone differs"
 
 
-@needs_mkldnn
-def test_weight_change_repacks():
+def test_weight_change_rebuilds_the_panels():
     layer = _layer(64, 32, True)
     x = torch.randn(3, 64)
     with torch.inference_mode():
@@ -67,7 +63,7 @@ def test_weight_change_repacks():
 def test_training_uses_autograd():
     layer = _layer(16, 8, True)
     x = torch.randn(4, 16, requires_grad=True)
-    assert not layer._use_packed(x)
+    assert not layer._use_panels(x)
     layer(x).sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
 
@@ -78,17 +74,16 @@ def test_state_dict_is_nn_linear(monkeypatch):
     monkeypatch.setattr(Linear, "prepack", False)
     x = torch.randn(2, 16)
     with torch.inference_mode():
-        assert not layer._use_packed(x)
+        assert not layer._use_panels(x)
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
-@needs_mkldnn
-def test_prepack_packs_every_linear_of_a_loaded_model():
+def test_prepack_builds_the_panels_of_every_linear_of_a_loaded_model():
     from minispec import load
 
     model, _ = load("tiny-llama")  # load() prepacks
     layers = [m for m in model.modules() if isinstance(m, Linear)]
     assert len(layers) == 4 * model.cfg.n_layer + 1  # qkv, out, gate_up, down per layer + LM head
-    assert all(m.__dict__.get("_packed_parts") for m in layers)
+    assert all(m.__dict__.get("_panel_parts") for m in layers)
     fresh = Linear(8, 4)
-    assert not fresh.__dict__.get("_packed_parts")
+    assert not fresh.__dict__.get("_panel_parts")

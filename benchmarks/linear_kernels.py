@@ -1,0 +1,93 @@
+"""The linear-layer kernels of a decode step side by side: time per forward's worth of products, and
+whether a row's bits depend on the row count.
+
+For every ``minispec.linear.Linear`` of a model (SmolLM2: 121 products per forward), in the order a
+forward runs them so the weights stream from memory as they do when decoding, each candidate is
+timed at several row counts M, the candidates interleaved round by round in one process:
+
+    panels     minispec's path: the weight as contiguous [in, 32] panels, one torch.bmm
+    f_linear   F.linear (the BLAS picks its kernel from M)
+    onednn     oneDNN's prepacked weights (torch.ops.mkldnn._linear_pointwise), where available
+
+(each candidate runs a few untimed passes before its timed ones in every round, so its own weight
+copy is as warm in the caches as when decoding uses it alone), and each kind of weight is probed for the row counts at which its rows change
+(``minispec.invariance.varying_rows``). Not part of CI: timings are machine-dependent.
+
+    python benchmarks/linear_kernels.py --threads 2 --json benchmarks/results/linear_kernels_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def kernels(layers) -> dict:
+    """{name: product(layer, x)} for the candidates this PyTorch build has."""
+    out = {"panels": lambda layer, x: layer._product("panels", x),
+           "f_linear": lambda layer, x: F.linear(x, layer.weight)}
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        packed = {id(layer): torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach().contiguous(), None)
+                  for layer in layers}
+        out["onednn"] = lambda layer, x: torch.ops.mkldnn._linear_pointwise(x, packed[id(layer)], layer.bias, "none",
+                                                                            [], "")
+    return out
+
+
+def main(argv=None) -> int:
+    from minispec.benchinfo import save_json
+    from minispec.invariance import varying_rows
+    from minispec.linear import Linear
+    from minispec.models import load
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", default="1,2,5,9,17", help="row counts M to time")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds (the median is reported)")
+    ap.add_argument("--passes", type=int, default=3, help="untimed then timed passes per candidate and round")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model, _ = load(args.model)
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    cands = kernels(layers)
+    weight_mb = sum(layer.weight.numel() * layer.weight.element_size() for layer in layers) / 2**20
+    print(f"{args.model}: {len(layers)} linear products per forward, {weight_mb:.0f} MiB of weights; "
+          f"{args.threads} threads")
+    times: dict = {}
+    with torch.inference_mode():
+        for m in [int(r) for r in args.rows.split(",")]:
+            xs = [torch.randn(m, layer.in_features) for layer in layers]
+            samples = {name: [] for name in cands}
+            for r in range(args.rounds + 1):  # one warm-up round
+                for name, fn in cands.items():
+                    for p in range(2 * args.passes):  # the first passes bring this candidate's weight copy into
+                        t0 = time.perf_counter()      # the caches, as steady decoding with one copy would
+                        for layer, x in zip(layers, xs):
+                            fn(layer, x)
+                        if r >= 1 and p >= args.passes:
+                            samples[name].append(time.perf_counter() - t0)
+            times[m] = {name: statistics.median(s) * 1e3 for name, s in samples.items()}
+            print(f"M = {m:3d}: " + "  ".join(f"{name} {ms:6.2f} ms" for name, ms in times[m].items())
+                  + f"  (panels {times[m]['f_linear'] / times[m]['panels']:.2f}x F.linear)")
+        varies = {}
+        for layer in layers:
+            key = f"{layer.in_features}->{layer.out_features}"
+            if key not in varies:
+                varies[key] = {name: list(varying_rows(lambda x, fn=fn, layer=layer: fn(layer, x), layer.in_features))
+                               for name, fn in cands.items()}
+    print("row counts at which a row's bits change (among 1..17, 24, 32, 33, 48, 64, 65, 96, 127 vs 128 rows):")
+    for key, v in varies.items():
+        print(f"  {key:12s} " + "  ".join(f"{name}: {rows or 'none'}" for name, rows in v.items()))
+    if args.json:
+        print(f"saved {save_json(args.json, dict(benchmark='linear_kernels', model=args.model, threads=args.threads, rounds=args.rounds, ms_per_forward=times, varying_rows=varies))}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
