@@ -23,8 +23,9 @@ Both operands are row-major and the sum over the input features runs along the r
 so each output element is accumulated over ``in`` in the same order whatever M is (measured: on
 an AVX-512 Xeon every SmolLM2 shape at M = 2..65, 1 and 2 threads; one row alone takes a
 matrix-vector kernel, so M = 1 is padded to 2), and the panels stream through memory one after
-another: on that machine the 121 products of a SmolLM2 forward take 20 ms at M = 2 where
-``F.linear`` takes 21 ms and oneDNN's prepacked weights 29 ms (``benchmarks/linear_kernels.py``).
+another: on that machine the 121 products of a SmolLM2 forward take 23.0 ms at M = 2 where
+oneDNN's prepacked weights take 26.0 ms, and 31.3 ms at M = 9 where ``F.linear`` takes 48.0 ms
+(``benchmarks/linear_kernels.py``, ``benchmarks/results/linear_kernels_cpu.json``).
 No CPU is trusted blindly: each kind of layer is probed once per thread count and computed by
 the cheapest plan found invariant (``minispec.invariance.RowPlan``): as it is, its input features
 in two halves, or few rows padded with zero rows.
