@@ -85,10 +85,12 @@ SMOLLM2_LINEARS = ((576, 960), (576, 576), (576, 3072), (1536, 576), (576, 49152
 def row_invariance_lines(shapes=SMOLLM2_LINEARS) -> list[str]:
     """[OK]/[WARN] lines: does a row of the CPU decode forward give the same bits whatever rows come with
     it, at the running thread count? Probes the Linear kernel of each of SmolLM2's weight shapes (random
-    weights) and the dense attention on a tree of 9 rows over 24 + 9 keys against each row alone."""
+    weights) and the dense attention on a tree of 9 rows over 24 + 9 and 300 + 9 keys against each row
+    alone, and names the plan each runs under."""
     import torch
 
     from .attention import invariant_attention
+    from .attention.invariant import attention_plan
     from .linear import Linear
 
     n = torch.get_num_threads()
@@ -111,17 +113,20 @@ def row_invariance_lines(shapes=SMOLLM2_LINEARS) -> list[str]:
         else:
             lines.append(f"[OK] linear layers ({path}, {n} threads): each row's bits do not depend on the row count"
                          + (f"; {'; '.join(notes)}" if notes else ", every SmolLM2 shape as it is"))
-        q, k, v = torch.randn(1, 9, 9, 64, generator=gen), torch.randn(1, 3, 33, 64, generator=gen), \
-            torch.randn(1, 3, 33, 64, generator=gen)
-        parents = [-1, 0, 1, 0, 3, 0, 1, 2]  # root + 8 nodes: a tree with interleaved branches
-        tree = torch.eye(9, dtype=torch.bool)
-        for i, p in enumerate(parents, start=1):
-            tree[i] |= tree[p + 1]
-        mask = torch.cat([torch.ones(9, 24, dtype=torch.bool), tree], dim=1)
-        out = invariant_attention(q, k, v, mask)
-        same = all(torch.equal(out[0, :, t], invariant_attention(q[:, :, t:t + 1], k[:, :, mask[t]], v[:, :, mask[t]])[0, :, 0])
-                   for t in range(9))
-    lines.append(f"[{'OK' if same else 'WARN'}] attention (dense backend, CPU): a tree row "
+        plan = attention_plan(64)
+        same = True
+        for P in (24, 300):  # one block of keys, and two
+            q, k, v = torch.randn(1, 9, 9, 64, generator=gen), torch.randn(1, 3, P + 9, 64, generator=gen), \
+                torch.randn(1, 3, P + 9, 64, generator=gen)
+            parents = [-1, 0, 1, 0, 3, 0, 1, 2]  # root + 8 nodes: a tree with interleaved branches
+            tree = torch.eye(9, dtype=torch.bool)
+            for i, p in enumerate(parents, start=1):
+                tree[i] |= tree[p + 1]
+            mask = torch.cat([torch.ones(9, P, dtype=torch.bool), tree], dim=1)
+            out = invariant_attention(q, k, v, mask)
+            same &= all(torch.equal(out[0, :, t], invariant_attention(q[:, :, t:t + 1], k[:, :, mask[t]],
+                                                                      v[:, :, mask[t]])[0, :, 0]) for t in range(9))
+    lines.append(f"[{'OK' if same else 'WARN'}] attention (dense backend, CPU, {plan.describe()}): a tree row "
                  + ("equals the row alone over its own keys, bit for bit" if same else
                     "differs from the row alone over its own keys: greedy speculative output may differ from vanilla here"))
     return lines

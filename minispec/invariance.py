@@ -13,10 +13,13 @@ ways a row can change with its company, and minispec closes both on the CPU:
                       thread count, and computed by the cheapest plan that the probe finds
                       invariant (``RowPlan``): the product as it is; a single row padded to two
                       (the M = 1 case); the input features in two halves whose products
-                      are added; or calls of few rows padded with zero rows;
+                      are added; rows padded to a multiple of m (MKL's AVX2 kernels compute
+                      rows in blocks of 6 and a last, partial block in another order); or
+                      calls of few rows padded with zero rows;
     attention         a fused kernel blocks its reductions by the number of queries and keys;
                       ``minispec.attention.invariant`` reduces each row over its visible keys
-                      in key order, hidden keys adding exact zeros.
+                      in key order, in fixed blocks of keys, hidden keys adding exact zeros,
+                      with the padding its own probe finds this CPU needs.
 
 Everything else in the forward is elementwise or reduces within one row (norms, RoPE,
 activations). ``tests/test_invariance.py`` checks the whole forward on SmolLM2;
@@ -35,6 +38,8 @@ import torch
 PROBE_ROWS = (*range(1, 18), 24, 32, 33, 48, 64, 65, 96, 127)  # row counts compared with REF_ROWS rows
 REF_ROWS = 128
 PAD_CHOICES = (2, 4, 8, 16)  # row counts a call may be padded up to (the smallest that works is used)
+ROW_MULTIPLES = (2, 4, 6, 8, 12, 16)  # row counts a call may be rounded up to a multiple of (a BLAS whose kernel
+#                                      computes rows in blocks of m and its last, partial block another way)
 
 Product = Callable[[torch.Tensor], torch.Tensor]  # [M, n_in] -> [M, n_out]
 
@@ -65,12 +70,18 @@ class RowPlan:
     kernel: the product used ("panels": the weight panels, "f_linear", or a stand-in);
     split: 1 = one product over all input features, 2 = the input features in two halves, the two
         products added; min_rows: calls with fewer rows are padded with zero rows up to this, None if
-        no plan is invariant; varies: the row counts at which the plain product varied.
+        no plan is invariant; varies: the row counts at which the plain product varied; multiple:
+        every call's rows are padded with zero rows up to a multiple of this.
     """
     kernel: str
     split: int
     min_rows: int | None
     varies: tuple[int, ...]
+    multiple: int = 1
+
+    def rows(self, m: int) -> int:
+        """How many rows a call of m rows computes under this plan (m plus its zero rows)."""
+        return padded_rows(m, self.min_rows or 1, self.multiple)
 
     @property
     def invariant(self) -> bool:
@@ -81,7 +92,9 @@ class RowPlan:
             return f"varies at {_rows(self.varies)} rows, no plan found"
         if not self.varies:
             return "invariant as it is"
-        how = "input split in two halves" if self.split > 1 else f"calls of fewer rows padded to {self.min_rows}"
+        how = ("input split in two halves" if self.split > 1 else
+               f"rows padded to a multiple of {self.multiple}" if self.multiple > 1 else
+               f"calls of fewer rows padded to {self.min_rows}")
         return f"varies at {_rows(self.varies)} rows: {how}"
 
 
@@ -93,8 +106,9 @@ def choose_plan(kernel: str, fn: Product, split_fn: Product | None, n_in: int, d
                 device: torch.device) -> RowPlan:
     """Probe ``fn`` and, where it varies, the fallbacks in order of cost: padding one row to two (a
     second row costs almost nothing while the weights stream from memory), ``split_fn`` (the same
-    product over two halves of the input features: two calls and an add), then padding to the
-    smallest row count above every varying one."""
+    product over two halves of the input features: two calls and an add), rows padded to a multiple
+    of m (MKL's AVX2 kernels, for one, compute rows in blocks of 6 and a last, partial block in
+    another order), then padding to the smallest row count above every varying one."""
     varies = varying_rows(fn, n_in, dtype, device)
     if not varies:
         return RowPlan(kernel, 1, 1, varies)
@@ -103,6 +117,9 @@ def choose_plan(kernel: str, fn: Product, split_fn: Product | None, n_in: int, d
         return RowPlan(kernel, 1, m0, varies)
     if split_fn is not None and not varying_rows(split_fn, n_in, dtype, device):
         return RowPlan(kernel, 2, 1, varies)
+    for m in ROW_MULTIPLES:
+        if not varying_rows(lambda x: fn(pad_rows(x, padded_rows(x.shape[0], m, m)))[:x.shape[0]], n_in, dtype, device):
+            return RowPlan(kernel, 1, m, varies, multiple=m)
     return RowPlan(kernel, 1, m0, varies)
 
 
@@ -122,6 +139,11 @@ def linear_plan(key: tuple, fn: Product, split_fn: Product | None, n_in: int, dt
 def plans() -> dict[tuple, RowPlan]:
     """Every plan chosen in this process: (kernel, n_in, n_out, bias, dtype, device, threads) -> RowPlan."""
     return dict(_PLANS)
+
+
+def padded_rows(m: int, min_rows: int = 1, multiple: int = 1) -> int:
+    """The row count a call of m rows is padded to: at least ``min_rows``, a multiple of ``multiple``."""
+    return -(-max(m, min_rows) // multiple) * multiple
 
 
 def pad_rows(x: torch.Tensor, min_rows: int) -> torch.Tensor:

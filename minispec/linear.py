@@ -28,7 +28,8 @@ oneDNN's prepacked weights take 26.0 ms, and 31.3 ms at M = 9 where ``F.linear``
 (``benchmarks/linear_kernels.py``, ``benchmarks/results/linear_kernels_cpu.json``).
 No CPU is trusted blindly: each kind of layer is probed once per thread count and computed by
 the cheapest plan found invariant (``minispec.invariance.RowPlan``): as it is, its input features
-in two halves, or few rows padded with zero rows.
+in two halves, or its rows padded with zero rows (one row to two; on MKL's AVX2 kernels, which
+compute rows in blocks of 6, to a multiple of 6).
 
 Training (autograd), other dtypes and other devices use ``F.linear`` (probed and planned the
 same way on the CPU; not under autograd, and not on a GPU, where minispec claims no row
@@ -43,7 +44,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .invariance import RowPlan, linear_plan, pad_rows
+from .invariance import RowPlan, linear_plan, pad_rows, padded_rows
 
 PANEL = 32  # output features per weight panel (32 floats: two AVX-512 or four AVX2 registers per row)
 
@@ -124,24 +125,26 @@ class Linear(nn.Linear):
         split = (lambda x2: self._split_product(kernel, x2)) if self.in_features >= 2 else None
         return linear_plan(key, lambda x2: self._product(kernel, x2), split, self.in_features, x.dtype, x.device)
 
-    def _plan(self, x: torch.Tensor) -> tuple[str, int, int]:
-        """(kernel, split, min_rows) for ``x``, remembered per kernel, dtype, grad mode and thread count."""
+    def _plan(self, x: torch.Tensor) -> tuple[str, int, int, int]:
+        """(kernel, split, min_rows, multiple) for ``x``, remembered per kernel, dtype, grad mode and thread count."""
         key = (self._use_panels(x), x.dtype, x.device.type, torch.is_grad_enabled(), x.requires_grad,
                torch.get_num_threads(), Linear.row_invariant)
         if self.__dict__.get("_plan_key") != key:
             plan = self.row_plan(x) if Linear.row_invariant else None
-            self._plan_value = (self.kernel(x), 1, 1) if plan is None or not plan.invariant else \
-                (plan.kernel, plan.split, plan.min_rows)
+            self._plan_value = (self.kernel(x), 1, 1, 1) if plan is None or not plan.invariant else \
+                (plan.kernel, plan.split, plan.min_rows, plan.multiple)
             self._plan_key = key
         return self._plan_value
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kernel, split, need = self._plan(x)
+        kernel, split, min_rows, multiple = self._plan(x)
         if split > 1:
             return self._split_product(kernel, x)
-        if need > 1 and x.numel() < need * self.in_features:  # fewer rows than the kernel keeps invariant
-            x2 = x.reshape(-1, self.in_features)  # [M, in]
-            return self._product(kernel, pad_rows(x2, need))[:x2.shape[0]].reshape(*x.shape[:-1], self.out_features)
+        m = x.numel() // self.in_features
+        if padded_rows(m, min_rows, multiple) > m:  # rows the kernel does not keep invariant: pad with zero rows
+            x2 = x.reshape(m, self.in_features)  # [M, in]
+            y = self._product(kernel, pad_rows(x2, padded_rows(m, min_rows, multiple)))  # [M', out]
+            return y[:m].reshape(*x.shape[:-1], self.out_features)
         return self._product(kernel, x)
 
 
@@ -154,7 +157,7 @@ def prepack(module: nn.Module) -> nn.Module:
     for m in module.modules():
         if isinstance(m, Linear) and m.weight.device.type == "cpu":
             x = m.weight.new_empty(1, m.in_features)  # stands for an input of the weight's dtype
-            kernel, split, _ = m._plan(x)
+            kernel, split, _, _ = m._plan(x)
             if kernel == "panels":
                 for part in ((None,) if split == 1 else (0, 1)):
                     m.panel_weight(part)

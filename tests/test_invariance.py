@@ -135,13 +135,40 @@ def test_without_the_plan_the_check_fails(monkeypatch):
     assert rows_that_differ(layer, 256) == [1, -5, -17, -64]
 
 
+def blocks_of_6_product(self, kernel, x, part=None):
+    """A stand-in for MKL's AVX2 kernels: rows are computed in blocks of 6, and the rows of a last, partial
+    block of 1 to 3 rows are summed in another order (from the last input)."""
+    w, b = self._part(part)
+    x2 = x.reshape(-1, x.shape[-1])  # [M, in]
+    y = (x2[:, None, :] * w[None]).sum(-1)  # [M, out]
+    tail = x2.shape[0] % 6
+    if 1 <= tail <= 3:
+        y[-tail:] = (x2[-tail:].flip(-1)[:, None, :] * w.flip(-1)[None]).sum(-1)
+    y = y if b is None else y + b
+    return y.reshape(*x.shape[:-1], w.shape[0])
+
+
+@pytest.mark.parametrize("n_threads", THREADS)
+def test_a_kernel_with_partial_row_blocks_gets_rows_padded_to_whole_blocks(monkeypatch, n_threads):
+    monkeypatch.setattr(Linear, "_product", blocks_of_6_product)
+    torch.manual_seed(0)
+    layer = Linear(256, 96, bias=True)
+    with threads(n_threads), torch.inference_mode():
+        plan = layer.row_plan(torch.zeros(1, 256))
+        assert plan.multiple == 6 and plan.split == 1 and plan.rows(1) == 6 and plan.rows(7) == 12
+        assert "multiple of 6" in plan.describe()
+        assert rows_that_differ(layer, 256) == []
+        monkeypatch.setattr(Linear, "row_invariant", False)
+        assert 1 in rows_that_differ(layer, 256)  # the same check fails without the plan
+
+
 def test_a_kernel_that_varies_at_many_row_counts_is_reported_not_invariant():
-    def odd_rows(x):  # every odd row count sums in another order
+    def by_32(x):  # every row count that is not a multiple of 32 sums in another order: no padding helps
         y = (x[:, None, :] * W[None]).sum(-1)
-        return (x.flip(-1)[:, None, :] * W.flip(-1)[None]).sum(-1) if x.shape[0] % 2 else y
+        return (x.flip(-1)[:, None, :] * W.flip(-1)[None]).sum(-1) if x.shape[0] % 32 else y
 
     W = torch.randn(32, 64)
-    plan = invariance.choose_plan("odd", odd_rows, odd_rows, 64, torch.float32, torch.device("cpu"))
+    plan = invariance.choose_plan("odd", by_32, by_32, 64, torch.float32, torch.device("cpu"))
     assert 1 in plan.varies and 127 in plan.varies and plan.min_rows is None and not plan.invariant
     assert "no plan" in plan.describe()
 
@@ -166,7 +193,8 @@ def row_alone(q, k, v, visible, b, h, t, G):
 @st.composite
 def attention_case(draw):
     B, Hkv, G = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.sampled_from([1, 3, 4]))
-    T, P, hd = draw(st.integers(1, 12)), draw(st.integers(0, 40)), draw(st.sampled_from([8, 16, 64]))
+    T, hd = draw(st.integers(1, 12)), draw(st.sampled_from([8, 16, 64]))
+    P = draw(st.one_of(st.integers(0, 40), st.integers(240, 600)))  # short, and past a block of keys
     parents = [-1] + [draw(st.integers(-1, i - 1)) for i in range(1, T)]  # a forest over the new tokens
     return B, Hkv, G, T, P, hd, parents, draw(st.integers(0, 2 ** 31))
 
@@ -228,6 +256,79 @@ def test_the_row_check_catches_an_attention_that_sums_by_key_count():
                for t in range(8))
 
 
+def sequential_matmul(a, b, flip=False):
+    """a @ b summed along the inner dimension strictly in order (from the last term if ``flip``): a
+    stand-in product whose rows never depend on the other rows and to which trailing zeros add nothing."""
+    order = range(a.shape[-1] - 1, -1, -1) if flip else range(a.shape[-1])
+    y = torch.zeros(*a.shape[:-1], b.shape[-1])  # [..., R, C], accumulated in float32 term by term
+    for i in order:
+        y = y + a[..., i:i + 1] * b[..., i:i + 1, :]
+    return y
+
+
+def blocks_of_6_matmul(a, b):
+    """As ``blocks_of_6_product`` for the attention: a last, partial block of 1 to 3 rows is summed from the last key."""
+    y = sequential_matmul(a, b)
+    tail = a.shape[-2] % 6
+    if 1 <= tail <= 3:
+        y[..., -tail:, :] = sequential_matmul(a[..., -tail:, :], b, flip=True)
+    return y
+
+
+def halves_matmul(a, b):
+    """A stand-in for a BLAS that splits a reduction longer than 256 into two halves by its length."""
+    K = a.shape[-1]
+    if K <= 256:
+        return sequential_matmul(a, b)
+    return sequential_matmul(a[..., :K // 2], b[..., :K // 2, :]) + sequential_matmul(a[..., K // 2:], b[..., K // 2:, :])
+
+
+def causal_rows_differ(plan, P=24, hd=8, B=1, Hkv=3, G=3, N=20):
+    """Query counts n at which the first n rows of a causal block after P keys differ from the same rows of N."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, h, n, hd, generator=g) for h, n in ((Hkv * G, N), (Hkv, P + N), (Hkv, P + N)))
+    full = invariant_attention(q, k, v, plan=plan)
+    return [n for n in (1, 2, 3, 5, 7, 13) if not torch.equal(
+        invariant_attention(q[:, :, :n], k[:, :, :P + n], v[:, :, :P + n], plan=plan), full[:, :, :n])]
+
+
+def test_attention_with_partial_row_blocks_gets_its_rows_padded(monkeypatch):
+    """On any CPU: a stand-in BLAS whose partial row blocks sum in another order (MKL's AVX2 kernels do)
+    is found by the probe, the plan pads the query rows, and the same check fails without it."""
+    from minispec.attention import invariant
+
+    monkeypatch.setattr(invariant, "_product", blocks_of_6_matmul)
+    monkeypatch.setattr(invariant, "_PLANS", {})
+    monkeypatch.setattr(invariant, "PROBE_LAYOUTS", ((1, 3, 3),))
+    plan = invariant.attention_plan(8)
+    assert plan.invariant and plan.row_multiple > 1, plan
+    assert causal_rows_differ(plan) == []
+    assert causal_rows_differ(invariant.AttentionPlan()) != []
+
+
+def test_attention_sums_long_key_ranges_in_fixed_blocks(monkeypatch):
+    """On any CPU: with a stand-in BLAS that blocks a long reduction by its length (MKL does past ~200-500
+    keys), summing p @ v over KEY_BLOCK keys at a time keeps rows invariant, and one product over all
+    keys does not."""
+    from minispec.attention import invariant
+
+    monkeypatch.setattr(invariant, "_product", halves_matmul)
+    assert causal_rows_differ(invariant.AttentionPlan(), P=517) == []
+    monkeypatch.setattr(invariant, "KEY_BLOCK", 10 ** 6)
+    assert causal_rows_differ(invariant.AttentionPlan(), P=517) != []
+
+
+def test_the_probed_attention_plan_holds_after_long_prefixes():
+    """The plan chosen on this CPU, on a chain after 517 keys (more than two key blocks), SmolLM2's layout."""
+    from minispec.attention import invariant
+
+    for n_threads in THREADS:
+        with threads(n_threads), torch.inference_mode():
+            plan = invariant.attention_plan(64)
+            assert plan.invariant, f"no invariant attention plan at {n_threads} threads"
+            assert causal_rows_differ(plan, P=517, hd=64) == []
+
+
 def test_dense_backend_on_the_cpu_is_the_row_invariant_one():
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(1, 4, 5, 16, generator=g), torch.randn(1, 2, 9, 16, generator=g), torch.randn(1, 2, 9, 16, generator=g)
@@ -244,24 +345,26 @@ def _cache(model, kind: str, capacity: int):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["contiguous", "paged"])
 @pytest.mark.parametrize("n_threads", THREADS)
-def test_smollm2_logits_do_not_depend_on_the_row_count(smollm2, n_threads, kind):
+@pytest.mark.parametrize("prefill", [24, 520])  # 520: the keys span three blocks of the attention's p @ v
+def test_smollm2_logits_do_not_depend_on_the_row_count(smollm2, n_threads, kind, prefill):
     model, _ = smollm2
-    ids = torch.randint(0, model.cfg.vocab_size, (24 + 65,), generator=torch.Generator().manual_seed(0))
-    kv = _cache(model, kind, 24 + 65 + 8)
+    P = prefill
+    ids = torch.randint(0, model.cfg.vocab_size, (P + 65,), generator=torch.Generator().manual_seed(0))
+    kv = _cache(model, kind, P + 65 + 8)
     with threads(n_threads), torch.inference_mode():
-        model(ids[None, :24], kv=kv)
+        model(ids[None, :P], kv=kv)
         kv.commit()
-        full = model(ids[None, 24:], kv=kv).logits[0]  # [65, V]
+        full = model(ids[None, P:], kv=kv).logits[0]  # [65, V]
         kv.discard()
         for n in (1, 2, 4, 9, 33):
-            rows = model(ids[None, 24:24 + n], kv=kv).logits[0]
+            rows = model(ids[None, P:P + n], kv=kv).logits[0]
             kv.discard()
             assert torch.equal(rows, full[:n]), f"{n} rows: max difference {(rows - full[:n]).abs().max():.3g}"
         # a tree whose first branch is the chain: every node's logits equal its own path's last row
         parents = [-1, 0, 1, 2, 0, 4, 1, 6, 6, 3, -1, 10, 11]
-        tokens = [int(t) for t in ids[25:29]] + [7, 8, 9, 10, 11, 12, 13, 14, 15]
+        tokens = [int(t) for t in ids[P + 1:P + 5]] + [7, 8, 9, 10, 11, 12, 13, 14, 15]
         tree = Tree(tokens, parents)
-        root = ids[24:25]
+        root = ids[P:P + 1]
         out = model(torch.cat([root, torch.tensor(tokens)])[None], kv=kv,
                     positions=tree.positions(kv.length), mask=tree.mask()).logits[0]
         kv.discard()
