@@ -346,9 +346,13 @@ print("greedy tokens identical with all three backends")
 #
 # Per query row and key, attention does about $4\,d$ flops (two dot products) on a key and a
 # value that are read once for all $G \cdot T$ rows of a KV head: arithmetic intensity
-# $\approx G T$ flops per byte in bf16 — far below a GPU's ~300 flops/byte. So verify-time
-# attention is **bound by memory bandwidth**; the yardstick is GB/s of KV read against what a
-# plain copy achieves on the same device. `benchmarks/bench_attention.py` measures that for
+# $\approx G T$ flops per byte in bf16 (4d flops per row and key over 4d bytes of key and value).
+# An H100 SXM's ridge is near 300 flops per byte (spec sheet: 989 TFLOP/s bf16 dense over
+# 3.35 TB/s). SmolLM2 ($G = 3$) verifying a tree of $T \le 16$ rows sits at $I \le 48$, far
+# below it: verify-time attention is **bound by memory bandwidth** there. Not always: Llama-3-8B
+# ($G = 4$) with a 64-node tree gives $I = 256$, at the ridge, where the tree's attention starts
+# to cost its flops too. For the shapes measured here the yardstick is GB/s of KV read against
+# what a plain copy achieves on the same device. `benchmarks/bench_attention.py` measures that for
 # dense SDPA with a mask, the two splits, FlexAttention with a block mask and plain causal
 # attention of the same shape; the plot reads its committed JSON (a GPU file when one is in
 # `benchmarks/results/`, else the CPU one — the title says which).

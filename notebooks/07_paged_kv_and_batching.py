@@ -666,14 +666,31 @@ ax.legend(ncol=6, fontsize=8); plt.tight_layout(); plt.show()
 
 # %% [markdown]
 # **Throughput and its economics.** Batching and speculation both buy tokens per weight read:
-# batching with more sequences, speculation with more rows per sequence. At batch 1 a CPU's
-# forward is bound by memory bandwidth, so the $N$ extra rows of a tree are nearly free and
-# speculation gains $\approx \tau$ minus the drafting cost. At batch $B$ the forward already carries
-# $B$ rows; trees make it $B (N + 1)$, and once the matrix products are **compute-bound** every
-# extra row costs its FLOPs. Meanwhile drafting is paid per sequence. So speculation's gain over
+# batching with more sequences, speculation with more rows per sequence. Extra rows are cheap
+# only while the forward is bound by memory bandwidth, and on a 2-core CPU that ends after a few
+# rows: chapter 5's verify curve, measured by `python -m minispec profile` on a 2-core AMD EPYC
+# (`benchmarks/results/profile_cpu.json`, printed below), costs $t(8)/t(0) = 1.36$ and
+# $t(64)/t(0) = 3.7$. So on that CPU a small tree (or a chain) is what pays, and speculation gains
+# $\tau$ divided by that ratio, minus the drafting cost. A GPU stays bandwidth-bound much longer:
+# an H100 SXM's spec sheet gives 989 TFLOP/s (bf16, dense) over 3.35 TB/s, a ridge near 300
+# flops per byte, so a 135M-parameter forward (1 flop per weight byte per row in bf16: one
+# multiply-add, 2 flops, per 2-byte weight) stays under it up to ~300 rows. At batch $B$ the forward already
+# carries $B$ rows; trees make it $B (N + 1)$, and once the matrix products are **compute-bound**
+# every extra row costs its FLOPs. Meanwhile drafting is paid per sequence. So speculation's gain over
 # batched vanilla shrinks as $B$ grows and becomes a loss: serving systems turn speculation down
 # (smaller trees, or off) as the batch fills.
-#
+
+# %%
+import json
+from pathlib import Path
+
+import minispec
+
+prof = json.loads((Path(minispec.__file__).resolve().parent.parent / "benchmarks" / "results" / "profile_cpu.json").read_text())
+print(f"verify curve t(N)/t(0) on {prof['device']['cpu_model']}, {prof['threads']} threads (python -m minispec profile):")
+print("  " + "  ".join(f"N={n}: {r:.2f}" for n, r in prof["verify_ratio"].items()))
+
+# %% [markdown]
 # `python benchmarks/batch_throughput.py` measures it: tokens/s of transformers' batched
 # `generate`, minispec's batched vanilla and batched EAGLE-2 at $B$ = 1, 4, 16 on the same
 # Spec-Bench questions, in one process; the plot reads its committed JSON (device in the title).
