@@ -577,6 +577,26 @@ for name, r in runs.items():
 print("every speculative run emitted exactly the vanilla greedy tokens")
 
 # %% [markdown]
+# ### Closing the cost model on this run
+#
+# Chapter 1's formula needs $\alpha$ and $c$. This run measured both: $\alpha$ is the fraction of
+# tested drafts that were accepted, and $c$ is the draft's time per forward over one vanilla
+# step, both from the decode loop's own clock (`GenerationStats.phase_s`). `minispec.cost_check`
+# puts the formula's prediction beside the measured decode speedup, and in between swaps one of
+# the formula's assumptions at a time for its measurement: acceptance is not i.i.d. (it differs
+# by depth), a verification of $k + 1$ rows costs $v > 1$ vanilla steps, and the rest of a step
+# (sampling, verification, KV commit, Python) is not free. The last line closes on the measured
+# figure, because the phases add up to the decode time: the gap between the first line and the
+# measurement is the sum of what the lines in between show.
+
+# %%
+from minispec.cost_check import cost_check
+
+for name, d in drafters.items():
+    print(f"{name}, one prompt, {n_new} tokens (noisy: a short run on a shared CPU)")
+    print(cost_check([runs["vanilla"]], [runs[name]], k=d.k).table(), end="\n\n")
+
+# %% [markdown]
 # ## Pen-and-paper questions
 #
 # Short questions to answer without a computer (answers at the end of the notebook).

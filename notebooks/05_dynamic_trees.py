@@ -513,6 +513,24 @@ for name, rs in runs.items():
 print("every speculative output equals vanilla greedy")
 
 # %% [markdown]
+# Chapter 1's cost model, closed on these runs (`minispec.cost_check`, in units of one vanilla
+# decode step): the i.i.d. formula with the pooled $\alpha$ and $k$ = the tree's depth, then the
+# same with $\alpha$ by depth ($1 + \alpha_1 + \alpha_1\alpha_2 + \dots$ holds for a tree too: it is
+# the probability of reaching each depth), then with the measured verify cost $v(N)$ and loop
+# time $\ell$, which closes on the measured decode speedup. Section 6 explains the gap.
+
+# %%
+from minispec.cost_check import cost_check
+
+print(f"{'method':<18} {'alpha':>5} {'c':>6} {'v(N)':>6} {'loop':>6} | {'Leviathan':>9} {'by depth':>8} "
+      f"{'+verify':>8} {'+loop':>7} {'measured':>8}")
+for name in configs:
+    cc = cost_check(runs["vanilla"], runs[name])
+    pred = [line[3] for line in cc.predictions()]
+    print(f"{name:<18} {cc.alpha:>5.2f} {cc.c:>6.3f} {cc.v:>6.2f} {cc.loop:>6.2f} | {pred[0]:>8.2f}x {pred[1]:>7.2f}x "
+          f"{pred[3]:>7.2f}x {pred[4]:>6.2f}x {cc.measured:>7.2f}x")
+
+# %% [markdown]
 # ## 6. The cost model, from chapter 1's
 #
 # Chapter 1 measured time in target forwards: a chain step costs $k$ draft forwards at $c$ each

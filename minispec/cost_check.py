@@ -1,0 +1,122 @@
+"""Closing the cost model on a run: a speculative run's speedup predicted from its own clock, step by
+step from chapter 1's formula to the measured figure.
+
+Chapter 1 (Leviathan et al. 2023, Thm 3.8) predicts, in units of one target forward,
+
+    speedup = E[tau](alpha, k) / (k c + 1),   E[tau] = 1 + alpha + ... + alpha^k
+
+with i.i.d. acceptance alpha, a verification that costs one forward whatever k, and nothing else
+in a step. A real run breaks each assumption a little; ``cost_check`` measures by how much, from
+the decode loop's own clock (``GenerationStats.phase_s``) of a vanilla run and a speculative run of
+the same prompts, in units of t0 = one vanilla decode step:
+
+    alpha        drafts accepted / drafts tested, pooled over depths (the i.i.d. fit)
+    alpha_d      acceptance at depth d given the earlier depths accepted: E[tau] = 1 + a1 + a1 a2 + ...
+    tau          tokens committed per decode step, measured
+    c            draft time per draft forward / t0;  k' = draft forwards per step, measured (a
+                 model-free drafter, prompt lookup, counts k per step)
+    v            target time per speculative step / t0: verifying k + 1 rows costs more than one
+    l            the rest of a speculative step (sampling, verification, KV commit, hand-off, Python) / t0
+
+and each line of ``CostCheck.table()`` swaps one assumption for its measurement:
+
+    Leviathan                E[tau](alpha, k) / (k c + 1)
+    + alpha by depth         (1 + a1 + a1 a2 + ...) / (k c + 1)
+    + measured tau           tau / (k c + 1)
+    + verify cost            tau / (k' c + v)
+    + loop                   tau / (k' c + v + l)        = the measured decode speedup (the phases
+                                                           add up to the decode time)
+
+Only the decode phase is compared (prefill excluded), so the last line equals
+(tokens / decode s of the speculative run) / (tokens / decode s of the vanilla run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .verify import expected_tokens
+
+
+@dataclass(frozen=True)
+class CostCheck:
+    """The measured inputs of the cost model (units: one vanilla decode step) and its predictions."""
+    k: int  # drafts per chain step in chapter 1's formula
+    alpha: float
+    alpha_by_depth: tuple[float, ...]
+    tau: float
+    c: float
+    drafts_per_step: float
+    v: float
+    loop: float
+    measured: float
+
+    def predictions(self) -> list[tuple[str, float, float, float]]:
+        """(assumption replaced, tokens per step, step cost in vanilla steps, predicted speedup) per line."""
+        k, c = self.k, self.c
+        by_depth, prod = 1.0, 1.0
+        for a in self.alpha_by_depth[:k]:
+            prod *= a
+            by_depth += prod
+        lines = [("Leviathan: iid alpha, verify = 1 forward", expected_tokens(min(max(self.alpha, 0.0), 1.0), k), k * c + 1),
+                 ("+ alpha by depth", by_depth, k * c + 1),
+                 ("+ measured tau", self.tau, k * c + 1),
+                 ("+ verify cost v", self.tau, self.drafts_per_step * c + self.v),
+                 ("+ loop l (sampling, commit, Python)", self.tau, self.drafts_per_step * c + self.v + self.loop)]
+        return [(name, t, cost, t / cost) for name, t, cost in lines]
+
+    def table(self) -> str:
+        rows = [f"alpha {self.alpha:.3f} (by depth " + " ".join(f"{a:.2f}" for a in self.alpha_by_depth) +
+                f"), tau {self.tau:.2f}, k {self.k}, c {self.c:.3f}, draft forwards/step {self.drafts_per_step:.2f}, "
+                f"v {self.v:.3f}, l {self.loop:.3f} (units: one vanilla decode step)",
+                f"{'model':<40} {'tokens/step':>11} {'step cost':>9} {'speedup':>8}"]
+        rows += [f"{name:<40} {t:>11.2f} {cost:>9.2f} {s:>7.2f}x" for name, t, cost, s in self.predictions()]
+        rows.append(f"{'measured (decode tokens/s ratio)':<40} {'':>11} {'':>9} {self.measured:>7.2f}x")
+        return "\n".join(rows)
+
+
+def _decode(stats) -> tuple[int, int, float]:
+    """(decode steps, tokens they committed, decode seconds) of one GenerationStats: entry 0 of
+    tokens_per_step is the prefill's token."""
+    steps = stats.tokens_per_step[1:]
+    return len(steps), sum(steps), stats.decode_s
+
+
+def cost_check(vanilla: Sequence, spec: Sequence, k: int | None = None) -> CostCheck:
+    """Chapter 1's cost model against a run: ``vanilla`` and ``spec`` are GenerationStats (or results with
+    ``.stats``) of the same prompts, one per prompt. ``k``: drafts per step in the formula (default:
+    the deepest depth the speculative run tested). ValueError if a run has no decode step or tested no draft."""
+    van = [getattr(s, "stats", s) for s in vanilla]
+    sp = [getattr(s, "stats", s) for s in spec]
+    if not van or not sp:
+        raise ValueError("cost_check needs at least one vanilla and one speculative run")
+    v_steps, v_tokens, v_s = (sum(x) for x in zip(*map(_decode, van)))
+    s_steps, s_tokens, s_s = (sum(x) for x in zip(*map(_decode, sp)))
+    tested = [sum(c) for c in _columns([s.tested_at_depth for s in sp])]
+    accepted = [sum(c) for c in _columns([s.accepted_at_depth for s in sp])]
+    accepted += [0] * (len(tested) - len(accepted))
+    if not v_steps or not s_steps or not sum(tested):
+        raise ValueError("both runs need decode steps, and the speculative run tested drafts")
+    k = k if k is not None else len(tested)
+    t0 = v_s / v_steps  # one vanilla decode step
+    phase = {ph: sum(s.phase_s.get(ph, 0.0) for s in sp) for ph in sp[0].phase_s}
+    # a model-free drafter (prompt lookup) runs no draft forward: its draft time counts as k per step
+    drafts = sum(s.draft_forwards for s in sp) or k * s_steps
+    rest = s_s - phase.get("draft", 0.0) - phase.get("target", 0.0)  # every other phase (and untimed gaps)
+    return CostCheck(
+        k=k,
+        alpha=sum(accepted) / sum(tested),
+        alpha_by_depth=tuple(a / t for a, t in zip(accepted, tested) if t),
+        tau=s_tokens / s_steps,
+        c=phase.get("draft", 0.0) / drafts / t0,
+        drafts_per_step=drafts / s_steps,
+        v=phase.get("target", 0.0) / s_steps / t0,
+        loop=rest / s_steps / t0,
+        measured=(s_tokens / s_s) / (v_tokens / v_s))
+
+
+def _columns(lists: list[list[int]]) -> list[list[int]]:
+    """Per-depth columns of ragged per-run counts (a missing depth counts 0)."""
+    n = max((len(x) for x in lists), default=0)
+    return [[x[d] if d < len(x) else 0 for x in lists] for d in range(n)]
