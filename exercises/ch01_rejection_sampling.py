@@ -86,10 +86,11 @@ def verify_chain(draft_tokens: list[int], p: torch.Tensor, q: torch.Tensor, choo
 def expected_tokens(alpha: float, k: int) -> float:
     """Expected tokens committed per target forward by a chain of k drafts.
 
-    With each draft accepted independently with probability alpha, the step commits
-    1 + alpha + alpha^2 + ... + alpha^k tokens on average (the 1 is the residual or bonus
-    token, so k = 0 gives 1, plain decoding). Closed form (1 - alpha^(k+1)) / (1 - alpha);
-    at alpha = 1 every draft is accepted and the answer is k + 1.
+    Each draft is accepted independently with probability alpha, and a step always commits
+    one more token after its accepted drafts (the residual or bonus token). Questions to answer
+    before coding: with what probability does a step accept at least i drafts? What does the
+    sum of those probabilities become in closed form, and what happens to that closed form at
+    alpha = 1? (Sanity checks: k = 0 is plain decoding; alpha = 0 commits one token a step.)
 
     Args:
         alpha: acceptance rate in [0, 1].
@@ -101,19 +102,22 @@ def expected_tokens(alpha: float, k: int) -> float:
     raise NotImplementedError("Exercise 1.4: a finite geometric series; what does its closed form become at alpha = 1?")
 
 
-def speedup(alpha: float, k: int, c: float) -> float:
-    """Walltime speedup of speculative decoding over plain decoding (Leviathan et al., Thm 3.8).
+def best_k(alpha: float, c: float, k_max: int = 16) -> int:
+    """The draft length k in 0..k_max with the highest expected speedup over plain decoding, under
+    section 5's cost model: each draft accepted independently with probability alpha, a draft
+    forward costing c target forwards, a verification costing one target forward. On a tie, the
+    smallest k (as fast, with fewer drafts).
 
-    One step costs k draft forwards plus one target forward: k * c + 1 in units of a target
-    forward, where c = (cost of one draft forward) / (cost of one target forward). It commits
-    expected_tokens(alpha, k) tokens; plain decoding commits 1 token per target forward.
+    Questions to answer before coding: what does a step of k drafts commit on average (your
+    ``expected_tokens``), and what does it cost in target forwards? Is the speedup monotone in
+    k, or does it have a best k? When does drafting not pay at all, and what must k be then?
 
     Args:
         alpha: acceptance rate in [0, 1].
-        k: number of drafted tokens, an integer >= 0.
         c: draft/target cost ratio, >= 0.
+        k_max: the longest chain considered, an integer >= 0.
     Returns:
-        expected_tokens(alpha, k) / (k * c + 1), a float.
+        k, an int in [0, k_max].
     """
-    # EXERCISE 1.5: tokens per step over the cost of a step, both in units of one target forward
-    raise NotImplementedError("Exercise 1.5: tokens per step over the cost of a step, both in units of one target forward")
+    # EXERCISE 1.5: the speedup of every k from expected_tokens and the cost of a step; pick the best, smallest on ties
+    raise NotImplementedError("Exercise 1.5: the speedup of every k from expected_tokens and the cost of a step; pick the best, smallest on ties")

@@ -83,9 +83,10 @@ def mss_onehot(candidates: list[int], p: torch.Tensor, chooser) -> tuple[int | N
     """MSS treating each candidate as drawn from a one-hot q (EAGLE's top-k drafts).
 
     Assumes the candidates were chosen deterministically from the context (e.g. the top-k of
-    the draft model), not sampled, so there is no real q. With q = one_hot(x_i), round i
-    accepts x_i with probability min(1, p_i(x_i) / 1) = p_i(x_i), and after a rejection
-    p_{i+1} = norm(max(0, p_i - one_hot(x_i))) = p_i with x_i set to 0, renormalised.
+    the draft model), not sampled, so there is no real q: treat each as drawn from
+    q = one_hot(x_i). Questions to answer before coding: what does chapter 1's acceptance
+    probability min(1, p/q) become for x_i under that q? What is left of p after x_i is
+    rejected, i.e. what does residual(p, one_hot(x_i)) simplify to?
 
     Args:
         candidates: [n] token ids (a deterministic function of the context).

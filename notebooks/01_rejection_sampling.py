@@ -38,7 +38,7 @@ print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
 # 1. State the accept/reject rule $\min(1, p(x)/q(x))$ and the residual
 #    $\mathrm{norm}(\max(0, p - q))$, and prove that the output is exactly $p$.
 # 2. Derive the expected tokens per target forward $1 + \alpha + \dots + \alpha^k$ and the
-#    speedup model $\frac{1-\alpha^{k+1}}{(1-\alpha)(kc+1)}$; choose $k$ from $\alpha$ and $c$.
+#    speedup model (expected tokens per step over the cost of a step); choose $k$ from $\alpha$ and $c$.
 # 3. Check losslessness two ways: exact enumeration of every random outcome (error at
 #    float64 rounding) and the total-variation distance of samples of a real model's first
 #    tokens, with a deliberately wrong verifier that the check must catch.
@@ -325,21 +325,19 @@ for name, (program, greedy) in ex.CONTROLS.items():
 # %% [markdown]
 # ## 5. How many tokens per step, and how much faster?
 #
-# If each draft is accepted independently with probability $\alpha$, draft $i$ is reached
-# and accepted with probability $\alpha^{i+1}$, and a step commits the accepted drafts plus
-# one token (residual or bonus):
-#
-# $$
-# \mathbb{E}[\text{tokens per step}] = \sum_{i=0}^{k} \alpha^i = \frac{1-\alpha^{k+1}}{1-\alpha}
-# \quad (= k+1 \text{ at } \alpha = 1).
-# $$
+# If each draft is accepted independently with probability $\alpha$, a step commits its
+# accepted drafts plus one token (residual or bonus). How many on average, as a function of
+# $\alpha$ and $k$? That closed form is exercise 1.4; below, minispec's `expected_tokens` is
+# checked against an exact enumeration and plotted.
 #
 # With $c$ = (cost of a draft forward) / (cost of a target forward), a step costs $kc + 1$
-# target forwards, and plain decoding makes one token per target forward:
+# target forwards, and plain decoding makes one token per target forward, so
 #
 # $$
-# \text{speedup}(\alpha, k, c) = \frac{1-\alpha^{k+1}}{(1-\alpha)(kc+1)} .
+# \text{speedup}(\alpha, k, c) = \frac{\mathbb{E}[\text{tokens per step}]}{kc+1} .
 # $$
+#
+# Which $k$ should a drafter use? That is exercise 1.5.
 #
 # This model charges the target the same for $k+1$ tokens as for one (true while decoding
 # is memory-bound) and ignores the rest of the overhead. First, an exact check of the
@@ -416,10 +414,12 @@ widgets.interact(explore,
 check("1.4")
 
 # %% [markdown]
-# ### Exercise 1.5 — `speedup(alpha, k, c)`
+# ### Exercise 1.5 — `best_k(alpha, c, k_max)`
 #
-# *Hint.* Measure time in target forwards: what does one speculative step cost, and how many
-# tokens does plain decoding produce for the same cost?
+# *Hint.* Plot the speedup against $k$ in your head: the numerator saturates (diminishing
+# returns) while the cost grows linearly, so there is a best $k$, and for some $\alpha$ and $c$
+# it is 0. Does a closed form exist, or is a search over $0..k_{max}$ the honest answer? Mind
+# the tie rule: at $\alpha = 0$ and $c = 0$ every $k$ is equally fast.
 
 # %%
 check("1.5")

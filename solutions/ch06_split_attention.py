@@ -82,9 +82,10 @@ def masked_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Unmasked attention over the keys in tiles of ``block``, with the online softmax (the prefix part).
 
-    Keep per query row a running max m, a running sum l = sum exp(s - m) and an unnormalised
-    output acc = sum exp(s - m) v; for each tile of keys, rescale the old l and acc by
-    exp(m_old - m_new) and add the tile's terms. Never build the full [T, N] score matrix.
+    Keep per query row a running max m, a running sum l of exponentiated scores and an
+    unnormalised output acc, and never build the full [T, N] score matrix. Questions to answer
+    before coding: when a tile raises the running max, what factor makes the old l and acc
+    consistent with the new max? How do you get out and lse from m, l and acc at the end?
 
     Args:
         q: [..., T, hd]; k, v: [..., N, hd] with N >= 0 (N need not be a multiple of block).

@@ -120,6 +120,16 @@ def _root_only_tree(parents, tokens, p, q, mode, chooser):  # exact output, but 
     return ([], t) if idx is None else ([kids[idx]], chooser.categorical(p[kids[idx] + 1]))
 
 
+def _best_k_last_on_ties(alpha, c, k_max=16):
+    """Best k by ">=": on a tie (alpha = 0 and c = 0: every k gives 1x) it keeps the largest k."""
+    best, best_s = 0, 1.0
+    for k in range(1, k_max + 1):
+        s = sum(alpha ** i for i in range(k + 1)) / (k * c + 1)
+        if s >= best_s:
+            best, best_s = k, s
+    return best
+
+
 WRONG = [
     ("1.1", dict(accept_prob=lambda p_x, q_x: min(1.0, p_x / q_x)), "ZeroDivisionError"),
     ("1.1", dict(accept_prob=lambda p_x, q_x: p_x / q_x if q_x else 1.0), "expected"),
@@ -130,7 +140,8 @@ WRONG = [
     ("1.3", dict(verify_chain=_own_rng), "differs"),
     ("1.4", dict(expected_tokens=lambda a, k: k * a + 1), "expected_tokens(alpha="),
     ("1.4", dict(expected_tokens=lambda a, k: (1 - a ** (k + 1)) / (1 - a)), "ZeroDivisionError"),
-    ("1.5", dict(speedup=lambda a, k, c: sum(a ** i for i in range(k + 1)) / (k + c + 1)), "speedup(alpha="),
+    ("1.5", dict(best_k=_best_k_last_on_ties), "on a tie the smallest k"),
+    ("1.5", dict(best_k=lambda a, c, k_max=16: k_max), "best_k(alpha="),
     ("2.1", dict(mss_with_replacement=_q_update), "differs from p"),
     ("2.2", dict(mss_without_replacement=_no_q_update), "differs from p"),
     ("2.3", dict(mss_onehot=_onehot_no_zeroing), "differs from p"),

@@ -5,7 +5,8 @@
     1.3 verify_chain      exact law of the emitted tokens == target (enumeration over every random
                           choice), and exact law of (n, next token) == minispec's verify_chain
     1.4 expected_tokens   the geometric series, alpha = 0 and 1 included
-    1.5 speedup           expected tokens / (k c + 1)
+    1.5 best_k            the chain length of the highest modelled speedup, smallest on ties, against
+                          brute force over k
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from minispec import exactness as ex
 from minispec import verify as vf
+from minispec.cost_check import best_k
 
 from .checks import as_int, compare_laws, exercise, get, law
 
@@ -35,7 +37,7 @@ def library():
         residual=vf.residual,
         verify_chain=lambda draft_tokens, p, q, chooser: vf.verify_chain(draft_tokens, p, q, chooser=chooser),
         expected_tokens=vf.expected_tokens,
-        speedup=vf.speedup,
+        best_k=best_k,
     )
 
 
@@ -139,13 +141,19 @@ def check_expected_tokens(impl):
                 raise AssertionError(f"expected_tokens(alpha={alpha}, k={k}) returned {got!r}, expected {want:.6g}")
 
 
-@exercise(EXERCISES, "1.5", "speedup")
-def check_speedup(impl):
-    fn = get(impl, "speedup")
-    for alpha in (0.0, 0.6, 0.9, 1.0):
-        for k in (0, 1, 3, 6):
-            for c in (0.0, 0.05, 0.5, 1.0):
-                want = sum(alpha ** i for i in range(k + 1)) / (k * c + 1)
-                got = fn(alpha, k, c)
-                if not math.isclose(float(got), want, rel_tol=1e-6):
-                    raise AssertionError(f"speedup(alpha={alpha}, k={k}, c={c}) returned {got!r}, expected {want:.6g}")
+@exercise(EXERCISES, "1.5", "best_k")
+def check_best_k(impl):
+    fn = get(impl, "best_k")
+    cases = [(0.0, 0.0, 8), (0.0, 0.3, 8), (1.0, 0.0, 8), (1.0, 0.5, 8), (0.5, 0.0, 0), (0.8, 0.1, 16),
+             (0.6, 0.05, 16), (0.9, 0.02, 16), (0.8, 0.2, 16), (0.3, 0.5, 16), (0.95, 0.01, 40)]
+    rng = np.random.default_rng(0)
+    cases += [(float(a), float(c), 16) for a, c in zip(rng.random(40), rng.random(40) * 0.3)]
+    for alpha, c, k_max in cases:
+        want = best_k(alpha, c, k_max)
+        got = fn(alpha, c, k_max)
+        if as_int(got, f"best_k(alpha={alpha:.4g}, c={c:.4g}, k_max={k_max})") != want:
+            s = [vf.speedup(alpha, k, c) for k in range(k_max + 1)]
+            raise AssertionError(
+                f"best_k(alpha={alpha:.4g}, c={c:.4g}, k_max={k_max}) returned {got!r}, expected {want} (modelled "
+                f"speedup {s[want]:.4f}x there" + (f", {s[int(got)]:.4f}x at {int(got)}" if 0 <= int(got) <= k_max else "")
+                + "; on a tie the smallest k)")
