@@ -143,30 +143,33 @@ show(parse_choices)
 # row and is not part of this mask. So a node's logits are exactly those of a causal forward
 # over prefix + its own path: siblings never see each other.
 #
-# Below, a naive version written for teaching (walk up the parents of every row), then an
-# assert that it matches the library's `Tree.mask` on the small tree, both `mc_sim_7b_63`
-# trees and random trees, and that a chain's mask is the causal (lower-triangular) mask.
+# Below, a naive version written for teaching: the visible columns of every row, found by walking
+# up the parents, as lists of column indices; then an assert that they are exactly the `True`
+# columns of the library's `Tree.mask` on the small tree, both `mc_sim_7b_63` trees and random
+# trees, and that a chain's mask is the causal (lower-triangular) mask. Exercise 4.1 builds the
+# mask itself.
 
 # %%
-def naive_mask(parents):
-    n = len(parents) + 1
-    m = [[False] * n for _ in range(n)]
-    for a in range(n):  # row a = the root (a = 0) or node a - 1
-        m[a][0] = True  # everyone sees the root
-        i = a - 1
+def naive_visible(parents):
+    """Row a (0 = the root, a = node a - 1) -> the sorted columns it may attend to."""
+    rows = []
+    for a in range(len(parents) + 1):
+        seen, i = {0}, a - 1  # everyone sees the root
         while i >= 0:  # the node itself, then its parent, grandparent, ...
-            m[a][i + 1] = True
+            seen.add(i + 1)
             i = parents[i]
-    return torch.tensor(m)
+        rows.append(sorted(seen))
+    return rows
 
 rng = np.random.default_rng(0)
 examples = [ct.parents, Tree.from_choices(EAGLE_MC_SIM_7B_63).parents, Tree.from_choices(MEDUSA_MC_SIM_7B_63).parents]
 examples += [[int(rng.integers(-1, i)) if i else -1 for i in range(n)] for n in rng.integers(1, 40, size=50)]
 for parents in examples:
-    assert torch.equal(naive_mask(parents), Tree([0] * len(parents), parents).mask())
+    lib = Tree([0] * len(parents), parents).mask()  # [N + 1, N + 1] bool
+    assert naive_visible(parents) == [row.nonzero().flatten().tolist() for row in lib]
 chain = Tree.chain([0] * 6)
 assert torch.equal(chain.mask(), torch.ones(7, 7, dtype=torch.bool).tril())
-print(f"naive mask == Tree.mask on {len(examples)} trees; a chain's mask is causal")
+print(f"naive visible columns == Tree.mask on {len(examples)} trees; a chain's mask is causal")
 
 # %% [markdown]
 # ### Exercise 4.1 — `tree_mask(parents)`

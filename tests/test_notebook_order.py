@@ -218,3 +218,101 @@ def test_the_tv_rule_can_fail():
     text = notebook_source("03").read_text()
     assert tv_problems(text.replace("TV check — target:", "TV check:"))
     assert tv_problems(text.replace("assert_loop_check(res, bound)", "print(res, bound)"))
+
+
+# ------------------------------------------------- no function shown above an exercise passes it
+def functions_above(cells, stop: int) -> tuple[dict, list[tuple[int, str]]]:
+    """Execute the imports and the top-level ``def``s of the code cells before ``stop`` (nothing else:
+    no model is loaded) and return (namespace, [(cell, name)] of the functions defined there)."""
+    import ast
+
+    ns: dict = {"__name__": "notebook"}
+    defs = []
+    for i, c in enumerate(cells[:stop]):
+        if c.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse(re.sub(r"(?m)^\s*[%!].*$", "", c.source))  # IPython magics are not Python
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef)):
+                try:
+                    exec(compile(ast.Module([node], type_ignores=[]), f"cell {i}", "exec"), ns)
+                except Exception:  # an optional import (triton, ...) that this machine lacks
+                    continue
+                if isinstance(node, ast.FunctionDef):
+                    defs.append((i, node.name))
+    return ns, defs
+
+
+def helpers_that_pass(chapter: str, text: str) -> list[str]:
+    """'cell i: f passes exercise N.M' for every function a notebook defines above an exercise's check cell
+    that the exercise's grader accepts as the learner's answer (then the exercise is copying, not thinking)."""
+    import inspect
+    from types import SimpleNamespace
+
+    from minispec.grading import chapter_module
+
+    cells = jupytext.reads(text, fmt="py:percent").cells
+    mod = chapter_module(int(chapter))
+    out = []
+    for ex in mod.EXERCISES:
+        check_re = re.compile(r"""\bcheck\(\s*["']""" + re.escape(ex.id) + r"""["']""")
+        found = [i for i, c in enumerate(cells) if check_re.search(code(c))]
+        if not found:
+            continue
+        ns, defs = functions_above(cells, found[0])
+        solution = getattr(_solutions(chapter), ex.name, None)
+        arity = len(inspect.signature(solution).parameters) if solution is not None else None
+        for i, name in defs:
+            fn = ns[name]
+            try:
+                params = inspect.signature(fn).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            required = sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+            if arity is None or required > arity or len(list(params)) < min(arity, 1):
+                continue
+            impl = SimpleNamespace(**{k: v for k, v in vars(_solutions(chapter)).items() if not k.startswith("__")})
+            setattr(impl, ex.name, fn)
+            impl.__name__ = f"notebook cell {i}"
+            passed, _ = ex.run(impl)
+            if passed:
+                out.append(f"cell {i}: {name} passes exercise {ex.id} ({ex.name}) as it is")
+    return out
+
+
+def _solutions(chapter: str):
+    import importlib
+
+    return importlib.import_module(f"solutions.{chapter_module(int(chapter)).MODULE}")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS_CHECKED)
+def test_no_function_above_an_exercise_passes_it(chapter):
+    problems = helpers_that_pass(chapter, notebook_source(chapter).read_text())
+    assert not problems, f"notebooks/{notebook_source(chapter).name}:\n  " + "\n  ".join(problems)
+
+
+def test_a_naive_answer_above_its_exercise_is_caught():
+    """Put a naive tree mask that returns the mask itself back above exercise 4.1: the check flags it."""
+    text = notebook_source("04").read_text()
+    naive = '''
+# %%
+def naive_mask(parents):
+    n = len(parents) + 1
+    m = [[False] * n for _ in range(n)]
+    for a in range(n):
+        m[a][0] = True
+        i = a - 1
+        while i >= 0:
+            m[a][i + 1] = True
+            i = parents[i]
+    return torch.tensor(m)
+
+'''
+    anchor = "# %% [markdown]\n# ### Exercise 4.1"
+    assert anchor in text
+    problems = helpers_that_pass("04", text.replace(anchor, naive + anchor))
+    assert any("naive_mask passes exercise 4.1" in p for p in problems), problems
