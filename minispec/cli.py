@@ -171,7 +171,8 @@ def main(argv=None) -> int:
 
     t = sub.add_parser("tune", help="tree dispatcher: measure costs and acceptance, choose the tree for this machine")
     t.add_argument("--model", default="smollm2-135m")
-    t.add_argument("--questions", default=None, help="Spec-Bench JSONL for calibration prompts (default: ../shared/data)")
+    t.add_argument("--questions", default=None, help="a JSONL of questions to calibrate on (default: minispec's own "
+                   "calibration prompts, never a benchmark's)")
     t.add_argument("--limit", type=int, default=8, help="calibration prompts (spread over Spec-Bench categories)")
     t.add_argument("--max-new-tokens", type=int, default=64)
     t.add_argument("--batch-size", type=int, default=1, help="choose for this batch size")

@@ -34,7 +34,7 @@ Only the decode phase is compared (prefill excluded), so the last line equals
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 from .verify import expected_tokens, speedup
 

@@ -273,17 +273,18 @@ def auto_method(model_name: str = "smollm2-135m", batch_size: int = 1, strict: b
     return json.loads(path.read_text())["choice"]
 
 
-QUICK_CANDIDATES = ("eagle@chain:2", "eagle@chain:3", "eagle", "copy", "eagle2@4/4/12")
+QUICK_CANDIDATES = ("eagle@chain:2", "eagle@chain:3", "copy@chain:2", "copy", "eagle2@4/4/12")
 QUICK_SIZES = (0, 1, 2, 3, 4, 5, 8, 12)
 
 
-def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=QUICK_CANDIDATES, prompts: int = 2,
+def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=QUICK_CANDIDATES, prompts: int = 3,
                max_new_tokens: int = 32, methods=None, progress: bool = False) -> TuneResult:
     """``tune`` in about half a minute on a 2-core CPU: the verify-cost curve over a few tree sizes and
-    the candidates (and vanilla) on ``prompts`` of minispec's own prompts (never a benchmark's)."""
-    from .prompts import own_prompts
+    the candidates (and vanilla) on ``prompts`` of minispec's own prompts, one in three a request that
+    reuses its input (``prompts.calibration_set``; never a benchmark's)."""
+    from .prompts import calibration_set
 
-    calib = [p["prompt"] for p in own_prompts()][:prompts]
+    calib = calibration_set(prompts)
     t0 = time.perf_counter()
     r = tune(target, tok, calib, model_name, candidates, max_new_tokens=max_new_tokens, context=128,
              sizes=QUICK_SIZES, methods=methods, progress=progress)
@@ -318,10 +319,11 @@ def resolve_auto(target, tok, model_name: str = "smollm2-135m", batch_size: int 
 
 
 def calibration_prompts(limit: int, path=None) -> list[str]:
-    """Spec-Bench questions spread over its categories when the file is present, else minispec's own prompts."""
-    from .prompts import own_prompts, spec_bench
+    """``tune``'s prompts: the questions of the JSONL file ``path`` when one is given (spread over its
+    categories), else minispec's calibration set (``prompts.calibration_set``). Never a benchmark's
+    unless asked for: a choice tuned on the benchmark that measures it would flatter it."""
+    from .prompts import calibration_set, spec_bench
 
-    try:
+    if path is not None:
         return [q["prompt"] for q in spec_bench(path, limit=limit)]
-    except FileNotFoundError:
-        return [p if isinstance(p, str) else p["prompt"] for p in own_prompts()][:limit]
+    return calibration_set(limit)

@@ -19,6 +19,20 @@ def own_prompts() -> list[dict]:
     return json.loads(resources.files("minispec").joinpath("data/prompts.json").read_text())
 
 
+def reuse_prompts() -> list[dict]:
+    """minispec's prompts that paste a text and ask for a rewrite, an extraction, an answer from it or a
+    summary (written for minispec, not taken from a benchmark): the requests in which an answer repeats
+    its input, where a copying drafter pays. [{"category": ..., "prompt": ...}]"""
+    return json.loads(resources.files("minispec").joinpath("data/reuse_prompts.json").read_text())
+
+
+def calibration_set(n: int = 3) -> list[str]:
+    """The dispatcher's calibration prompts: n of minispec's own prompts, one in three (the last of every
+    three) a request that reuses its input (``reuse_prompts``), as users' requests often do."""
+    own, reuse = [p["prompt"] for p in own_prompts()], [p["prompt"] for p in reuse_prompts()]
+    return [reuse[(i // 3) % len(reuse)] if i % 3 == 2 else own[(i - i // 3) % len(own)] for i in range(n)]
+
+
 def default_spec_bench_path() -> Path | None:
     """$MINISPEC_SPEC_BENCH, else shared/data/spec_bench.jsonl next to the checkout, if present."""
     env = os.environ.get("MINISPEC_SPEC_BENCH")

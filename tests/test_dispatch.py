@@ -120,8 +120,9 @@ def test_auto_calibrates_once_on_own_prompts_and_announces_it(tiny, tmp_path, mo
     monkeypatch.setattr(dispatch, "tune", spy)
     monkeypatch.setattr(dispatch, "QUICK_CANDIDATES", ("pld", "sps"))
     method, line = dispatch.resolve_auto(model, tok, "tiny-llama", methods=methods)
-    from minispec.prompts import own_prompts
-    assert seen["prompts"] == [p["prompt"] for p in own_prompts()][:2]  # never a benchmark's prompts
+    from minispec.prompts import own_prompts, reuse_prompts
+    own, reuse = [p["prompt"] for p in own_prompts()], [p["prompt"] for p in reuse_prompts()]
+    assert seen["prompts"] == own[:2] + reuse[:1]  # minispec's own, one reusing its input; never a benchmark's
     assert method in ("vanilla", "pld", "sps") and line.startswith(f"auto = {method} (calibrated now")
     path = dispatch.tune_path("tiny-llama")
     assert path.exists() and f"-{torch.get_num_threads()}t-" in path.name
@@ -130,3 +131,15 @@ def test_auto_calibrates_once_on_own_prompts_and_announces_it(tiny, tmp_path, mo
     seen.clear()
     again, line2 = dispatch.resolve_auto(model, tok, "tiny-llama", methods=methods)
     assert again == method and "calibrated on this machine" in line2 and not seen  # read back, not measured again
+
+
+def test_the_calibration_set_mixes_own_prompts_with_input_reuse(tmp_path):
+    from minispec.prompts import calibration_set, own_prompts, reuse_prompts
+
+    own, reuse = [p["prompt"] for p in own_prompts()], [p["prompt"] for p in reuse_prompts()]
+    six = calibration_set(6)
+    assert six == [own[0], own[1], reuse[0], own[2], own[3], reuse[1]]
+    assert dispatch.calibration_prompts(4) == calibration_set(4)  # tune's default: never a benchmark's
+    qs = tmp_path / "q.jsonl"
+    qs.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["a question"]}) + "\n")
+    assert dispatch.calibration_prompts(1, qs) == ["a question"]  # a file only when one is given
