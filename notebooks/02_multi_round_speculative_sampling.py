@@ -659,6 +659,23 @@ for name, d in drafters.items():
 # %%
 check(2, impl="exercises")  # your file (the default unless MINISPEC_IMPL says otherwise)
 
+# %% [markdown]
+# ## Your verifier inside `generate`
+#
+# `use_impl` swaps the decode loop's tree verification for your `verify_tree` (exercise 2.4)
+# while a `with` block runs: SmolLM2 decodes section 8's prompt with the distilled draft's
+# 3-2-6 tree (prompt lookup where the draft is missing), every step's tree verified by your
+# code. Greedy is verified as your `"onehot"` mode against the one-hot $p$ of the target's
+# argmax, so the tokens must be vanilla's. Until 2.4 is done your file reports "not
+# implemented yet" and the solutions show the run.
+
+# %%
+from minispec.grading.inside import decode_inside
+
+tree_drafter = (lambda: DraftModel(smol_draft, tree="3,2,6")) if smol_draft is not None else (lambda: PromptLookup(k=4))
+decode_inside(lambda: generate(smol, smol_tok, prompt, drafter=tree_drafter(), max_new_tokens=n_new).tokens,
+              runs["vanilla"].tokens, chapters=(2,));
+
 # %%
 check(2, impl="solutions")
 

@@ -528,3 +528,17 @@ check(4, impl="exercises")
 # %%
 # What a finished chapter looks like: the reference answers in solutions/ pass every check.
 check(4, impl="solutions")
+
+# %% [markdown]
+# ## Your mask inside `generate`
+#
+# `use_impl` makes every `Tree.mask()` call your `tree_mask` (exercise 4.1) while a `with`
+# block runs: SmolLM2 decodes with the draft's static EAGLE tree, and every tree forward
+# attends through your mask. A wrong mask lets a node see a sibling, and the greedy output
+# leaves vanilla's.
+
+# %%
+from minispec.grading.inside import decode_inside
+
+decode_inside(lambda: generate(smol, tok, prompts[0], drafter=DraftModel(draft, tree="eagle"), max_new_tokens=n_new).tokens,
+              generate(smol, tok, prompts[0], max_new_tokens=n_new).tokens, chapters=(4,));

@@ -513,3 +513,26 @@ check(6, impl="exercises")
 # %%
 # What a finished chapter looks like: the reference answers in solutions/ pass every check.
 check(6, impl="solutions")
+
+# %% [markdown]
+# ## Your merge inside `generate`
+#
+# `use_impl` makes the split attention backend merge its prefix and tree parts with your
+# `merge_partials` (exercise 6.1) while a `with` block runs: SmolLM2 with `split_torch`
+# attention decodes with prompt lookup, every attention row of every layer merged by your
+# code, and the greedy tokens are compared with dense vanilla decoding's. (The split is exact
+# up to rounding, not bit for bit: an exact near-tie could flip a token; on this prompt none
+# does.)
+
+# %%
+from minispec.grading.inside import decode_inside
+
+smol, smol_tok = minispec.load("smollm2-135m")
+copy_prompt = "Copy this list exactly, one item per line: apples, bananas, cherries, dates, figs, grapes, lemons."
+dense_tokens = generate(smol, smol_tok, copy_prompt, max_new_tokens=32).tokens
+smol.set_attention("split_torch")
+try:
+    decode_inside(lambda: generate(smol, smol_tok, copy_prompt, drafter=PromptLookup(k=4), max_new_tokens=32).tokens,
+                  dense_tokens, chapters=(6,))
+finally:
+    smol.set_attention("dense")
