@@ -194,7 +194,7 @@ def row_alone(q, k, v, visible, b, h, t, G):
 def attention_case(draw):
     B, Hkv, G = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.sampled_from([1, 3, 4]))
     T, hd = draw(st.integers(1, 12)), draw(st.sampled_from([8, 16, 64]))
-    P = draw(st.one_of(st.integers(0, 40), st.integers(240, 600)))  # short, and past a block of keys
+    P = draw(st.one_of(st.integers(0, 40), st.integers(100, 600)))  # short, and across blocks of keys
     parents = [-1] + [draw(st.integers(-1, i - 1)) for i in range(1, T)]  # a forest over the new tokens
     return B, Hkv, G, T, P, hd, parents, draw(st.integers(0, 2 ** 31))
 
@@ -316,6 +316,73 @@ def test_attention_sums_long_key_ranges_in_fixed_blocks(monkeypatch):
     assert causal_rows_differ(invariant.AttentionPlan(), P=517) == []
     monkeypatch.setattr(invariant, "KEY_BLOCK", 10 ** 6)
     assert causal_rows_differ(invariant.AttentionPlan(), P=517) != []
+
+
+def tree_rows_differ(P, hd=16, Hkv=3, G=3, B=1):
+    """Rows t of a 12-token tree after P keys that differ from row t alone over its visible keys."""
+    parents = [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 4, 8]
+    T = len(parents)
+    tree = torch.eye(T, dtype=torch.bool)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            tree[i] |= tree[parent]
+    mask = torch.cat([torch.ones(T, P, dtype=torch.bool), tree], dim=1)  # [T, P + T]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, h, n, hd, generator=g) for h, n in ((Hkv * G, T), (Hkv, P + T), (Hkv, P + T)))
+    full = invariant_attention(q, k, v, mask)
+    return [t for t in range(T) if not torch.equal(full[:, :, t], invariant_attention(
+        q[:, :, t:t + 1], k[:, :, mask[t]], v[:, :, mask[t]])[:, :, 0])]
+
+
+def test_a_tree_across_a_key_block_boundary_is_summed_by_rank(monkeypatch):
+    """On any CPU (a stand-in product that sums strictly in key order): a tree whose tokens straddle a
+    block boundary puts a row's keys in blocks by their rank, as vanilla sees them packed; by position, a
+    deep row's ancestors would fall in the next block (another grouping of the sum) and rows differ."""
+    from minispec.attention import invariant
+
+    monkeypatch.setattr(invariant, "_product", sequential_matmul)
+    P = invariant.KEY_BLOCK - 6  # tree tokens 6.. sit past the boundary; their ranks (P + depth <= P + 4) do not
+    with torch.inference_mode():
+        assert tree_rows_differ(P) == []
+        monkeypatch.setattr(invariant, "key_blocks", lambda mask: None)
+        assert tree_rows_differ(P) != []
+
+
+def test_key_blocks_are_runs_of_positions_unless_a_tree_straddles_a_boundary():
+    from minispec.attention.invariant import KEY_BLOCK, key_blocks
+
+    S = 2 * KEY_BLOCK + 5
+    assert key_blocks(torch.ones(5, S, dtype=torch.bool).tril(S - 5)) is None  # causal: rank = position
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # node 2 sees 0 and itself
+    P = KEY_BLOCK - 2
+    mask = torch.cat([torch.ones(3, P, dtype=torch.bool), tree], dim=1)  # node 2 at position KEY_BLOCK, rank KEY_BLOCK - 1
+    blocks = key_blocks(mask)
+    assert [b.tolist() for b in blocks] == [list(range(KEY_BLOCK + 1))]
+    assert key_blocks(torch.cat([torch.ones(3, 5, dtype=torch.bool), tree], dim=1)) is None  # within one block
+    other = torch.cat([torch.ones(3, P, dtype=torch.bool), torch.ones(3, 3, dtype=torch.bool).tril()], dim=1)  # a chain
+    assert key_blocks(torch.stack([mask, other])[:, None]) == "per batch"
+
+
+def split_when_alone_matmul(a, b):
+    """A stand-in for a BLAS that splits a lone product's rows between two threads: a product alone in its
+    batch sums its rows past the first thread's share (half, down to a multiple of 4) from the last key."""
+    y = sequential_matmul(a, b)
+    if a.dim() == 2 or a.shape[0] == 1:
+        h = a.shape[-2] // 2 // 4 * 4
+        y[..., h:, :] = sequential_matmul(a[..., h:, :], b, flip=True)
+    return y
+
+
+def test_a_lone_product_gets_company_so_no_thread_splits_it(monkeypatch):
+    """On any CPU: with one KV head and batch 1 at 2 threads, the products run in a batch of at least 2
+    (zero entries), so a stand-in BLAS that splits a lone product's rows between threads never does."""
+    from minispec.attention import invariant
+
+    monkeypatch.setattr(invariant, "_product", split_when_alone_matmul)
+    with threads(2), torch.inference_mode():
+        assert causal_rows_differ(invariant.AttentionPlan(), Hkv=1, G=2) == []
+        monkeypatch.setattr(invariant, "batch_for_threads", lambda B, Hkv: B)
+        assert causal_rows_differ(invariant.AttentionPlan(), Hkv=1, G=2) != []
 
 
 def test_the_probed_attention_plan_holds_after_long_prefixes():

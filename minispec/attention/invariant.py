@@ -15,15 +15,15 @@ fixes the order of every reduction; this is that idea for one attention step, in
     s   = -inf where the mask hides a key
     m   = max over keys of s                        max is exact in any order
     p   = exp(s - m)                                elementwise; a hidden key gives exactly 0
-    o   = p @ v,  l = p @ 1                         numerator and denominator by matrix products
-                                                    whose reductions run along the keys in key
-                                                    order, over fixed blocks of KEY_BLOCK keys
-                                                    counted from key 0, the block products added
-                                                    in block order: a hidden key adds an exact 0
-                                                    wherever it sits (``l`` takes 16 columns of
-                                                    ones: one column would be a matrix-vector
-                                                    product, whose kernel sums in lanes by key
-                                                    position)
+    o   = p @ v                                     a matrix product whose reduction runs along the
+                                                    keys in key order, over fixed blocks of KEY_BLOCK
+                                                    keys counted by rank from key 0 (a key's rank: how
+                                                    many keys a row sees before it), the block
+                                                    products added in block order: a hidden key adds
+                                                    an exact 0 wherever it sits
+    l   = sum of p over keys                        a running sum (``cumsum``) in key order, in
+                                                    float64: sequential by definition, so a hidden
+                                                    key's 0 changes nothing on any CPU
     out = o / l
 
 so the visible keys of a row (the committed prefix, then the row's tree ancestors in tree
@@ -35,20 +35,29 @@ exceptions, each avoided here:
 
     one row or one column          a matrix-vector kernel: query rows are padded to two, and
                                    the last block of keys to MIN_BLOCK_KEYS with hidden keys;
+    few columns                    MKL's AVX2 kernels sum p @ v by key position (not in key
+                                   order) when v has fewer than 16 columns: v's columns are
+                                   padded with zeros to a multiple of V_COLS;
     a column-major operand         other kernels, whose result for a row depends on its place
                                    among few rows: the keys are read as a row-major k^T, which
                                    the CPU KV cache stores as such (``kv.contiguous.zeros_keys_last``);
     products under 400 multiply-adds   PyTorch's CPU ``bmm`` runs them in a loop kernel of its
                                    own: rows are padded up;
     a long reduction               MKL splits it into blocks whose size depends on its length
-                                   (past ~512 keys with its AVX-512 kernels, ~200 with AVX2):
-                                   hence the fixed key blocks;
+                                   (past ~400 keys with its AVX-512 kernels, 256 with AVX2):
+                                   hence the fixed key blocks, counted by rank (``key_blocks``:
+                                   a tree row's keys have holes between them);
     a scale inside the product     ``baddbmm``'s alpha is applied in another order for some
                                    shapes (MKL, 2 threads, hd = 8): q is scaled first;
     partial row / column blocks    MKL's AVX2 kernels compute rows in blocks of 6 and columns in
-                                   blocks of 16, and a last, partial block in another order.
+                                   blocks of 16, and a last, partial block in another order;
+    a product split over threads   at 2 threads MKL splits a lone product (or one tall product's
+                                   rows) between the threads at places that depend on the row
+                                   count: the products run in a batch of at least one per thread
+                                   (``batch_for_threads``), and the sum of p, once a product with
+                                   16 columns of ones, is a running sum.
 
-The last depends on the CPU, so ``attention_plan`` probes it once per head dim and thread count
+Partial blocks depend on the CPU, so ``attention_plan`` probes it once per head dim and thread count
 and picks the cheapest ``AttentionPlan``: query rows padded to a multiple of m, keys padded with
 hidden ones to whole blocks (every product then has one shape), or neither (MKL's AVX-512
 kernels). ``tests/test_invariance.py`` checks the property on random shapes and trees on
@@ -56,8 +65,8 @@ whatever CPU runs the tests, with stand-in products for the CPU-dependent cases;
 ``python -m minispec check-env`` reports the plan and the property for this machine.
 
 The cost over a fused kernel is the score matrix [rows, S] in memory (small while decoding;
-a long prefill is chunked by rows, which changes nothing since rows are independent) and two
-products per block of keys.
+a long prefill is chunked by rows, which changes nothing since rows are independent), a product
+per block of keys and a running sum over the scores.
 
 Shapes: B batch, H query heads, Hkv KV heads, G = H / Hkv, T query rows, S keys, hd head dim.
 """
@@ -76,10 +85,12 @@ from .reference import check_shapes
 MIN_ROWS = 2  # products over fewer query rows go to a matrix-vector kernel with its own order
 BMM_NAIVE_BELOW = 400  # PyTorch's CPU bmm runs products with rows * cols * inner < 400 in a loop kernel of
 #                        its own, with another order than its BLAS path: pad rows to stay above it
-ONES_COLS = 16  # columns of the ones matrix that sums p (so that it is a matrix product too)
-KEY_BLOCK = 256  # keys per product of p with v: a BLAS blocks a long reduction by sizes that depend on its
-#                  length (MKL: above ~512 keys on AVX-512, ~200 on AVX2), so p @ v is summed over fixed
-#                  blocks of keys counted from key 0, the block products added in block order
+V_COLS = 16  # v's columns are padded to a multiple of this (MKL's AVX2 kernels sum a narrower p @ v by key position)
+KEY_BLOCK = 128  # keys per block of p @ v: a BLAS splits a reduction longer than ~256 keys (MKL's AVX2 kernels)
+#                  or ~400 (its AVX-512 ones) at places that depend on its length, so p @ v is summed over fixed
+#                  blocks of keys counted by rank from key 0, the block products added in block order
+MAX_PRODUCT_KEYS = 2 * KEY_BLOCK  # keys in one product at most: a block gathered under a tree holds the
+#                  keys of its ranks, up to KEY_BLOCK + the tree's size (trees of up to KEY_BLOCK tokens)
 MIN_BLOCK_KEYS = 16  # the last block is padded with hidden keys up to this (a product of at least 2 x 16 x 16)
 ROW_MULTIPLES = (1, 2, 4, 6, 8, 12, 16)  # query rows per product may be rounded up to a multiple of these
 ROW_CHUNK = 2048  # query rows (g, t) per product: bounds the score matrix of a long prefill
@@ -110,8 +121,9 @@ _PLANS: dict[tuple, AttentionPlan] = {}  # cache: (hd, dtype, threads) -> the pl
 
 def attention_plan(hd: int, dtype: torch.dtype = torch.float32) -> AttentionPlan:
     """The cheapest ``AttentionPlan`` under which rows of head dim ``hd`` are row-invariant on this CPU at
-    the running thread count: probed once (random queries over prefixes of 0 to 600 keys, 1 to 33
-    rows against 40, each row compared bit for bit), cached. With none invariant, the plain plan
+    the running thread count: probed once (random queries over prefixes of 0 to 557 keys, 1 to 33
+    rows against 20 and 40, and the rows of a tree each against itself alone, compared bit for bit),
+    cached. With none invariant, the plain plan
     with ``invariant=False`` (``check-env`` warns)."""
     key = (hd, dtype, torch.get_num_threads())
     if key not in _PLANS:
@@ -126,19 +138,35 @@ PROBE_LAYOUTS = ((1, 1, 1), (1, 3, 3), (2, 1, 4))  # (B, Hkv, G) the probe tries
 
 
 def _rows_invariant(plan: AttentionPlan, hd: int, dtype: torch.dtype) -> bool:
-    """Do the rows of a causal block of N queries after a prefix of P keys equal, bit for bit, those of its
-    first n queries alone, under ``plan``, for each of PROBE_LAYOUTS?"""
+    """Under ``plan``, for each of PROBE_LAYOUTS: do the rows of a causal block of N queries after a prefix of
+    P keys equal, bit for bit, those of its first n queries alone (for two N, so that a row also moves
+    within the products); and does each row of a tree after P keys equal that row alone over its visible
+    keys, packed together as vanilla decoding sees them (a tree row's ancestors sit apart)?"""
     g = torch.Generator().manual_seed(0)
-    N = 40
+    parents = [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 4, 8]  # a tree of 12 tokens whose rows see keys with holes between them
+    tree = torch.eye(len(parents), dtype=torch.bool)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            tree[i] |= tree[parent]
     with torch.no_grad():
         for B, Hkv, G in PROBE_LAYOUTS:
             for P in (0, 5, 24, 250, 517):
-                q, k, v = (torch.randn(B, h, n, hd, generator=g).to(dtype)
-                           for h, n in ((Hkv * G, N), (Hkv, P + N), (Hkv, P + N)))
-                full = invariant_attention(q, k, v, plan=plan)
-                for n in (1, 2, 3, 4, 5, 7, 9, 13, 33):
-                    if not torch.equal(invariant_attention(q[:, :, :n], k[:, :, :P + n], v[:, :, :P + n], plan=plan),
-                                       full[:, :, :n]):
+                for N in (20, 40):
+                    q, k, v = (torch.randn(B, h, n, hd, generator=g).to(dtype)
+                               for h, n in ((Hkv * G, N), (Hkv, P + N), (Hkv, P + N)))
+                    full = invariant_attention(q, k, v, plan=plan)
+                    for n in (1, 2, 3, 4, 5, 7, 9, 13, 33):
+                        if n < N and not torch.equal(
+                                invariant_attention(q[:, :, :n], k[:, :, :P + n], v[:, :, :P + n], plan=plan),
+                                full[:, :, :n]):
+                            return False
+                T = len(parents)
+                mask = torch.cat([torch.ones(T, P, dtype=torch.bool), tree], dim=1)  # [T, P + T]
+                full = invariant_attention(q[:, :, :T], k[:, :, :P + T], v[:, :, :P + T], mask, plan=plan)
+                for t in range(T):
+                    keys = mask[t].nonzero().flatten()
+                    if not torch.equal(invariant_attention(q[:, :, t:t + 1], k[:, :, keys], v[:, :, keys], plan=plan),
+                                       full[:, :, t:t + 1]):
                         return False
     return True
 
@@ -168,28 +196,76 @@ def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             raise ValueError(f"mask must be boolean [{T}, {S}] or [B or 1, 1, {T}, {S}], got {mask.dtype} "
                              f"{tuple(mask.shape)}")
         hidden = ~(mask if mask.dim() == 4 else mask[None, None])[:, :, None]  # [B or 1, 1, 1, T, S]
+        blocks = key_blocks(mask)
+        if blocks == "per batch":  # trees that differ between batch rows and straddle a block boundary
+            return torch.cat([invariant_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], mask[b:b + 1], plan)
+                              for b in range(B)])
+    else:
+        blocks = None
     qg = q.reshape(B, Hkv, G * T, hd)  # the G query heads of a KV head as rows (g, t)
+    B_ = batch_for_threads(B, Hkv) if q.device.type == "cpu" else B
+    if B_ > B:
+        qg, k, v = (F.pad(x, (0, 0, 0, 0, 0, 0, 0, B_ - B)) for x in (qg, k, v))
+        if hidden is not None and hidden.shape[0] > 1:
+            hidden = F.pad(hidden, (0, 0, 0, 0, 0, 0, 0, 0, 0, B_ - B))
     if G * T <= ROW_CHUNK:
-        out = _rows(qg, k, v, hidden, G, T, plan)
+        out = _rows(qg, k, v, hidden, G, T, plan, blocks)
     else:  # a long prefill: rows are independent, so chunks change no bit
         t_chunk = max(1, ROW_CHUNK // G)
         out = torch.cat([_rows(qg.unflatten(2, (G, T))[:, :, :, t0:t0 + t_chunk].flatten(2, 3), k, v,
                                None if hidden is None else hidden[..., t0:t0 + t_chunk, :], G,
-                               min(t_chunk, T - t0), plan).unflatten(2, (G, -1)) for t0 in range(0, T, t_chunk)], dim=3)
-    return out.reshape(B, H, T, hd)
+                               min(t_chunk, T - t0), plan, blocks).unflatten(2, (G, -1)) for t0 in range(0, T, t_chunk)], dim=3)
+    return out[:B].reshape(B, H, T, hd)
 
 
-_ONES: dict[tuple, torch.Tensor] = {}  # cache: (dtype, device) -> the largest [n, ONES_COLS] ones made so far
+def batch_for_threads(B: int, Hkv: int) -> int:
+    """The batch the products run with: B, or more (zero entries) when the B * Hkv products are fewer than
+    the threads. A BLAS given fewer products than threads splits one product between threads, at places
+    that depend on its shape (MKL at 2 threads), so a row's sum would depend on the row count; with at
+    least one product per thread, each is computed whole by one thread."""
+    return max(B, -(-torch.get_num_threads() // Hkv))
 
 
-def _ones(S: int, like: torch.Tensor) -> torch.Tensor:
-    """[S, ONES_COLS] ones of ``like``'s dtype and device (a view of a cached, never written buffer)."""
-    key = (like.dtype, like.device)
-    if key not in _ONES or _ONES[key].shape[0] < S:
-        with torch.inference_mode(False), torch.no_grad():
-            _ONES[key] = torch.ones(max(S, 2 * _ONES[key].shape[0] if key in _ONES else 1024), ONES_COLS,
-                                    dtype=like.dtype, device=like.device)
-    return _ONES[key][:S]
+def key_blocks(mask: torch.Tensor) -> list[torch.Tensor] | str | None:
+    """The keys of each block of KEY_BLOCK keys that p @ v sums, where they are not runs of positions.
+
+    Vanilla decoding sees a token's visible keys packed: the prefix, then its ancestors, then itself, so
+    the i-th key it sees is key i and sits in block i // KEY_BLOCK. A tree row sees the same keys with
+    holes between them (its siblings' and cousins' keys), so where a tree straddles a block boundary, a
+    key's position would put it in another block than vanilla does. Blocks are therefore made of the
+    keys whose *rank* (how many keys a row sees before it) falls in the block; under a tree mask a key's
+    rank is the same for every row that sees it (the prefix and the key's own ancestors). Past one block
+    this reads the mask on the host: the CPU path only (on CUDA, ``attend`` never comes here).
+
+    Args:
+        mask: bool [T, S] or [B or 1, 1, T, S].
+    Returns:
+        None where every key's rank falls in its position's block (no tree straddles a boundary), or
+        the mask is no tree over a shared prefix, or the tree has more than KEY_BLOCK tokens (then
+        positions decide, and rows are not claimed invariant); else a list with the sorted positions of each
+        non-empty block, in block order; "per batch" where the blocks differ between batch rows.
+    """
+    m = mask.reshape(-1, *mask.shape[-2:])  # [Bm, T, S]
+    S = m.shape[-1]
+    if S <= KEY_BLOCK:  # one block: decided by the shape alone (no host read, e.g. in a CUDA-graph stand-in)
+        return None
+    all_see = m.all(dim=1).all(dim=0)  # [S]: keys every row sees (their rank is their position up to the first hole)
+    c0 = int(all_see.logical_not().nonzero()[0]) if not bool(all_see.all()) else S
+    if c0 >= S or c0 // KEY_BLOCK == (S - 1) // KEY_BLOCK:  # a rank lies between c0 and the position
+        return None
+    r = m.long().cumsum(-1) - 1  # [Bm, T, S]: the rank of each key a row sees
+    seen = m.any(dim=1)  # [Bm, S]
+    hi, lo = r.masked_fill(~m, -1).amax(dim=1), r.masked_fill(~m, S).amin(dim=1)  # [Bm, S]
+    if not torch.equal(hi[seen], lo[seen]):  # not a tree over a shared prefix: no rank per key
+        return None
+    position = torch.arange(S, device=m.device) // KEY_BLOCK
+    block = torch.where(seen, hi // KEY_BLOCK, position)  # [Bm, S]; a key no row sees stays where it is
+    if torch.equal(block, position.expand_as(block)):
+        return None
+    if not torch.equal(block, block[:1].expand_as(block)):
+        return "per batch"
+    blocks = [idx for j in range(int(block.max()) + 1) if (idx := (block[0] == j).nonzero().flatten()).numel()]
+    return None if max(len(b) for b in blocks) > MAX_PRODUCT_KEYS else blocks  # a tree past KEY_BLOCK tokens
 
 
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -208,13 +284,14 @@ def padded_keys(S: int, pad_keys: bool) -> int:
 
 
 def _rows(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor | None, G: int,
-          T: int, plan: AttentionPlan) -> torch.Tensor:
+          T: int, plan: AttentionPlan, blocks: list[torch.Tensor] | None = None) -> torch.Tensor:
     """Attention of the query rows qg [B, Hkv, G*T, hd] (rows (g, t)) -> [B, Hkv, G*T, hd].
 
     Every product has two row-major operands, at least two rows and MIN_BLOCK_KEYS keys, at least
     BMM_NAIVE_BELOW multiply-adds, and reduces over at most KEY_BLOCK keys: the regime in which a
     BLAS computes an element the same way whatever the other rows and columns are
-    (``tests/test_invariance.py``); ``plan`` adds what this CPU's BLAS needs beyond that.
+    (``tests/test_invariance.py``); ``plan`` adds what this CPU's BLAS needs beyond that. ``blocks``: the
+    keys of each block where they are not runs of positions (``key_blocks``).
     """
     B, Hkv, R, hd = qg.shape
     S = k.shape[2]
@@ -227,7 +304,8 @@ def _rows(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tens
     elif kt.stride(-1) != 1:
         kt = kt.contiguous()  # a copy of the keys, for any other layout
     last = S_ - (S_ - 1) // KEY_BLOCK * KEY_BLOCK  # keys in the last block
-    per_row = min(hd * S_, last * (hd + ONES_COLS))  # multiply-adds per row of the smallest product
+    hd_ = -(-hd // V_COLS) * V_COLS  # v's columns in the products
+    per_row = min(hd * S_, last * hd_)  # multiply-adds per row of the smallest product
     R2 = padded_rows(R, max(MIN_ROWS, -(-BMM_NAIVE_BELOW // per_row)), plan.row_multiple)
     qg = qg * (1.0 / math.sqrt(hd))  # scaled here, elementwise: a BLAS may apply a product's alpha in another
     #                                  order for some shapes (MKL at 2 threads, hd = 8)
@@ -240,12 +318,19 @@ def _rows(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tens
         p = torch.exp(s - s.amax(dim=-1, keepdim=True))
     else:
         p = s.sub_(s.amax(dim=-1, keepdim=True)).exp_()  # [B, Hkv, R', S']; hidden keys exactly 0
-    p3, v3, ones = p.view(B * Hkv, R2, S_), v.reshape(B * Hkv, S_, hd), _ones(S_, v)  # [BH, R', S'], [BH, S', hd], [S', 16]
-    o = l = None
-    for s0 in range(0, S_, KEY_BLOCK):  # sums in key order, block by block: a key's place never moves
-        n = min(KEY_BLOCK, S_ - s0)
-        pb, vb, ob = (p3, v3, ones) if n == S_ else (p3.narrow(2, s0, n), v3.narrow(1, s0, n), ones.narrow(0, s0, n))
-        lb = _product(pb.reshape(B * Hkv * R2, n), ob)  # [BH * R', 16]: the rows' sums of p ([BH, R', Sb] @ [Sb, 16])
-        ob = _product(pb, vb)  # [BH, R', hd]
-        o, l = (ob, lb) if o is None else (o + ob, l + lb)
-    return (o / l.view(B * Hkv, R2, ONES_COLS)[..., :1]).view(B, Hkv, R2, hd)[:, :, :R]
+    l = p.cumsum(-1, dtype=torch.float64)[..., -1:].to(p.dtype)  # [B, Hkv, R', 1]: a running sum in key order
+    if hd_ > hd:
+        v = F.pad(v, (0, hd_ - hd))
+    p3, v3 = p.view(B * Hkv, R2, S_), v.reshape(B * Hkv, S_, hd_)  # [BH, R', S'], [BH, S', hd']
+    o = None
+    for block in blocks if blocks is not None else range(0, S_, KEY_BLOCK):  # in key order, block by block
+        if blocks is None:  # a run of keys from s0
+            n = min(KEY_BLOCK, S_ - block)
+            pb, vb = (p3, v3) if n == S_ else (p3.narrow(2, block, n), v3.narrow(1, block, n))
+        else:  # the keys whose rank falls in the block, gathered in key order, padded as a run would be
+            n = block.numel()
+            n_ = MAX_PRODUCT_KEYS if plan.pad_keys else max(n, MIN_BLOCK_KEYS)
+            pb, vb = F.pad(p3.index_select(2, block), (0, n_ - n)), F.pad(v3.index_select(1, block), (0, 0, 0, n_ - n))
+        ob = _product(pb, vb)  # [BH, R', hd']
+        o = ob if o is None else o + ob
+    return (o.view(B, Hkv, R2, hd_)[..., :hd] / l)[:, :, :R]
