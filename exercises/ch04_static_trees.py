@@ -113,3 +113,24 @@ def greedy_verify(parents: list[int], tokens: list[int], logits: torch.Tensor) -
     """
     # EXERCISE 4.5: children by row; walk down while a child's token is the row's argmax
     raise NotImplementedError("Exercise 4.5: children by row; walk down while a child's token is the row's argmax")
+
+
+def best_static_tree(rank_acc: Sequence[float], n: int, max_depth: int) -> list[tuple[int, ...]]:
+    """The static tree of n nodes with the most expected tokens per step, as a choices list.
+
+    Model (Medusa, Sequoia): the draft's rank-r candidate under any node is accepted with
+    probability rank_acc[r], independently of the depth, so the node at choice (r_1, ..., r_d) is
+    reached and accepted with probability rank_acc[r_1] * ... * rank_acc[r_d], and a tree's
+    expected tokens per step is 1 + the sum of that over its nodes. A choice may only be in the tree
+    if its parent (choice[:-1]) is.
+
+    Args:
+        rank_acc: acceptance probability of each rank, each in [0, 1].
+        n: how many nodes (0 <= n <= the number of choices of depth <= max_depth).
+        max_depth: the longest choice allowed.
+    Returns:
+        n choices, sorted by (len, tuple) as choices_to_parents orders them (any of the best trees
+        where several tie).
+    """
+    # EXERCISE 4.6: which node can ever be worth more than its parent? Grow the tree one node at a time
+    raise NotImplementedError("Exercise 4.6: which node can ever be worth more than its parent? Grow the tree one node at a time")

@@ -13,8 +13,17 @@ ranks of the candidates on the way from the root, e.g. (0,) = the root's top-1 c
 (0, 1) = the top-2 child of that node. ``Tree.from_choices`` builds the tree's shape; the
 drafter then fills in the tokens (node i takes the ranks[i]-th candidate under its parent).
 
+How a static tree is chosen (``best_static_tree``): if the rank-r candidate under a node is
+accepted with probability a_r, whatever the depth, a node whose path from the root takes ranks
+(r_1, ..., r_d) is reached and accepted with probability a_{r_1} ... a_{r_d}, and the tree's
+expected tokens per step is 1 + the sum of those path products. Every factor is <= 1, so a
+child is never worth more than its parent: the best tree of N nodes is built by adding, N times,
+the candidate of highest path product whose parent is already in (Medusa's and Sequoia's
+construction from measured per-rank acceptance).
+
 References: SpecInfer (Miao et al. 2023) token-tree attention; Medusa (Cai et al. 2024)
-static tree choices; EAGLE (Li et al. 2024).
+static tree choices; EAGLE (Li et al. 2024); Sequoia (Chen et al. 2024) trees from measured
+acceptance.
 """
 
 from __future__ import annotations
@@ -98,6 +107,42 @@ def parse_choices(choices: Sequence[Sequence[int]], max_depth: int | None = None
         ranks.append(t[-1])
         index[t] = i
     return ChoiceTree(cs, parents, ranks)
+
+
+def path_value(choice: Sequence[int], rank_acc: Sequence[float]) -> float:
+    """a_{r_1} ... a_{r_d}: the probability that the node at ranks ``choice`` is reached and accepted."""
+    out = 1.0
+    for r in choice:
+        out *= rank_acc[r]
+    return out
+
+
+def best_static_tree(rank_acc: Sequence[float], n: int, max_depth: int) -> list[tuple[int, ...]]:
+    """The n choices (rank paths of depth <= max_depth, ranks < len(rank_acc)) whose expected tokens per
+    step, 1 + sum of path_value, is highest; in the order parse_choices puts them (depth, then ranks).
+
+    Greedy by a heap over the frontier: the best candidate whose parent is in the tree is always part
+    of an optimal tree, because no node is worth more than its parent. Ties go to the shallower,
+    then the lexicographically smaller path.
+    """
+    import heapq
+
+    if any(not 0 <= a <= 1 for a in rank_acc):
+        raise ValueError(f"rank acceptance rates must lie in [0, 1], got {list(rank_acc)}")
+    if n < 0 or max_depth < 0 or (n > 0 and (not rank_acc or max_depth == 0)):
+        raise ValueError(f"cannot build a tree of {n} nodes with {len(rank_acc)} ranks and depth {max_depth}")
+    heap = [(-rank_acc[r], 1, (r,)) for r in range(len(rank_acc))]
+    heapq.heapify(heap)
+    chosen: list[tuple[int, ...]] = []
+    while len(chosen) < n:
+        if not heap:
+            raise ValueError(f"only {len(chosen)} nodes exist with {len(rank_acc)} ranks and depth {max_depth}")
+        neg, d, c = heapq.heappop(heap)
+        chosen.append(c)
+        if d < max_depth:
+            for r in range(len(rank_acc)):
+                heapq.heappush(heap, (neg * rank_acc[r], d + 1, c + (r,)))
+    return sorted(chosen, key=lambda t: (len(t), t))
 
 
 @dataclass

@@ -45,7 +45,8 @@ print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
 # 4. Compare a chain ($k$ = 4) with EAGLE's static tree: $\tau$ and tokens/s, output
 #    identical to plain greedy decoding.
 # 5. Check that tree verification with one-hot $q$ is lossless when sampling (total variation).
-# 6. Implement exercises 4.1–4.5, each right after the section that teaches it.
+# 6. Choose a static tree from per-rank acceptance rates, and see where extra nodes stop paying.
+# 7. Implement exercises 4.1–4.6, each right after the section that teaches it.
 #
 # **Layout** (the same everywhere in minispec): a tree of $N$ nodes has `tokens[i]` and
 # `parents[i]`, in topological order: `parents[i]` is $-1$ (a child of the **root**, the
@@ -510,9 +511,72 @@ plt.show()
 assert_loop_check(res, bound)  # every honest run within the bound, every "WRONG" run above it
 
 # %% [markdown]
+# ## 7. Choosing a static tree
+#
+# EAGLE's `mc_sim_7b_63` tree was chosen for a 7B model on GPUs. Which tree of $n$ nodes is best
+# for *your* draft? A simple model (Medusa's, made systematic by Sequoia): the draft's rank-$r$
+# candidate under any node is the target's token with probability $a_r$, whatever the depth.
+# The node at choice $(r_1, \dots, r_d)$ is then reached and accepted with probability
+# $a_{r_1} \cdots a_{r_d}$ (every node above it must be accepted too), and by linearity of
+# expectation a tree's expected tokens per step is
+#
+# $$E[\tau] = 1 + \sum_{\text{nodes}} a_{r_1} \cdots a_{r_d}.$$
+#
+# The cell below scores EAGLE's tree and a chain under illustrative rates $a = (0.6, 0.15, 0.07,
+# 0.04)$ (a draft whose top-1 is right 60% of the time; Sequoia measures them on held-out text).
+
+# %%
+from minispec.tree import path_value
+
+rank_acc = [0.6, 0.15, 0.07, 0.04]
+eagle_choices = [tuple(c) for c in EAGLE_MC_SIM_7B_63]
+usable = [c for c in eagle_choices if all(r < len(rank_acc) for r in c)]  # ranks the model gives a rate for
+def expected_tau(choices):
+    return 1 + sum(path_value(c, rank_acc) for c in choices)
+print(f"EAGLE's tree: {len(eagle_choices)} nodes; {len(usable)} use ranks < {len(rank_acc)}: "
+      f"E[tau] = {expected_tau(usable):.3f}")
+for k in (4, 8, len(usable)):
+    print(f"a chain of {k:>2}: E[tau] = {expected_tau([(0,) * d for d in range(1, k + 1)]):.3f}")
+
+# %% [markdown]
+# ### Exercise 4.6 — `best_static_tree(rank_acc, n, max_depth)`
+#
+# The tree of $n$ nodes (choices of depth at most `max_depth`, each choice's parent included)
+# with the highest $E[\tau]$ under the model, as a choices list sorted as `choices_to_parents`
+# sorts it.
+#
+# *Hint.* Can a node ever be worth more than its parent? If not, what does that say about the
+# best node you could add next to a tree that is already best for its size? How do you find that
+# node without scoring every choice of depth $\le$ `max_depth` each time?
+
+# %%
+check("4.6", impl="exercises")
+
+# %% [markdown]
+# ### The library's version
+#
+# `minispec.tree.best_static_tree` grows the tree from the root, always adding the frontier
+# node of highest path value. Under the same rates it beats EAGLE's tree of the same size, and
+# the curve shows where extra nodes stop paying: each new node adds less than the one before.
+
+# %%
+from minispec.tree import best_static_tree
+
+best = best_static_tree(rank_acc, len(usable), max_depth=6)
+print(f"best tree of {len(usable)} nodes: E[tau] = {expected_tau(best):.3f} (EAGLE's: {expected_tau(usable):.3f})")
+print("nodes by depth:", [sum(len(c) == d for c in best) for d in range(1, 7)])
+sizes = list(range(1, 65))
+fig, ax = plt.subplots(figsize=(6, 3.2))
+ax.plot(sizes, [expected_tau(best_static_tree(rank_acc, n, 6)) for n in sizes], label="best tree of n nodes")
+ax.plot(sizes, [expected_tau([(0,) * d for d in range(1, n + 1)]) for n in sizes], label="chain of n")
+ax.scatter([len(usable)], [expected_tau(usable)], color="k", zorder=3, label="EAGLE mc_sim (ranks < 4)")
+ax.set_xlabel("draft nodes n"); ax.set_ylabel("model E[tau]"); ax.legend(); ax.grid(alpha=0.3)
+plt.show()
+
+# %% [markdown]
 # ## The whole chapter
 #
-# Exercises 4.1–4.5 at once: `check(4)` grades the whole chapter (from a terminal:
+# Exercises 4.1–4.6 at once: `check(4)` grades the whole chapter (from a terminal:
 # `python -m minispec grade 4`). The cell below prints the stub of the first exercise, then
 # grades your file: it reports failures, it does not raise, so until you fill in the stubs
 # every line says "not implemented yet".

@@ -170,3 +170,37 @@ def greedy_verify(parents: list[int], tokens: list[int], logits: torch.Tensor) -
         path.append(match[0])
         row = match[0] + 1
     # END SOLUTION
+
+
+def best_static_tree(rank_acc: Sequence[float], n: int, max_depth: int) -> list[tuple[int, ...]]:
+    """The static tree of n nodes with the most expected tokens per step, as a choices list.
+
+    Model (Medusa, Sequoia): the draft's rank-r candidate under any node is accepted with
+    probability rank_acc[r], independently of the depth, so the node at choice (r_1, ..., r_d) is
+    reached and accepted with probability rank_acc[r_1] * ... * rank_acc[r_d], and a tree's
+    expected tokens per step is 1 + the sum of that over its nodes. A choice may only be in the tree
+    if its parent (choice[:-1]) is.
+
+    Args:
+        rank_acc: acceptance probability of each rank, each in [0, 1].
+        n: how many nodes (0 <= n <= the number of choices of depth <= max_depth).
+        max_depth: the longest choice allowed.
+    Returns:
+        n choices, sorted by (len, tuple) as choices_to_parents orders them (any of the best trees
+        where several tie).
+    """
+    # EXERCISE 4.6: which node can ever be worth more than its parent? Grow the tree one node at a time
+    # BEGIN SOLUTION
+    import heapq
+
+    frontier = [(-rank_acc[r], 1, (r,)) for r in range(len(rank_acc))]  # (-value, depth, choice)
+    heapq.heapify(frontier)
+    chosen = []
+    while len(chosen) < n:
+        neg_value, depth, choice = heapq.heappop(frontier)
+        chosen.append(choice)
+        if depth < max_depth:
+            for r, a in enumerate(rank_acc):
+                heapq.heappush(frontier, (neg_value * a, depth + 1, choice + (r,)))
+    return sorted(chosen, key=lambda c: (len(c), c))
+    # END SOLUTION

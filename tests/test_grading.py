@@ -359,6 +359,20 @@ def _no_rerank(next_logits, depth, top_k, total_tokens):  # keeps the first tota
                                                               [j for j in p[:n]]), next_logits, depth, top_k, total_tokens)
 
 
+def _widest_first(rank_acc, n, max_depth):  # breadth first: every rank at depth 1, then depth 2, ...
+    import itertools
+    nodes = [c for d in range(1, max_depth + 1) for c in itertools.product(range(len(rank_acc)), repeat=d)]
+    return sorted(nodes[:n], key=lambda c: (len(c), c))
+
+
+def _best_nodes_without_parents(rank_acc, n, max_depth):  # the n best paths, ties to the deeper: may drop a parent
+    import itertools
+    from minispec.tree import path_value
+    nodes = [c for d in range(1, max_depth + 1) for c in itertools.product(range(len(rank_acc)), repeat=d)]
+    best = sorted(nodes, key=lambda c: (-path_value(c, rank_acc), -len(c)))[:n]
+    return sorted(best, key=lambda c: (len(c), c))
+
+
 WRONG_TREES = [
     ("4.1", dict(tree_mask=_mask_without_self), "mask["),
     ("4.1", dict(tree_mask=lambda parents: torch.ones(len(parents) + 1, len(parents) + 1).tril().bool()), "mask["),
@@ -367,6 +381,8 @@ WRONG_TREES = [
     ("4.4", dict(choices_to_parents=_lexicographic_choices), "expected"),
     ("4.4", dict(choices_to_parents=_unchecked_choices), "instead of raising"),
     ("4.5", dict(greedy_verify=_first_child_wins), "expected path="),
+    ("4.6", dict(best_static_tree=_widest_first), "the best"),
+    ("4.6", dict(best_static_tree=_best_nodes_without_parents), "its parent"),
     ("5.1", dict(expand_level=_frontier_per_parent), "next_frontier"),
     ("5.1", dict(expand_level=_no_parent_score), "child_scores"),
     ("5.2", dict(rerank=_score_order), "rerank(total_tokens="),

@@ -37,7 +37,7 @@ TAUGHT_IN = {
     "3.1": "why the shifted token", "3.2": "training an eagle head", "3.3": "the heads, their sizes",
     "3.4": "the heads, their sizes",
     "4.1": "the tree attention mask", "4.2": "positions and paths", "4.3": "positions and paths",
-    "4.4": "from choices to a tree", "4.5": "one real tree step",
+    "4.4": "from choices to a tree", "4.5": "one real tree step", "4.6": "choosing a static tree",
     "6.1": "the log-sum-exp merge", "6.2": "pytorch references", "6.3": "the triton kernels",
     "6.4": "the triton kernels", "6.5": "triton puzzle",
     "7.1": "reserving a forward", "7.2": "a tree step", "7.3": "ragged acceptance",

@@ -198,3 +198,38 @@ def test_growing_tree_matches_the_tree_mask(levels, committed):
     assert g.is_chain == (parents == list(range(-1, len(parents) - 1)))
     with pytest.raises(ValueError, match="must index"):
         g.add([len(parents)], committed)
+
+
+def _all_trees(rank_acc, n, max_depth):
+    """Every prefix-closed set of n choices (brute force, small spaces only)."""
+    import itertools
+
+    nodes = [c for d in range(1, max_depth + 1) for c in itertools.product(range(len(rank_acc)), repeat=d)]
+    for subset in itertools.combinations(nodes, n):
+        s = set(subset)
+        if all(len(c) == 1 or c[:-1] in s for c in subset):
+            yield subset
+
+
+@pytest.mark.parametrize("rank_acc, max_depth", [([0.6, 0.3], 3), ([0.5, 0.5, 0.2], 2), ([0.9, 0.05], 4),
+                                                 ([0.2, 0.7], 3)])
+def test_best_static_tree_matches_brute_force(rank_acc, max_depth):
+    from minispec.tree import best_static_tree, path_value
+
+    total = sum(len(rank_acc) ** d for d in range(1, max_depth + 1))
+    for n in range(0, min(total, 7) + 1):
+        got = best_static_tree(rank_acc, n, max_depth)
+        assert len(set(got)) == n and got == sorted(got, key=lambda c: (len(c), c))
+        assert all(len(c) == 1 or c[:-1] in set(got) for c in got)
+        best = max(sum(path_value(c, rank_acc) for c in t) for t in _all_trees(rank_acc, n, max_depth))
+        assert sum(path_value(c, rank_acc) for c in got) == pytest.approx(best, abs=1e-12)
+
+
+def test_best_static_tree_rejects_bad_input():
+    from minispec.tree import best_static_tree
+
+    with pytest.raises(ValueError, match="must lie in"):
+        best_static_tree([1.2, 0.1], 3, 2)
+    with pytest.raises(ValueError, match="only 2 nodes"):
+        best_static_tree([0.5, 0.1], 3, 1)
+    assert best_static_tree([0.5], 0, 3) == []

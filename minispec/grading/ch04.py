@@ -5,6 +5,7 @@
     4.3 retrieve_indices    root-to-leaf paths padded with -1 (Medusa / EAGLE)
     4.4 choices_to_parents  a choices list -> parents and sibling ranks (plus its errors)
     4.5 greedy_verify       the accepted path of a tree under greedy verification
+    4.6 best_static_tree    the n-node tree of most expected tokens from per-rank acceptance
 
 Each check runs the learner's function on many seeded random trees (chains, stars, the empty
 tree and EAGLE's / Medusa's ``mc_sim_7b_63`` included) and compares with minispec's own
@@ -19,7 +20,7 @@ from types import SimpleNamespace
 import torch
 
 from minispec import verify as vf
-from minispec.tree import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63, Tree, parse_choices
+from minispec.tree import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63, Tree, best_static_tree, parse_choices, path_value
 
 from .checks import as_int, exercise, get
 
@@ -49,6 +50,7 @@ def library():
         retrieve_indices=lambda parents: tree(parents).retrieve_indices(),
         choices_to_parents=choices_to_parents,
         greedy_verify=greedy_verify,
+        best_static_tree=best_static_tree,
     )
 
 
@@ -214,3 +216,44 @@ def check_greedy_verify(impl):
         if (path, nxt) != (want.path, want.next_token):
             raise AssertionError(f"returned path={path}, next_token={nxt}; expected path={want.path}, "
                                  f"next_token={want.next_token} for {_short(desc)} with tokens={tokens}")
+
+
+def static_tree_cases() -> list[tuple[list[float], int, int]]:
+    """(rank_acc, n, max_depth): measured-looking rates, ties, zeros and ones, chains and stars."""
+    rng = random.Random(46)
+    cases = [([0.6, 0.15, 0.07, 0.04], 25, 5), ([0.6, 0.15, 0.07, 0.04], 1, 5), ([0.9], 6, 6),
+             ([0.5, 0.5], 5, 3), ([0.5, 0.25, 0.5], 7, 3), ([1.0, 0.0, 0.3], 6, 4), ([0.3, 0.3, 0.3], 9, 2), ([0.3, 0.3, 0.3], 3, 1),
+             ([0.8, 0.1], 0, 3), ([0.0, 0.0], 4, 2)]
+    for _ in range(30):
+        k = rng.randint(1, 4)
+        acc = sorted((round(rng.random(), 2) for _ in range(k)), reverse=rng.random() < 0.7)
+        depth = rng.randint(1, 5)
+        total = sum(k ** d for d in range(1, depth + 1))
+        cases.append((acc, rng.randint(0, min(total, 40)), depth))
+    return cases
+
+
+@exercise(EXERCISES, "4.6", "best_static_tree")
+def check_best_static_tree(impl):
+    fn = get(impl, "best_static_tree")
+    for acc, n, depth in static_tree_cases():
+        want = best_static_tree(acc, n, depth)
+        out = fn(list(acc), n, depth)
+        try:
+            got = [tuple(as_int(r, "a rank") for r in c) for c in out]
+        except TypeError:
+            raise AssertionError(f"best_static_tree must return a list of choices (tuples of ranks), got {out!r}") from None
+        where = f"best_static_tree(rank_acc={acc}, n={n}, max_depth={depth})"
+        if len(got) != n or len(set(got)) != n:
+            raise AssertionError(f"{where} returned {len(got)} choices ({len(set(got))} distinct); expected {n} distinct")
+        for c in got:
+            if not c or len(c) > depth or any(not 0 <= r < len(acc) for r in c):
+                raise AssertionError(f"{where}: choice {c} is empty, deeper than {depth} or has a rank >= {len(acc)}")
+            if len(c) > 1 and c[:-1] not in set(got):
+                raise AssertionError(f"{where}: choice {c} is in the tree but its parent {c[:-1]} is not")
+        value, best = sum(path_value(c, acc) for c in got), sum(path_value(c, acc) for c in want)
+        if value < best - 1e-12:
+            raise AssertionError(f"{where}: your tree's expected tokens per step is {1 + value:.6f}, the best "
+                                 f"is {1 + best:.6f} (e.g. {_short(str(want))})")
+        if got != sorted(got, key=lambda c: (len(c), c)):
+            raise AssertionError(f"{where} returned {_short(str(got))}: not in (len, tuple) order")
