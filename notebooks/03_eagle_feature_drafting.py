@@ -43,7 +43,7 @@
 # 4. Measure acceptance per draft position for SpS, Medusa, EAGLE-1 and EAGLE-3 on SmolLM2.
 # 5. Check that the draft's confidence is calibrated (EAGLE-2's premise) and that decoding
 #    with an EAGLE head at temperature 1 keeps the target's distribution.
-# 6. Implement exercises 3.1–3.4 and grade them.
+# 6. Implement exercises 3.1–3.5 and grade them (3.5: draft a chain at the feature level, the head feeding itself).
 #
 # Library code: `minispec/drafters/eagle.py`, `eagle3.py`, `medusa.py`, `loader.py`;
 # training: `minispec/train/eagle.py`, `eagle3.py`, `medusa.py`.
@@ -434,9 +434,54 @@ plt.show()
 assert_loop_check(res, bound)  # every honest run within the bound, every "WRONG" run above it
 
 # %% [markdown]
+# ## 7. Drafting a chain: the head feeds itself
+#
+# The head turns the context's pairs $(e(x_{j+1}), f_j)$ into predicted features; its output at
+# the last pair, $g_{n-1}$, stands for the target's feature at the last committed token, and the
+# LM head turns it into the first draft token $d_1$. For $d_2$ the head needs the pair
+# $(e(d_1), f_{n-1})$, but the target has not run on the new tokens, so there is no $f_{n-1}$:
+# EAGLE pairs $d_1$ with the head's **own** prediction $g_{n-1}$, and so on down the chain. This
+# is autoregression at the feature level, and why the head is trained on noisy features
+# (`--noise`): from the second draft on it reads its own, imperfect outputs, and acceptance falls
+# with depth (section 4's curves).
+#
+# The cell below lets the shipped head draft a chain of 5 after a prompt and the target's first
+# token, and sets it beside what the target itself then emits (greedy).
+
+# %%
+from minispec.drafters.base import Features
+from minispec.sampling import GREEDY
+
+chain_ids = encode_prompt(smol_tok, "Write a short poem about the sea.")
+with torch.inference_mode():
+    out = smol(torch.tensor([chain_ids]))
+context = chain_ids + [int(out.logits[0, -1].argmax())]  # the prompt and the target's first token
+chain5 = load_drafter(str(HEADS["eagle"]), smol, tree="chain:5", verbose=False)
+chain5.prefill(context, Features(out.hidden[0]))  # f_0 .. f_{n-1}: the target's features of the prompt
+drafts = chain5.propose(GREEDY, budget=5).tokens
+truth = generate(smol, smol_tok, chain_ids, max_new_tokens=6, chat=False).tokens[1:6]
+print("head drafts:  ", [smol_tok.decode([t]) for t in drafts])
+print("target emits: ", [smol_tok.decode([t]) for t in truth])
+accepted = next((i for i, (a, b) in enumerate(zip(drafts, truth)) if a != b), len(drafts))
+print(f"greedy verification would accept the first {accepted} of 5")
+
+# %% [markdown]
+# ### Exercise 3.5 — `draft_chain(head, embedding, lm_head, tokens, features, k)`
+#
+# Draft $k$ tokens greedily with an EAGLE-1/2 head, as `EagleDrafter` does with a chain. The
+# check runs small random heads in float64 and compares your tokens with `EagleDrafter`'s.
+#
+# *Hint.* Which pairs does the context give you, and which position does the head's last output
+# stand for? Once a draft token exists, which feature can sit beside it in the next pair? You may
+# rerun the head over all pairs at every step (no KV cache needed): is the result the same?
+
+# %%
+check("3.5", impl="exercises")
+
+# %% [markdown]
 # ## Exercises: the whole chapter
 #
-# Exercises 3.1–3.4 sit after the sections that teach them; their functions are in
+# Exercises 3.1–3.5 sit after the sections that teach them; their functions are in
 # `exercises/ch03_eagle.py` (generated from `solutions/`; same signatures and docstrings). The
 # checks compare your functions with minispec's own code (`EagleDrafter`'s head input,
 # `minispec.train.eagle.eagle_loss`, `minispec.drafters.eagle3`) on seeded random tensors.
@@ -447,6 +492,7 @@ assert_loop_check(res, bound)  # every honest run within the bound, every "WRONG
 # | 3.2 | `eagle_loss` | SmoothL1 on features + $w_{cls}$ × soft cross-entropy against the target's top-$K$ |
 # | 3.3 | `build_vocab_map` | EAGLE-3's draft vocabulary: `d2t` offsets and the `t2d` mask |
 # | 3.4 | `to_target_logits` | draft-vocabulary logits into the target vocabulary, $-\infty$ elsewhere |
+# | 3.5 | `draft_chain` | a greedy chain at the feature level: each draft token paired with the head's own feature |
 #
 # Grade from a terminal with `python -m minispec grade 3` or
 # `pytest tests/test_exercises.py -m ch03 --impl exercises`; in this notebook with

@@ -139,3 +139,39 @@ def to_target_logits(draft_logits: torch.Tensor, d2t: torch.Tensor, vocab_size: 
     out[..., torch.arange(Vd) + d2t] = draft_logits
     return out
     # END SOLUTION
+
+
+@torch.no_grad()
+def draft_chain(head, embedding: torch.Tensor, lm_head, tokens: list[int], features: torch.Tensor,
+                k: int) -> list[int]:
+    """Draft k tokens greedily with an EAGLE-1/2 head: autoregression at the feature level.
+
+    The head maps pairs (embedding of x_{j+1}, feature f_j) to a predicted next feature g_{j+1}
+    (exercise 3.1's rows, through its ``fc`` and one decoder layer). From the context's pairs it
+    predicts the feature at the last token, and the LM head turns a feature into the logits of
+    the next token. Beyond the context there are no target features: what can the head pair the
+    next draft token with?
+
+    Args:
+        head: an ``EagleHead``: ``head(emb [1, T, H], feat [1, T, H], positions [T])`` returns the
+            predicted features [1, T, H] of T pairs at positions 0..T-1 (causal attention among them).
+        embedding: [V, H] the target's token embedding matrix.
+        lm_head: a callable from features [..., H] to logits [..., V].
+        tokens: the context x_0..x_{n-1}, n >= 2 token ids (x_{n-1} just committed).
+        features: [n-1, H] target features f_0..f_{n-2}.
+        k: how many tokens to draft (k >= 1).
+    Returns:
+        the k draft token ids, each the argmax of its logits.
+    """
+    # EXERCISE 3.5: the pairs of the context first; then what feature goes with each new draft token?
+    # BEGIN SOLUTION
+    toks, feats, drafts = list(tokens[1:]), features, []  # pairs j: (x_{j+1}, f_j)
+    for _ in range(k):
+        emb = embedding[torch.as_tensor(toks, dtype=torch.long)]  # [T, H]
+        g = head(emb[None], feats[None], torch.arange(len(toks)))[0, -1]  # [H]: the feature after the last pair
+        x = int(lm_head(g).argmax())
+        drafts.append(x)
+        toks.append(x)  # the next pair: the draft token with the head's own feature for its position
+        feats = torch.cat([feats, g[None]])
+    return drafts
+    # END SOLUTION

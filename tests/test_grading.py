@@ -446,7 +446,24 @@ def _zeros_outside(logits, d2t, V):
     return out
 
 
+def _chain_on_the_last_target_feature(head, embedding, lm_head, tokens, features, k):  # never feeds g back
+    drafts, toks, feats = [], list(tokens[1:]), features
+    for _ in range(k):
+        g = head(embedding[torch.tensor(toks)][None], feats[None], torch.arange(len(toks)))[0, -1]
+        drafts.append(int(lm_head(g).argmax()))
+        toks.append(drafts[-1])
+        feats = torch.cat([feats, features[-1:]])  # the target's last feature again, not the head's own
+    return drafts
+
+
+def _chain_from_the_first_prediction(head, embedding, lm_head, tokens, features, k):  # k tokens from one feature
+    g = head(embedding[torch.tensor(tokens[1:])][None], features[None], torch.arange(len(tokens) - 1))[0, -1]
+    return lm_head(g).topk(k).indices.tolist()
+
+
 WRONG_EAGLE = [
+    ("3.5", dict(draft_chain=_chain_on_the_last_target_feature), "EagleDrafter drafts"),
+    ("3.5", dict(draft_chain=_chain_from_the_first_prediction), "EagleDrafter drafts"),
     ("3.1", dict(eagle_input=_feature_first), "embedding FIRST"),
     ("3.1", dict(eagle_input=_no_shift), "the shift"),
     ("3.2", dict(eagle_loss=lambda pf, tf, pl, ti, tl, w_cls=0.1: _solutions(3).eagle_loss(pf, tf, pl, ti, tl, 1.0)),

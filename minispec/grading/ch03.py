@@ -4,11 +4,13 @@
     3.2 eagle_loss        SmoothL1(features) + w_cls x soft cross-entropy against the target's top-K
     3.3 build_vocab_map   EAGLE-3's draft vocabulary: d2t offsets and the t2d mask
     3.4 to_target_logits  draft-vocabulary logits scattered into the target vocabulary, -inf elsewhere
+    3.5 draft_chain       a greedy chain drafted at the feature level (the head's own feature fed back)
 
 References are minispec's own code: 3.1 the input that ``EagleDrafter`` feeds its head's ``fc``
 (captured with a forward pre-hook while it drafts), 3.2 ``minispec.train.eagle.eagle_loss`` (the
 loss that trained the shipped head, value and gradient), 3.3
-``minispec.drafters.eagle3.build_vocab_map``, 3.4 ``Eagle3Head.to_target_logits``; all on seeded
+``minispec.drafters.eagle3.build_vocab_map``, 3.4 ``Eagle3Head.to_target_logits``, 3.5 the tokens
+``EagleDrafter`` drafts as a greedy chain (float64 heads, so no near-tie decides); all on seeded
 random tensors.
 """
 
@@ -26,7 +28,7 @@ from minispec.drafters.eagle3 import build_vocab_map as lib_build_vocab_map
 from minispec.sampling import GREEDY
 from minispec.train import eagle as train_eagle
 
-from .checks import exercise, get
+from .checks import as_int, exercise, get
 
 TITLE = "EAGLE feature drafting: the head's input, its loss, EAGLE-3's draft vocabulary"
 MODULE = "ch03_eagle"
@@ -101,7 +103,8 @@ def library():
     """minispec's own functions behind the exercises' signatures (``--impl minispec``)."""
     return SimpleNamespace(__name__="minispec.drafters.eagle / eagle3, minispec.train.eagle (chapter 3 adapter)",
                            eagle_input=library_eagle_input, eagle_loss=library_loss,
-                           build_vocab_map=lib_build_vocab_map, to_target_logits=library_to_target_logits)
+                           build_vocab_map=lib_build_vocab_map, to_target_logits=library_to_target_logits,
+                           draft_chain=lambda *a: library_draft_chain(*a))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -251,3 +254,44 @@ def check_to_target_logits(impl):
                 raise AssertionError(f"a target id outside the draft vocabulary has logit {v:.4g}, expected -inf "
                                      f"(probability exactly 0 under the draft) {where}")
         _close(got, want, "logits", where, atol=0, rtol=0)
+
+
+@torch.no_grad()
+def library_draft_chain(head, embedding: torch.Tensor, lm_head, tokens: list[int], features: torch.Tensor,
+                        k: int) -> list[int]:
+    """The tokens ``EagleDrafter`` drafts as a greedy chain of k for this context (its KV-cached path)."""
+    target = _stub_target(embedding)
+    target.lm_head = lm_head
+    d = EagleDrafter(target, head, tree=f"chain:{k}")
+    d.prefill(list(tokens), Features(features))
+    return list(d.propose(GREEDY, budget=k).tokens)
+
+
+@exercise(EXERCISES, "3.5", "draft_chain")
+def check_draft_chain(impl):
+    fn = get(impl, "draft_chain")
+    for seed in range(6):
+        g = torch.Generator().manual_seed(350 + seed)
+        V, H = 40 + 7 * seed, 8
+        embedding = torch.randn(V, H, generator=g, dtype=torch.float64)  # float64: no near-tie decides a token
+        head = EagleHead(EagleConfig(hidden_size=H, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                                     intermediate_size=16, vocab_size=V)).to(torch.float64)
+        with torch.no_grad():
+            for p in head.parameters():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.5)
+        lm_head = nn.Linear(H, V, bias=False).to(torch.float64)
+        with torch.no_grad():
+            lm_head.weight.copy_(torch.randn(V, H, generator=g, dtype=torch.float64))
+        n, k = 2 + 3 * seed, 1 + seed % 5
+        tokens = torch.randint(0, V, (n,), generator=g).tolist()
+        features = torch.randn(n - 1, H, generator=g, dtype=torch.float64)
+        want = library_draft_chain(head, embedding, lm_head, tokens, features, k)
+        out = fn(head, embedding.clone(), lm_head, list(tokens), features.clone(), k)
+        try:
+            got = [as_int(x, "a draft token") for x in out]
+        except TypeError:
+            raise AssertionError(f"draft_chain must return a list of k token ids, got {out!r}") from None
+        if got != want:
+            first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            raise AssertionError(f"draft_chain(k={k}) on a context of {n} tokens returned {got}; EagleDrafter drafts "
+                                 f"{want} (first difference at draft {first + 1})")
