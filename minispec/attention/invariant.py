@@ -253,18 +253,20 @@ def key_blocks(mask: torch.Tensor) -> list[torch.Tensor] | str | None:
     c0 = int(all_see.logical_not().nonzero()[0]) if not bool(all_see.all()) else S
     if c0 >= S or c0 // KEY_BLOCK == (S - 1) // KEY_BLOCK:  # a rank lies between c0 and the position
         return None
-    r = m.long().cumsum(-1) - 1  # [Bm, T, S]: the rank of each key a row sees
-    seen = m.any(dim=1)  # [Bm, S]
-    hi, lo = r.masked_fill(~m, -1).amax(dim=1), r.masked_fill(~m, S).amin(dim=1)  # [Bm, S]
+    mt = m[..., c0:]  # [Bm, T, S - c0]: every row sees every key before c0, whose rank is its position
+    r = mt.cumsum(-1, dtype=torch.int32) + (c0 - 1)  # the rank of each key from c0 that a row sees
+    seen = mt.any(dim=1)  # [Bm, S - c0]
+    hi, lo = r.masked_fill(~mt, -1).amax(dim=1), r.masked_fill(~mt, S).amin(dim=1)  # [Bm, S - c0]
     if not torch.equal(hi[seen], lo[seen]):  # not a tree over a shared prefix: no rank per key
         return None
-    position = torch.arange(S, device=m.device) // KEY_BLOCK
-    block = torch.where(seen, hi // KEY_BLOCK, position)  # [Bm, S]; a key no row sees stays where it is
-    if torch.equal(block, position.expand_as(block)):
+    position = torch.arange(c0, S, device=m.device, dtype=torch.int32) // KEY_BLOCK
+    tail = torch.where(seen, hi // KEY_BLOCK, position)  # [Bm, S - c0]; a key no row sees stays where it is
+    if torch.equal(tail, position.expand_as(tail)):
         return None
-    if not torch.equal(block, block[:1].expand_as(block)):
+    if not torch.equal(tail, tail[:1].expand_as(tail)):
         return "per batch"
-    blocks = [idx for j in range(int(block.max()) + 1) if (idx := (block[0] == j).nonzero().flatten()).numel()]
+    block = torch.cat([torch.arange(c0, device=m.device, dtype=torch.int32) // KEY_BLOCK, tail[0]])  # [S]
+    blocks = [idx for j in range(int(block.max()) + 1) if (idx := (block == j).nonzero().flatten()).numel()]
     return None if max(len(b) for b in blocks) > MAX_PRODUCT_KEYS else blocks  # a tree past KEY_BLOCK tokens
 
 
