@@ -28,6 +28,7 @@ acceptance.
 
 from __future__ import annotations
 
+import heapq
 import operator
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
@@ -125,8 +126,6 @@ def best_static_tree(rank_acc: Sequence[float], n: int, max_depth: int) -> list[
     of an optimal tree, because no node is worth more than its parent. Ties go to the shallower,
     then the lexicographically smaller path.
     """
-    import heapq
-
     if any(not 0 <= a <= 1 for a in rank_acc):
         raise ValueError(f"rank acceptance rates must lie in [0, 1], got {list(rank_acc)}")
     if n < 0 or max_depth < 0 or (n > 0 and (not rank_acc or max_depth == 0)):

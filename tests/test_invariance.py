@@ -322,10 +322,7 @@ def tree_rows_differ(P, hd=16, Hkv=3, G=3, B=1):
     """Rows t of a 12-token tree after P keys that differ from row t alone over its visible keys."""
     parents = [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 4, 8]
     T = len(parents)
-    tree = torch.eye(T, dtype=torch.bool)
-    for i, parent in enumerate(parents):
-        if parent >= 0:
-            tree[i] |= tree[parent]
+    tree = Tree([0] * T, parents).mask()[1:, 1:]  # [T, T] ancestors and self
     mask = torch.cat([torch.ones(T, P, dtype=torch.bool), tree], dim=1)  # [T, P + T]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, h, n, hd, generator=g) for h, n in ((Hkv * G, T), (Hkv, P + T), (Hkv, P + T)))

@@ -80,6 +80,7 @@ import torch
 import torch.nn.functional as F
 
 from ..invariance import padded_rows
+from ..tree import Tree
 from .reference import check_shapes
 
 MIN_ROWS = 2  # products over fewer query rows go to a matrix-vector kernel with its own order
@@ -144,10 +145,7 @@ def _rows_invariant(plan: AttentionPlan, hd: int, dtype: torch.dtype) -> bool:
     keys, packed together as vanilla decoding sees them (a tree row's ancestors sit apart)?"""
     g = torch.Generator().manual_seed(0)
     parents = [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 4, 8]  # a tree of 12 tokens whose rows see keys with holes between them
-    tree = torch.eye(len(parents), dtype=torch.bool)
-    for i, parent in enumerate(parents):
-        if parent >= 0:
-            tree[i] |= tree[parent]
+    tree = Tree([0] * len(parents), parents).mask()[1:, 1:]  # [T, T] ancestors and self, root dropped
     with torch.no_grad():
         for B, Hkv, G in PROBE_LAYOUTS:
             for P in (0, 5, 24, 250, 517):
@@ -249,8 +247,8 @@ def key_blocks(mask: torch.Tensor) -> list[torch.Tensor] | str | None:
     S = m.shape[-1]
     if S <= KEY_BLOCK:  # one block: decided by the shape alone (no host read, e.g. in a CUDA-graph stand-in)
         return None
-    all_see = m.all(dim=1).all(dim=0)  # [S]: keys every row sees (their rank is their position up to the first hole)
-    c0 = int(all_see.logical_not().nonzero()[0]) if not bool(all_see.all()) else S
+    holes = m.all(dim=1).all(dim=0).logical_not().nonzero()  # keys some row does not see
+    c0 = int(holes[0]) if len(holes) else S  # the first: every row sees the keys before it, ranked by position
     if c0 >= S or c0 // KEY_BLOCK == (S - 1) // KEY_BLOCK:  # a rank lies between c0 and the position
         return None
     mt = m[..., c0:]  # [Bm, T, S - c0]: every row sees every key before c0, whose rank is its position
@@ -271,9 +269,8 @@ def key_blocks(mask: torch.Tensor) -> list[torch.Tensor] | str | None:
 
 
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """[BH, R, K] @ [BH, K, C] or [R, K] @ [K, C]: every product of the attention goes through here (a test
-    swaps in a stand-in)."""
-    return torch.bmm(a, b) if a.dim() == 3 else torch.mm(a, b)
+    """[BH, R, K] @ [BH, K, C]: every product of the attention goes through here (a test swaps in a stand-in)."""
+    return torch.bmm(a, b)
 
 
 def padded_keys(S: int, pad_keys: bool) -> int:

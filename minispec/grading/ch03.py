@@ -104,7 +104,7 @@ def library():
     return SimpleNamespace(__name__="minispec.drafters.eagle / eagle3, minispec.train.eagle (chapter 3 adapter)",
                            eagle_input=library_eagle_input, eagle_loss=library_loss,
                            build_vocab_map=lib_build_vocab_map, to_target_logits=library_to_target_logits,
-                           draft_chain=lambda *a: library_draft_chain(*a))
+                           draft_chain=library_draft_chain)
 
 
 # --------------------------------------------------------------------------- helpers
