@@ -1,6 +1,6 @@
 # Exercises generated from solutions/ch03_eagle.py by tools/make_exercises.py.
 # Replace each `raise NotImplementedError(...)` with your code; keep the signatures.
-"""Chapter 3 exercises: EAGLE feature drafting (the head's input, its loss, EAGLE-3's draft vocabulary).
+"""Chapter 3 exercises: EAGLE feature drafting (the head's input, EAGLE-3's draft vocabulary, the loss, a chain).
 
 References:
     Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty" (2024):
@@ -31,14 +31,11 @@ import torch.nn.functional as F
 def eagle_input(embedding: torch.Tensor, tokens: list[int], features: torch.Tensor) -> torch.Tensor:
     """The EAGLE-1 head's input rows for a context: the shifted (token, feature) pairs.
 
-    Head position j pairs the feature f_j with the embedding of the token that FOLLOWS it,
-    x_{j+1} (the token the target actually emitted from f_j: this removes the head's
-    uncertainty about which branch the text took), and concatenates them embedding FIRST:
-
-        row j = cat[embedding[x_{j+1}], f_j]      for j = 0 .. n-2
-
-    (the head then applies ``fc`` [H, 2H] to each row). The last token x_{n-1} has no feature
-    yet: the target has not run on it.
+    Each row is one head position j: a token's embedding and the feature f_j, concatenated
+    embedding FIRST (the head then applies ``fc`` [H, 2H] to each row). Questions to answer
+    first: which token of the context removes the head's uncertainty about the branch the text
+    took after f_j (notebook section 1)? Why are there n - 1 rows for n tokens, and which
+    token gets no feature?
 
     Args:
         embedding: [V, H] the target's token embedding matrix.
@@ -47,37 +44,8 @@ def eagle_input(embedding: torch.Tensor, tokens: list[int], features: torch.Tens
     Returns:
         [n-1, 2H] float tensor, row j = cat[embedding[x_{j+1}], f_j].
     """
-    # EXERCISE 3.1: pair token x_{j+1} with feature f_j, embedding first
-    raise NotImplementedError("Exercise 3.1: pair token x_{j+1} with feature f_j, embedding first")
-
-
-def eagle_loss(pred_feat: torch.Tensor, target_feat: torch.Tensor, pred_logits: torch.Tensor,
-               top_idx: torch.Tensor, top_logp: torch.Tensor, w_cls: float = 0.1) -> torch.Tensor:
-    """EAGLE-1's training loss on N positions: feature regression + w_cls x soft cross-entropy.
-
-        loss = SmoothL1(pred_feat, target_feat) + w_cls * CE
-
-    SmoothL1 is ``torch.nn.functional.smooth_l1_loss`` with its defaults (beta 1, mean over all
-    N x H elements). CE is the cross-entropy of the head's distribution softmax(pred_logits)
-    against the target's distribution, which the training data stores as its top-K only:
-    renormalise it over the K kept tokens, p = softmax(top_logp), then
-
-        CE = mean over rows of  -sum_k p_k * log softmax(pred_logits)[top_idx_k]
-
-    The loss must stay differentiable (it trains the head): use torch operations only.
-
-    Args:
-        pred_feat: [N, H] the head's predicted features g_{t+1}.
-        target_feat: [N, H] the target's true features f_{t+1}.
-        pred_logits: [N, V] the target's LM head applied to pred_feat.
-        top_idx: [N, K] long, the target's K most likely next tokens at each position.
-        top_logp: [N, K] their log-probabilities under the target (they need not sum to 1).
-        w_cls: weight of the classification term (EAGLE: 0.1).
-    Returns:
-        Scalar tensor, the loss.
-    """
-    # EXERCISE 3.2: SmoothL1 on features + w_cls * soft cross-entropy against the target's top-K
-    raise NotImplementedError("Exercise 3.2: SmoothL1 on features + w_cls * soft cross-entropy against the target's top-K")
+    # EXERCISE 3.1: which token travels with f_j, and which half of the row comes first?
+    raise NotImplementedError("Exercise 3.1: which token travels with f_j, and which half of the row comes first?")
 
 
 def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,16 +65,17 @@ def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int) -> tuple[
     Raises:
         ValueError: if draft_vocab_size is not in 1..V.
     """
-    # EXERCISE 3.3: keep the Vd most frequent ids (ties: lower id), sorted; offsets d2t and mask t2d
-    raise NotImplementedError("Exercise 3.3: keep the Vd most frequent ids (ties: lower id), sorted; offsets d2t and mask t2d")
+    # EXERCISE 3.2: which ids are kept (and on ties?), in what order do they get draft ids, and what offset leads back?
+    raise NotImplementedError("Exercise 3.2: which ids are kept (and on ties?), in what order do they get draft ids, and what offset leads back?")
 
 
 def to_target_logits(draft_logits: torch.Tensor, d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Scatter EAGLE-3's draft-vocabulary logits into the target's vocabulary.
 
-    Draft id i is target id i + d2t[i]; every target id outside the draft vocabulary gets
-    logit -inf, so it has probability exactly 0 under the draft (the verifier then knows q is 0
-    there, and the target can still emit such tokens through the residual / bonus token).
+    Every target id outside the draft vocabulary must get logit -inf, so it has probability
+    exactly 0 under the draft (the verifier then knows q is 0 there, and the target can still
+    emit such tokens through the residual / bonus token). Where does draft id i land (exercise
+    3.2's ``d2t``)?
 
     Args:
         draft_logits: [..., Vd] logits over the draft vocabulary (any leading dimensions).
@@ -115,8 +84,40 @@ def to_target_logits(draft_logits: torch.Tensor, d2t: torch.Tensor, vocab_size: 
     Returns:
         [..., V] logits, same dtype as draft_logits, -inf outside the draft vocabulary.
     """
-    # EXERCISE 3.4: place draft id i at target id i + d2t[i]; -inf elsewhere
-    raise NotImplementedError("Exercise 3.4: place draft id i at target id i + d2t[i]; -inf elsewhere")
+    # EXERCISE 3.3: where does draft id i land in the target vocabulary, and what do the other ids get?
+    raise NotImplementedError("Exercise 3.3: where does draft id i land in the target vocabulary, and what do the other ids get?")
+
+
+def eagle_loss(pred_feat: torch.Tensor, target_feat: torch.Tensor, pred_logits: torch.Tensor,
+               top_idx: torch.Tensor, top_logp: torch.Tensor, w_cls: float = 0.1) -> torch.Tensor:
+    """EAGLE-1's training loss on N positions: feature regression + w_cls x soft cross-entropy.
+
+    The loss is the feature term plus w_cls times the token term:
+
+    - feature term: ``torch.nn.functional.smooth_l1_loss(pred_feat, target_feat)`` with its
+      defaults (beta 1, mean over all N x H elements);
+    - token term: the cross-entropy of the head's distribution (softmax of pred_logits, over
+      the whole vocabulary) against the target's distribution, averaged over the N positions.
+      The training data stores the target's distribution as its top-K only, as
+      log-probabilities that need not sum to 1: the target distribution is the one they
+      define on the K kept tokens, renormalised there.
+
+    Questions: how do you turn top_logp into a distribution over its K tokens? Where do you
+    read the head's log-probabilities of those same K tokens? The loss trains the head, so it
+    must stay differentiable: which operations would cut the gradient?
+
+    Args:
+        pred_feat: [N, H] the head's predicted features g_{t+1}.
+        target_feat: [N, H] the target's true features f_{t+1}.
+        pred_logits: [N, V] the target's LM head applied to pred_feat.
+        top_idx: [N, K] long, the target's K most likely next tokens at each position.
+        top_logp: [N, K] their log-probabilities under the target (they need not sum to 1).
+        w_cls: weight of the classification term (EAGLE: 0.1).
+    Returns:
+        Scalar tensor, the loss.
+    """
+    # EXERCISE 3.4: the feature term, then the token term against the renormalised top-K; keep gradients flowing
+    raise NotImplementedError("Exercise 3.4: the feature term, then the token term against the renormalised top-K; keep gradients flowing")
 
 
 @torch.no_grad()

@@ -23,6 +23,27 @@ from typing import Sequence
 import torch
 
 
+def choices_to_parents(choices: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """Turn a static tree's choices (Medusa / EAGLE format) into parents and sibling ranks.
+
+    A choice is a tuple of ranks from the root: (0,) is the root's top-1 child, (0, 1) the
+    top-2 child of that node. Node order, as Medusa and EAGLE number the nodes: by depth
+    (length), then lexicographically; node i is the i-th choice in that order, so every parent
+    comes before its children. parents[i] is the node index of choice[:-1] (-1 for a choice of
+    length 1); ranks[i] = choice[-1] (which candidate of its parent the drafter puts at node i).
+
+    Args:
+        choices: the choices, in any order; each a non-empty sequence of integer ranks >= 0.
+    Returns:
+        (parents, ranks), two lists of N = len(choices) ints in node order.
+    Raises:
+        ValueError: an empty list of choices, a duplicate choice, or a choice whose prefix
+            (its parent) is not a choice.
+    """
+    # EXERCISE 4.1: which order puts parents first; how do you find choice[:-1] fast, and what do the errors look like there?
+    raise NotImplementedError("Exercise 4.1: which order puts parents first; how do you find choice[:-1] fast, and what do the errors look like there?")
+
+
 def tree_mask(parents: list[int]) -> torch.Tensor:
     """The tree attention mask of root + N nodes.
 
@@ -36,8 +57,8 @@ def tree_mask(parents: list[int]) -> torch.Tensor:
     Returns:
         [N + 1, N + 1] bool tensor.
     """
-    # EXERCISE 4.1: a node's row is its parent's row plus itself
-    raise NotImplementedError("Exercise 4.1: a node's row is its parent's row plus itself")
+    # EXERCISE 4.2: in topological order, what do you already know about a node's parent when you reach the node?
+    raise NotImplementedError("Exercise 4.2: in topological order, what do you already know about a node's parent when you reach the node?")
 
 
 def tree_positions(parents: list[int], prefix_len: int) -> torch.Tensor:
@@ -53,8 +74,8 @@ def tree_positions(parents: list[int], prefix_len: int) -> torch.Tensor:
     Returns:
         [N + 1] LongTensor.
     """
-    # EXERCISE 4.2: depth of each node from its parent's depth, then prefix_len + depth
-    raise NotImplementedError("Exercise 4.2: depth of each node from its parent's depth, then prefix_len + depth")
+    # EXERCISE 4.3: can a node's depth be read off something you have already computed?
+    raise NotImplementedError("Exercise 4.3: can a node's depth be read off something you have already computed?")
 
 
 def retrieve_indices(parents: list[int]) -> torch.Tensor:
@@ -70,38 +91,19 @@ def retrieve_indices(parents: list[int]) -> torch.Tensor:
     Returns:
         [n_leaves, depth] LongTensor, depth = the deepest node's depth ([0, 0] for N = 0).
     """
-    # EXERCISE 4.3: find the leaves, walk each up to the root, reverse, pad with -1
-    raise NotImplementedError("Exercise 4.3: find the leaves, walk each up to the root, reverse, pad with -1")
-
-
-def choices_to_parents(choices: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
-    """Turn a static tree's choices (Medusa / EAGLE format) into parents and sibling ranks.
-
-    A choice is a tuple of ranks from the root: (0,) is the root's top-1 child, (0, 1) the
-    top-2 child of that node. Sort the choices by depth (length), then lexicographically, as
-    Medusa and EAGLE do: node i is the i-th choice in that order, so every parent comes before
-    its children. parents[i] is the index of choice[:-1] (-1 for a choice of length 1);
-    ranks[i] = choice[-1] (which candidate of its parent the drafter puts at node i).
-
-    Args:
-        choices: the choices, in any order; each a non-empty sequence of integer ranks >= 0.
-    Returns:
-        (parents, ranks), two lists of N = len(choices) ints in node order.
-    Raises:
-        ValueError: an empty list of choices, a duplicate choice, or a choice whose prefix
-            (its parent) is not a choice.
-    """
-    # EXERCISE 4.4: sort by (len, tuple); map each choice to its index; look up choice[:-1]
-    raise NotImplementedError("Exercise 4.4: sort by (len, tuple); map each choice to its index; look up choice[:-1]")
+    # EXERCISE 4.4: which nodes are leaves, which way can you walk from one, and in what order does that give its path?
+    raise NotImplementedError("Exercise 4.4: which nodes are leaves, which way can you walk from one, and in what order does that give its path?")
 
 
 def greedy_verify(parents: list[int], tokens: list[int], logits: torch.Tensor) -> tuple[list[int], int]:
     """Greedy verification of a draft tree against the target's logits from one tree forward.
 
-    Start at the root (row 0). At the current row, the target's choice is argmax(logits[row]);
-    if one of the current node's children carries that token (try the children in increasing
-    index order), accept it and move to its row (child index + 1); otherwise stop and emit the
-    target's choice (the correction, or the bonus token after a leaf).
+    Greedy verification accepts exactly the drafts the target would have emitted itself: a
+    node is accepted when its parent is (the root always is) and its token is the target's
+    argmax at its parent's row. Where several children of one node carry that token, the one
+    of lowest index is accepted. After the accepted path the step emits the target's own
+    argmax at the row of the path's last node (the root's row when nothing is accepted): the
+    correction, or the bonus token after a leaf.
 
     Args:
         parents: [N] parent of each node, -1 for the root's children, parents[i] < i.
@@ -111,8 +113,8 @@ def greedy_verify(parents: list[int], tokens: list[int], logits: torch.Tensor) -
         (path, next_token): accepted node indices from the root down (maybe empty) and the token
         emitted after them. The step commits [tokens[i] for i in path] + [next_token].
     """
-    # EXERCISE 4.5: children by row; walk down while a child's token is the row's argmax
-    raise NotImplementedError("Exercise 4.5: children by row; walk down while a child's token is the row's argmax")
+    # EXERCISE 4.5: what does the target want at a row, which nodes may offer it, and what must you know per row to ask fast?
+    raise NotImplementedError("Exercise 4.5: what does the target want at a row, which nodes may offer it, and what must you know per row to ask fast?")
 
 
 def best_static_tree(rank_acc: Sequence[float], n: int, max_depth: int) -> list[tuple[int, ...]]:
@@ -132,5 +134,5 @@ def best_static_tree(rank_acc: Sequence[float], n: int, max_depth: int) -> list[
         n choices, sorted by (len, tuple) as choices_to_parents orders them (any of the best trees
         where several tie).
     """
-    # EXERCISE 4.6: which node can ever be worth more than its parent? Grow the tree one node at a time
-    raise NotImplementedError("Exercise 4.6: which node can ever be worth more than its parent? Grow the tree one node at a time")
+    # EXERCISE 4.6: can a node be worth more than its parent? Then which node turns a best tree of n nodes into one of n + 1?
+    raise NotImplementedError("Exercise 4.6: can a node be worth more than its parent? Then which node turns a best tree of n nodes into one of n + 1?")

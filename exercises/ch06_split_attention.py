@@ -1,6 +1,6 @@
 # Exercises generated from solutions/ch06_split_attention.py by tools/make_exercises.py.
 # Replace each `raise NotImplementedError(...)` with your code; keep the signatures.
-"""Chapter 6 exercises: split tree attention, in plain PyTorch.
+"""Chapter 6 exercises: split tree attention, in PyTorch and in Triton.
 
 A verify step's T tree tokens attend to a long committed prefix (every tree token sees all of
 it: no mask) and to the tree itself (the ancestor mask). Computing the two parts separately
@@ -11,14 +11,15 @@ References:
     Dao et al., "FlashAttention" (2022): the online softmax over key tiles.
     Dao et al., "Flash-Decoding for long-context inference" (2023): split-k + log-sum-exp merge.
     Miao et al., "SpecInfer" (2023): tree attention masks.
+    Tillet et al., "Triton" (2019): the kernel language of exercises 6.2 and 6.5.
 
 Notation: scores s = q k^T / sqrt(hd); lse = log sum_j exp(s_j) (natural log) per query row;
 out = softmax(s) v. A row that sees no key has lse = -inf and out = 0. Work in the inputs'
-dtype (the grader uses float64).
+dtype (the grader uses float64 for the PyTorch exercises, float32 for the kernels).
 
-Exercise 6.5 is a Triton kernel (the merge of 6.1, one program per block of rows). Without a GPU
-it runs in Triton's interpreter on CPU tensors: this file switches it on before ``@triton.jit``
-runs, unless TRITON_INTERPRET is already set.
+Exercises 6.2 and 6.5 are Triton kernels. Without a GPU they run in Triton's interpreter on CPU
+tensors: this file switches it on before ``@triton.jit`` runs, unless TRITON_INTERPRET is
+already set.
 
 Check your work: ``python -m minispec grade 6``, or ``minispec.grading.check("6.1")``, or
 ``pytest tests/test_exercises.py -m ch06 --impl exercises``.
@@ -37,84 +38,38 @@ if not torch.cuda.is_available():  # no GPU: Triton's interpreter; must be on be
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from minispec.attention.reference import merge as _merge  # noqa: E402  (the launcher of 6.5 merges its splits)
+
 
 def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
                    lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two partial attention results over disjoint key sets A and B into attention over A u B.
 
-    lse = log(exp(lse_a) + exp(lse_b)); out = out_a exp(lse_a - lse) + out_b exp(lse_b - lse).
-    Must not overflow for large lse (e.g. 1000) and must handle an empty part (lse = -inf,
-    out = 0): then the other part is the answer; both empty gives out = 0, lse = -inf (no nan).
+    Questions to answer before coding: how is the softmax normaliser of A u B made of those of A
+    and B, and what weight does each partial output get? Which common quantity can you subtract
+    before exponentiating so that nothing overflows when lse is around 1000? What if that
+    quantity is -inf?
 
     Args:
         out_a, out_b: [..., hd] partial outputs (each a softmax-weighted mean of its values).
-        lse_a, lse_b: [...] their log-sum-exps.
+        lse_a, lse_b: [...] their log-sum-exps; -inf for an empty part (whose out is 0).
     Returns:
-        (out [..., hd], lse [...]).
+        (out [..., hd], lse [...]) over A u B. An empty part leaves the other as the answer;
+        both empty gives out = 0, lse = -inf (no nan).
     """
     # EXERCISE 6.1: log-sum-exp merge of two partial softmaxes (stable, empty parts allowed)
     raise NotImplementedError("Exercise 6.1: log-sum-exp merge of two partial softmaxes (stable, empty parts allowed)")
 
 
-def masked_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked softmax attention that also returns each row's log-sum-exp (the tree suffix part).
-
-    Args:
-        q: [..., T, hd] queries; k, v: [..., N, hd] keys / values.
-        mask: bool [..., T, N] (broadcastable), True = may attend.
-    Returns:
-        (out [..., T, hd], lse [..., T]); a row with no True in its mask gets out = 0, lse = -inf.
-    """
-    # EXERCISE 6.2: masked scores -> lse with logsumexp, out with exp(s - lse); empty rows give 0 / -inf
-    raise NotImplementedError("Exercise 6.2: masked scores -> lse with logsumexp, out with exp(s - lse); empty rows give 0 / -inf")
-
-
-def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unmasked attention over the keys in tiles of ``block``, with the online softmax (the prefix part).
-
-    Keep per query row a running max m, a running sum l of exponentiated scores and an
-    unnormalised output acc, and never build the full [T, N] score matrix. Questions to answer
-    before coding: when a tile raises the running max, what factor makes the old l and acc
-    consistent with the new max? How do you get out and lse from m, l and acc at the end?
-
-    Args:
-        q: [..., T, hd]; k, v: [..., N, hd] with N >= 0 (N need not be a multiple of block).
-        block: keys per tile (>= 1).
-    Returns:
-        (out [..., T, hd], lse [..., T]) equal to softmax attention over all N keys; N = 0 gives
-        out = 0 and lse = -inf.
-    """
-    # EXERCISE 6.3: FlashAttention's online softmax over key tiles (running max, sum and output)
-    raise NotImplementedError("Exercise 6.3: FlashAttention's online softmax over key tiles (running max, sum and output)")
-
-
-def split_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int,
-                         tree_mask: torch.Tensor, block: int = 16) -> torch.Tensor:
-    """Tree attention = tiled prefix (6.3, no mask) + masked tree suffix (6.2), merged (6.1).
-
-    Grouped-query attention: query head h uses KV head h // G with G = H / Hkv (expand k and v
-    with ``repeat_interleave(G, dim=1)``).
-
-    Args:
-        q: [B, H, T, hd]; k, v: [B, Hkv, prefix_len + T, hd] (the cache prefix, then the T tree tokens).
-        prefix_len: committed tokens, all visible to every tree token (may be 0).
-        tree_mask: bool [T, T], row i = the tree tokens query i sees (its ancestors and itself).
-        block: the prefix tile size for 6.3.
-    Returns:
-        [B, H, T, hd], equal to softmax attention with the mask [all prefix | tree_mask].
-    """
-    # EXERCISE 6.4: combine 6.1-6.3 into split tree attention (with grouped-query heads)
-    raise NotImplementedError("Exercise 6.4: combine 6.1-6.3 into split tree attention (with grouped-query heads)")
-
-
 @triton.jit
 def merge_kernel(OP, LP, OS, LS, Out, R, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The merge of 6.1 as a Triton kernel: program i handles rows i * BLOCK_R ... i * BLOCK_R + BLOCK_R - 1.
+    """The merge of 6.1 as a Triton kernel over R rows: program i handles rows i * BLOCK_R ... (i + 1) * BLOCK_R - 1.
 
-    Out[r] = (exp(LP[r] - m) OP[r] + exp(LS[r] - m) OS[r]) / (exp(LP[r] - m) + exp(LS[r] - m)),
-    m = max(LP[r], LS[r]). A part with lse = -inf (empty) gets weight 0; a row whose parts are
-    both empty gets Out = 0 (no nan).
+    Out[r] is the merged output of the partials (OP[r], LP[r]) and (OS[r], LS[r]). A part with
+    lse = -inf is empty; a row whose parts are both empty gets Out = 0 (no nan). Questions: which
+    rows of this program exist (and which columns, when D is not a power of two), and what do
+    masked loads give for the others? Which per-row quantities are vectors of BLOCK_R, and how do
+    they broadcast over a [BLOCK_R, BLOCK_D] tile?
 
     Args:
         OP, OS: pointers to the partial outputs, contiguous [R, D] (row r starts at r * D), float32.
@@ -123,8 +78,8 @@ def merge_kernel(OP, LP, OS, LS, Out, R, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.c
         R, D: rows and head dim (any values: mask rows >= R and columns >= D).
         BLOCK_R: rows per program (power of two); BLOCK_D: a power of two >= D.
     """
-    # EXERCISE 6.5: the merge as a Triton kernel: program_id, arange offsets, masked tl.load / tl.store
-    raise NotImplementedError("Exercise 6.5: the merge as a Triton kernel: program_id, arange offsets, masked tl.load / tl.store")
+    # EXERCISE 6.2: the merge as a Triton kernel: program_id, arange offsets, masked tl.load / tl.store
+    raise NotImplementedError("Exercise 6.2: the merge as a Triton kernel: program_id, arange offsets, masked tl.load / tl.store")
 
 
 def merge_triton(out_p: torch.Tensor, lse_p: torch.Tensor, out_s: torch.Tensor, lse_s: torch.Tensor,
@@ -143,3 +98,117 @@ def merge_triton(out_p: torch.Tensor, lse_p: torch.Tensor, out_s: torch.Tensor, 
     merge_kernel[(triton.cdiv(R, block_r),)](out_p, lse_p, out_s, lse_s, out, R, D,
                                              BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(D))
     return out
+
+
+def masked_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked softmax attention that also returns each row's log-sum-exp (the tree suffix part).
+
+    Args:
+        q: [..., T, hd] queries; k, v: [..., N, hd] keys / values.
+        mask: bool [..., T, N] (broadcastable), True = may attend.
+    Returns:
+        (out [..., T, hd], lse [..., T]); a row with no True in its mask gets out = 0, lse = -inf.
+    """
+    # EXERCISE 6.3: masked attention that also returns each row's log-sum-exp (rows that see nothing: 0 / -inf)
+    raise NotImplementedError("Exercise 6.3: masked attention that also returns each row's log-sum-exp (rows that see nothing: 0 / -inf)")
+
+
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unmasked attention over the keys in tiles of ``block``, with the online softmax (the prefix part).
+
+    Keep per query row a running max m, a running sum l of exponentiated scores and an
+    unnormalised output acc, and never build the full [T, N] score matrix. Questions to answer
+    before coding: when a tile raises the running max, what factor makes the old l and acc
+    consistent with the new max? How do you get out and lse from m, l and acc at the end?
+
+    Args:
+        q: [..., T, hd]; k, v: [..., N, hd] with N >= 0 (N need not be a multiple of block).
+        block: keys per tile (>= 1).
+    Returns:
+        (out [..., T, hd], lse [..., T]) equal to softmax attention over all N keys; N = 0 gives
+        out = 0 and lse = -inf.
+    """
+    # EXERCISE 6.4: FlashAttention's online softmax over key tiles (running max, sum and output)
+    raise NotImplementedError("Exercise 6.4: FlashAttention's online softmax over key tiles (running max, sum and output)")
+
+
+@triton.jit
+def prefix_split_kernel(Q, K, V, Lens, O, L, R, N, D, chunk, scale,
+                        BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Exercise 6.4's online softmax as a Triton kernel, for one split of one batch row's prefix.
+
+    Grid (B, num_splits): program (b, s) takes the R query rows of batch b and the keys
+    [s * chunk, min((s + 1) * chunk, Lens[b])) of batch b, with no mask, reading them BLOCK_N
+    keys at a time, and writes the partial (out, lse) of attention over that range. The
+    prefix lengths are ragged: a split may end inside a tile, or start past Lens[b] and hold no
+    key at all. Questions to answer before coding: which keys of a tile are not yours, and what
+    must their scores be so that they count for nothing? What are the running max, sum and
+    output before the first tile, and what does a split with no key store (out 0, lse -inf, no
+    nan)? Does every tile you visit hold at least one of your keys?
+
+    Args:
+        Q: pointer to the queries, contiguous [B, R, D], float32.
+        K, V: pointers to the keys / values, contiguous [B, N, D], float32; batch b uses its first
+            Lens[b] keys (the rows past them hold other data).
+        Lens: pointer to the prefix lengths P_b, [B] int32, 0 <= P_b <= N.
+        O: pointer to the partial outputs, contiguous [B, num_splits, R, D]; L: their log-sum-exps
+            (natural log), [B, num_splits, R]. Every program writes its R rows (and nothing else).
+        R, N, D: rows per batch, keys per batch in K / V, head dim (D need not be a power of two).
+        chunk: keys per split (>= 1; need not be a multiple of BLOCK_N).
+        scale: the score scale, 1 / sqrt(D).
+        BLOCK_R >= R, BLOCK_D >= D, BLOCK_N (keys per tile): powers of two, >= 16 (``tl.dot``'s
+            minimum on a GPU, where float32 ``tl.dot`` also needs ``input_precision="ieee"``:
+            its default, TF32, keeps 10 mantissa bits).
+    """
+    # EXERCISE 6.5: the online softmax of one split as a Triton kernel (ragged lengths, empty splits)
+    raise NotImplementedError("Exercise 6.5: the online softmax of one split as a Triton kernel (ragged lengths, empty splits)")
+
+
+def prefix_split_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor,
+                        num_splits: int = 2, block_n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch ``prefix_split_kernel`` over (batch, splits), then merge the splits (given, not an exercise).
+
+    Args:
+        q: [B, R, D]; k, v: [B, N, D]; lens: [B] integer prefix lengths (<= N). CPU tensors under
+            the interpreter, else CUDA.
+        num_splits: splits of the keys, ``cdiv(N, num_splits)`` keys each.
+        block_n: keys per tile (a power of two >= 16).
+    Returns:
+        (out [B, R, D], lse [B, R]) float32: attention of batch b's rows over its first lens[b] keys.
+    """
+    B, R, D = q.shape
+    N = k.shape[1]
+    q, k, v = (x.float().contiguous() for x in (q, k, v))
+    lens = lens.to(torch.int32).contiguous()
+    chunk = max(1, triton.cdiv(N, num_splits))
+    parts_o = torch.empty(B, num_splits, R, D, device=q.device)  # one partial (out, lse) per split
+    parts_l = torch.empty(B, num_splits, R, device=q.device)
+    prefix_split_kernel[(B, num_splits)](q, k, v, lens, parts_o, parts_l, R, N, D, chunk, 1.0 / math.sqrt(D),
+                                         BLOCK_R=max(16, triton.next_power_of_2(R)), BLOCK_N=block_n,
+                                         BLOCK_D=max(16, triton.next_power_of_2(D)))
+    out, lse = parts_o[:, 0], parts_l[:, 0]
+    for s in range(1, num_splits):
+        out, lse = _merge(out, lse, parts_o[:, s], parts_l[:, s], return_lse=True)
+    return out, lse
+
+
+def split_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int,
+                         tree_mask: torch.Tensor, block: int = 16) -> torch.Tensor:
+    """Tree attention from the pieces of this chapter: the prefix without a mask, the tree with it.
+
+    Grouped-query attention: query head h reads KV head h // G, with G = H / Hkv. Questions:
+    which functions of 6.1, 6.3 and 6.4 compute which part, over which slices of k and v? How
+    does each query head get its KV head? With prefix_len = 0, is the empty prefix part what
+    your merge expects?
+
+    Args:
+        q: [B, H, T, hd]; k, v: [B, Hkv, prefix_len + T, hd] (the cache prefix, then the T tree tokens).
+        prefix_len: committed tokens, all visible to every tree token (may be 0).
+        tree_mask: bool [T, T], row i = the tree tokens query i sees (its ancestors and itself).
+        block: the prefix tile size for 6.4.
+    Returns:
+        [B, H, T, hd], equal to softmax attention with the mask [all prefix | tree_mask].
+    """
+    # EXERCISE 6.6: split tree attention from 6.1, 6.3 and 6.4 (with grouped-query heads)
+    raise NotImplementedError("Exercise 6.6: split tree attention from 6.1, 6.3 and 6.4 (with grouped-query heads)")

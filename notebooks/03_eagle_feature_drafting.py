@@ -72,7 +72,7 @@ import numpy as np
 from minispec import generate
 from minispec.drafters.eagle import EagleConfig, EagleHead
 from minispec.drafters.loader import load_drafter
-from minispec.grading import check  # check("3.1", impl="exercises"): grade one exercise of exercises/ (prints, never raises)
+from minispec.grading import check  # check("3.1"): grade one exercise of your exercises/ file (prints, never raises)
 from minispec.methods import Methods, shipped_head
 from minispec.tokenizer import encode_prompt
 
@@ -147,7 +147,7 @@ plt.tight_layout(); plt.show()
 # the docstring, and mind the order of the two halves of each row.
 
 # %%
-check("3.1", impl="exercises")
+check("3.1")
 
 # %% [markdown]
 # The head itself (`EagleHead.forward`): `fc` on the concatenation, then one Llama decoder
@@ -178,7 +178,7 @@ print(heads["Medusa"])
 # entering three target layers, low / middle / high, instead of the last one); the layer's
 # attention reads $2H$ = `cat[input_layernorm(embedding), hidden_norm(h)]`; it has its own
 # final `norm` and an `lm_head` over a **draft vocabulary** of the most frequent training
-# tokens, mapped back to target ids by `d2t` (exercises 3.3–3.4). At its next drafting step the
+# tokens, mapped back to target ids by `d2t` (exercises 3.2–3.3). At its next drafting step the
 # head is fed its *own* output hidden state, not a target feature, and it is trained that way
 # too (**training-time test**: `minispec.train.eagle3.unroll` runs the head on its own
 # outputs for several steps and sums the cross-entropies with weights $\text{decay}^j$), so
@@ -203,7 +203,7 @@ plt.barh(list(sizes), [n / 1e6 for n in sizes.values()], color=["tab:blue", "tab
 plt.xlabel("own parameters (millions)"); plt.title("drafter sizes for SmolLM2-135M"); plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# ### Exercise 3.3 — `build_vocab_map(token_counts, draft_vocab_size)`
+# ### Exercise 3.2 — `build_vocab_map(token_counts, draft_vocab_size)`
 #
 # Implement `build_vocab_map`: EAGLE-3's draft vocabulary, the `d2t` offsets and the `t2d` mask.
 #
@@ -213,20 +213,20 @@ plt.xlabel("own parameters (millions)"); plt.title("drafter sizes for SmolLM2-13
 # must be refused?
 
 # %%
-check("3.3", impl="exercises")
+check("3.2")
 
 # %% [markdown]
-# ### Exercise 3.4 — `to_target_logits(draft_logits, d2t, vocab_size)`
+# ### Exercise 3.3 — `to_target_logits(draft_logits, d2t, vocab_size)`
 #
 # Implement `to_target_logits`: the head's draft-vocabulary logits placed into the target
 # vocabulary, $-\infty$ elsewhere.
 #
-# *Hint.* Where does draft id $i$ land in the target vocabulary (exercise 3.3)? Start from a
+# *Hint.* Where does draft id $i$ land in the target vocabulary (exercise 3.2)? Start from a
 # tensor that gives every target id probability zero under the draft, then fill in the draft
 # ids; your function must accept any leading dimensions and keep the input's dtype.
 
 # %%
-check("3.4", impl="exercises")
+check("3.3")
 
 # %% [markdown]
 # ## 3. Training an EAGLE head, in miniature
@@ -289,7 +289,7 @@ for kind, p in HEADS.items():
         print(f"    held-out (teacher-forced) eval: {ev}")
 
 # %% [markdown]
-# ### Exercise 3.2 — `eagle_loss(pred_feat, target_feat, pred_logits, top_idx, top_logp, w_cls)`
+# ### Exercise 3.4 — `eagle_loss(pred_feat, target_feat, pred_logits, top_idx, top_logp, w_cls)`
 #
 # Implement `eagle_loss`: SmoothL1 on features + $w_{cls}$ × soft cross-entropy against the
 # target's top-$K$ (the loss above, on $N$ positions).
@@ -300,7 +300,7 @@ for kind, p in HEADS.items():
 # tokens*. Average over positions, and keep everything a torch operation so gradients flow.
 
 # %%
-check("3.2", impl="exercises")
+check("3.4")
 
 # %% [markdown]
 # ## 4. Acceptance per draft position: SpS vs Medusa vs EAGLE-1 vs EAGLE-3
@@ -476,38 +476,148 @@ print(f"greedy verification would accept the first {accepted} of 5")
 # rerun the head over all pairs at every step (no KV cache needed): is the result the same?
 
 # %%
-check("3.5", impl="exercises")
+check("3.5")
 
 # %% [markdown]
-# ## Exercises: the whole chapter
+# ## Pen-and-paper questions
+#
+# Short questions to answer without a computer (answers at the end of the notebook).
+#
+# 1. **Feature uncertainty, in numbers.** After some context the target emits "a" with
+#    probability 0.6 and "b" with 0.4, and the feature after "a" lies 10 away (L2) from the
+#    feature after "b". A head that sees only $f_t$ must output one vector: which one minimises
+#    its expected squared error, and what is that error? What is it for a head that also reads
+#    the token actually sampled? Which token does EAGLE's row $j$ pair with $f_j$, and why is it
+#    available both in training and while drafting?
+# 2. **The head's size, and what a drafted token costs.** SmolLM2-135M has $H = 576$,
+#    $d_{ff} = 1536$, 9 query heads and 3 KV heads of dimension 64, 30 layers, a vocabulary of
+#    $V = 49152$ and tied embeddings. (a) How many weights (norms and biases ignored) has one
+#    decoder layer? (b) The EAGLE-1 head is `fc` $[576 \times 1152]$ plus one such layer: how
+#    many weights, and how many target layers is that? (c) A token costs one multiply-add per
+#    weight it goes through. Drafting one costs the head plus the LM head ($H \times V$); a
+#    target forward costs 30 layers plus the LM head. What fraction of a target forward is a
+#    draft step, and what share of the draft step is the LM head?
+# 3. **A reduced draft vocabulary (EAGLE-3, FR-Spec).** Give the head of question 2 an LM head
+#    over the 8192 most frequent tokens only. (a) What does a draft step cost now, as a fraction
+#    of a target forward? (b) Say the acceptance of every draft token is $\alpha = 0.6$ with the
+#    full vocabulary and $0.6 \times 0.92$ with the cut (the 8192 tokens hold 92% of what the
+#    target emits, and the head was as good on the rest). For a chain of 3 with independent
+#    positions, compare $E[\tau] = 1 + \alpha + \alpha^2 + \alpha^3$ and the speedup
+#    $E[\tau] / (1 + 3 c_\text{draft})$ ($c_\text{draft}$: a draft step in target forwards, other
+#    costs ignored) with and without the cut. (c) Why can the cut never change the output's
+#    distribution?
+# 4. **The loss's two terms.** (a) At one position the target's stored top-2 log-probabilities
+#    are $\ln 0.5$ ("the") and $\ln 0.3$ ("a"). Against which distribution does exercise 3.4's
+#    soft cross-entropy score the head? A head gives "the" probability 0.5 and "a" 0.3: its soft
+#    CE? Its hard CE against the target's argmax alone? The lowest soft CE any head can reach
+#    here, and with which $q$? (b) Early in training the feature term is 0.4 and the soft CE 3.5
+#    nats. With $w_{cls} = 0.1$, what share of the loss is the token term?
+#
+# ## Summary
+#
+# - The next feature depends on the token sampled after the current one (feature uncertainty),
+#   so EAGLE's head reads the shifted pairs $\mathrm{cat}[e(x_{j+1}), f_j]$ and predicts
+#   $f_{j+1}$; the target's frozen LM head turns a predicted feature into a draft token.
+# - The head is `fc` plus one decoder layer: about 1.2 target layers on SmolLM2 (question 2).
+#   For a small target, the LM head costs far more than the head per drafted token; a reduced
+#   draft vocabulary (EAGLE-3's `d2t` / `t2d`, FR-Spec) cuts it, and tokens outside it get
+#   $q = 0$: the target still emits them through the residual or the bonus token.
+# - EAGLE-1/2 train with SmoothL1 on features + 0.1 × soft cross-entropy against the target's
+#   top-$K$; EAGLE-3 fuses three target layers, drops the feature loss and trains on its own
+#   outputs (training-time test). Medusa's heads never see the drafted tokens.
+# - From the second draft on the head reads its own features, so acceptance falls with the draft
+#   position (section 4); every greedy output still equals vanilla's.
+# - The head's confidence tracks acceptance (section 5), EAGLE-2's premise for dynamic trees
+#   (chapter 5); sampling with the head in the loop keeps the target's law (section 6).
+#
+# ## References
+#
+# - Li, Wei, Zhang, Zhang. *EAGLE: Speculative Sampling Requires Rethinking Feature
+#   Uncertainty.* ICML 2024. [arXiv:2401.15077](https://arxiv.org/abs/2401.15077)
+# - Li, Wei, Zhang, Zhang. *EAGLE-2: Faster Inference of Language Models with Dynamic Draft
+#   Trees.* EMNLP 2024. [arXiv:2406.16858](https://arxiv.org/abs/2406.16858)
+# - Li, Wei, Zhang, Zhang. *EAGLE-3: Scaling up Inference Acceleration of Large Language Models
+#   via Training-Time Test.* 2025. [arXiv:2503.01840](https://arxiv.org/abs/2503.01840)
+# - Zhao et al. *FR-Spec: Accelerating Large-Vocabulary Language Models via Frequency-Ranked
+#   Speculative Sampling.* 2025. [arXiv:2502.14856](https://arxiv.org/abs/2502.14856)
+# - Cai et al. *Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding
+#   Heads.* ICML 2024. [arXiv:2401.10774](https://arxiv.org/abs/2401.10774)
+#
+# ## The whole chapter
 #
 # Exercises 3.1–3.5 sit after the sections that teach them; their functions are in
 # `exercises/ch03_eagle.py` (generated from `solutions/`; same signatures and docstrings). The
 # checks compare your functions with minispec's own code (`EagleDrafter`'s head input,
-# `minispec.train.eagle.eagle_loss`, `minispec.drafters.eagle3`) on seeded random tensors.
+# `minispec.drafters.eagle3`, `minispec.train.eagle.eagle_loss`) on seeded random tensors.
 #
 # | exercise | function | task |
 # |---|---|---|
 # | 3.1 | `eagle_input` | the head's input rows $\mathrm{cat}[e(x_{j+1}), f_j]$: the shifted pairs, embedding first |
-# | 3.2 | `eagle_loss` | SmoothL1 on features + $w_{cls}$ × soft cross-entropy against the target's top-$K$ |
-# | 3.3 | `build_vocab_map` | EAGLE-3's draft vocabulary: `d2t` offsets and the `t2d` mask |
-# | 3.4 | `to_target_logits` | draft-vocabulary logits into the target vocabulary, $-\infty$ elsewhere |
+# | 3.2 | `build_vocab_map` | EAGLE-3's draft vocabulary: `d2t` offsets and the `t2d` mask |
+# | 3.3 | `to_target_logits` | draft-vocabulary logits into the target vocabulary, $-\infty$ elsewhere |
+# | 3.4 | `eagle_loss` | SmoothL1 on features + $w_{cls}$ × soft cross-entropy against the target's top-$K$ |
 # | 3.5 | `draft_chain` | a greedy chain at the feature level: each draft token paired with the head's own feature |
 #
-# Grade from a terminal with `python -m minispec grade 3` or
-# `pytest tests/test_exercises.py -m ch03 --impl exercises`; in this notebook with
-# `check("3.1")` (one exercise) or `check(3)` (the chapter). The cell below prints
-# your `eagle_input` (exercise 3.1), then grades your whole file: it reports failures, it does
-# not raise, so until you fill in the stubs every line says "not implemented yet".
+# Your file, graded in one table (the same as `python -m minispec grade 3` or
+# `pytest tests/test_exercises.py -m ch03 --impl exercises`), and what a finished chapter looks
+# like: the reference answers in `solutions/` pass every check.
 
 # %%
-import inspect
-from minispec.grading import check, load_impl
-
-mine = load_impl(3, "exercises")
-print(inspect.getsource(mine.eagle_input))
 check(3, impl="exercises")
 
 # %%
-# What a finished chapter looks like: the reference answers in solutions/ pass every check.
 check(3, impl="solutions")
+
+# %% [markdown]
+# ## Answers to the pen-and-paper questions
+#
+# <details><summary>1. Feature uncertainty, in numbers</summary>
+#
+# The expected squared error is smallest at the mean, $0.6 f(a) + 0.4 f(b)$, which lies 4 from
+# $f(a)$ and 6 from $f(b)$: the error is $0.6 \times 4^2 + 0.4 \times 6^2 = 9.6 + 14.4 = 24$
+# ($= p(1-p) D^2$ with $D = 10$), and the head's guess is a feature the target never produces.
+# Given the sampled token the next feature is determined: error 0. Row $j$ pairs $f_j$ with
+# $x_{j+1}$, the token emitted *from* $f_j$. In training it is the next token of the text;
+# while drafting it is the token just committed or just drafted, so it always exists when the
+# head runs.
+# </details>
+#
+# <details><summary>2. The head's size, and what a drafted token costs</summary>
+#
+# (a) Attention: $q$ and $o$ are $576 \times 576 = 331{,}776$ each, $k$ and $v$
+# $576 \times 192 = 110{,}592$ each (3 KV heads × 64), 884,736 in all; the MLP is
+# $3 \times 576 \times 1536 = 2{,}654{,}208$: a layer has 3,538,944 weights.
+# (b) `fc` has $576 \times 1152 = 663{,}552$, so the head has 4,202,496, 1.19 target layers
+# (section 2's 4.20 M also counts `fc`'s bias and the layer's norm, 1,152 more).
+# (c) The LM head is $576 \times 49152 = 28{,}311{,}552$; a draft step is 32,514,048 and a target
+# forward $30 \times 3{,}538{,}944 + 28{,}311{,}552 = 134{,}479{,}872$: a draft step costs 24.2% of a
+# target forward, and 87.1% of it is the LM head.
+# </details>
+#
+# <details><summary>3. A reduced draft vocabulary</summary>
+#
+# (a) The LM head shrinks to $576 \times 8192 = 4{,}718{,}592$; a draft step is
+# $4{,}202{,}496 + 4{,}718{,}592 = 8{,}921{,}088$, 6.6% of a target forward (was 24.2%).
+# (b) Full vocabulary: $E[\tau] = 1 + 0.6 + 0.36 + 0.216 = 2.176$, cost
+# $1 + 3 \times 0.2418 = 1.725$, speedup 1.26. Cut: $\alpha = 0.552$, $E[\tau] = 2.025$, cost
+# $1 + 3 \times 0.0663 = 1.199$, speedup 1.69. Acceptance drops by 7% of $\tau$, the step's cost by
+# 31%: on a small target the cut wins clearly. On a large target the draft step is a smaller
+# fraction of a forward (about 10% with Llama-3.1-8B's shapes and its 128256 tokens) and the
+# trade is closer.
+# (c) Every token outside the cut gets logit $-\infty$, so $q = 0$ there exactly (exercise 3.3).
+# Verification accepts a draft with $\min(1, p/q)$ and otherwise samples the residual
+# $\mathrm{norm}(\max(0, p - q))$, which holds all of $p$'s mass on the tokens the draft cannot
+# propose. The law stays $p$ whatever $q$ is; only the acceptance falls.
+# </details>
+#
+# <details><summary>4. The loss's two terms</summary>
+#
+# (a) The stored top-2 renormalised: $p = (0.5, 0.3) / 0.8 = (0.625, 0.375)$. Soft CE
+# $= -(0.625 \ln 0.5 + 0.375 \ln 0.3) = 0.433 + 0.451 = 0.885$ nats. Hard CE against "the" alone:
+# $-\ln 0.5 = 0.693$. The soft CE is at least the entropy of $p$ (Gibbs' inequality),
+# $-(0.625 \ln 0.625 + 0.375 \ln 0.375) = 0.662$ nats, reached by $q = (0.625, 0.375)$ on those two
+# tokens and 0 elsewhere. (b) $0.1 \times 3.5 = 0.35$ against $0.4$: the token term is
+# $0.35 / 0.75 = 47\%$ of the loss. Cross-entropy over a 49152-token vocabulary is measured in
+# nats and runs about ten times the feature term, so the weight 0.1 puts the two on a similar
+# scale rather than making the token term negligible.
+# </details>

@@ -63,11 +63,12 @@ print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
 #
 # | exercise | function | task |
 # |---|---|---|
-# | 4.1 | `tree_mask` | the $[N+1, N+1]$ ancestor mask |
-# | 4.2 | `tree_positions` | position ids: prefix length + depth (the root at the prefix length) |
-# | 4.3 | `retrieve_indices` | root-to-leaf paths of node indices, padded with $-1$ |
-# | 4.4 | `choices_to_parents` | a choices list $\to$ parents and sibling ranks (and its errors) |
+# | 4.1 | `choices_to_parents` | a choices list $\to$ parents and sibling ranks (and its errors) |
+# | 4.2 | `tree_mask` | the $[N+1, N+1]$ ancestor mask |
+# | 4.3 | `tree_positions` | position ids: prefix length + depth (the root at the prefix length) |
+# | 4.4 | `retrieve_indices` | root-to-leaf paths of node indices, padded with $-1$ |
 # | 4.5 | `greedy_verify` | the accepted path of a tree under greedy verification |
+# | 4.6 | `best_static_tree` | the $n$-node static tree of highest $E[\tau]$ under per-rank acceptance |
 
 # %%
 import inspect
@@ -79,7 +80,7 @@ from minispec import generate
 from minispec import verify as vf
 from minispec.drafters import DraftModel, TreeSpec
 from minispec.drafters.draft_checkpoint import load_draft_model
-from minispec.grading import check  # check("4.1", impl="exercises"): grade one exercise (prints, never raises)
+from minispec.grading import check  # check("4.1"): grade one exercise of your exercises/ file (prints, never raises)
 from minispec.kv import KVCache
 from minispec.sampling import GREEDY, SamplingParams
 from minispec.tokenizer import encode_prompt
@@ -113,7 +114,7 @@ for name, cs in (("EAGLE", EAGLE_MC_SIM_7B_63), ("Medusa", MEDUSA_MC_SIM_7B_63))
           f"nodes per depth {np.bincount(t.depths())[1:].tolist()}")
 
 # %% [markdown]
-# ### Exercise 4.4 — `choices_to_parents(choices)`
+# ### Exercise 4.1 — `choices_to_parents(choices)`
 #
 # Turn a choices list into parents and sibling ranks, and reject the lists that are not a
 # tree (the errors listed in the docstring).
@@ -124,7 +125,7 @@ for name, cs in (("EAGLE", EAGLE_MC_SIM_7B_63), ("Medusa", MEDUSA_MC_SIM_7B_63))
 # duplicate, or a choice whose parent is missing, look like in that lookup?
 
 # %%
-check("4.4", impl="exercises")
+check("4.1")
 
 # %% [markdown]
 # ### The library's version
@@ -147,7 +148,7 @@ show(parse_choices)
 # Below, a naive version written for teaching: the visible columns of every row, found by walking
 # up the parents, as lists of column indices; then an assert that they are exactly the `True`
 # columns of the library's `Tree.mask` on the small tree, both `mc_sim_7b_63` trees and random
-# trees, and that a chain's mask is the causal (lower-triangular) mask. Exercise 4.1 builds the
+# trees, and that a chain's mask is the causal (lower-triangular) mask. Exercise 4.2 builds the
 # mask itself.
 
 # %%
@@ -173,7 +174,7 @@ assert torch.equal(chain.mask(), torch.ones(7, 7, dtype=torch.bool).tril())
 print(f"naive visible columns == Tree.mask on {len(examples)} trees; a chain's mask is causal")
 
 # %% [markdown]
-# ### Exercise 4.1 — `tree_mask(parents)`
+# ### Exercise 4.2 — `tree_mask(parents)`
 #
 # Build the $[N+1, N+1]$ ancestor mask of root + $N$ nodes (row $a$ = query, column $b$ = key).
 #
@@ -182,7 +183,7 @@ print(f"naive visible columns == Tree.mask on {len(examples)} trees; a chain's m
 # you reach the node's own row? How does a node's row differ from its parent's?
 
 # %%
-check("4.1", impl="exercises")
+check("4.2")
 
 # %% [markdown]
 # ### The library's version
@@ -293,7 +294,7 @@ for row in ri.tolist():
 assert all(p == [i for i in row if i >= 0] for p, row in zip(t.paths(), ri.tolist()))
 
 # %% [markdown]
-# ### Exercise 4.2 — `tree_positions(parents, prefix_len)`
+# ### Exercise 4.3 — `tree_positions(parents, prefix_len)`
 #
 # The position ids of root + $N$ nodes: prefix length + depth (the root at the prefix length).
 #
@@ -301,10 +302,10 @@ assert all(p == [i for i in row if i >= 0] for p, row in zip(t.paths(), ri.tolis
 # computed?
 
 # %%
-check("4.2", impl="exercises")
+check("4.3")
 
 # %% [markdown]
-# ### Exercise 4.3 — `retrieve_indices(parents)`
+# ### Exercise 4.4 — `retrieve_indices(parents)`
 #
 # The root-to-leaf paths of node indices, one row per leaf, padded with $-1$ to the tree's depth.
 #
@@ -313,7 +314,7 @@ check("4.2", impl="exercises")
 # the docstring asks for when the tree is empty.
 
 # %%
-check("4.3", impl="exercises")
+check("4.4")
 
 
 # %% [markdown]
@@ -384,7 +385,7 @@ assert worst < 1e-3
 # (including after a leaf)?
 
 # %%
-check("4.5", impl="exercises")
+check("4.5")
 
 # %% [markdown]
 # ### Explorer: a few steps of drafting and verification
@@ -550,7 +551,7 @@ for k in (4, 8, len(usable)):
 # node without scoring every choice of depth $\le$ `max_depth` each time?
 
 # %%
-check("4.6", impl="exercises")
+check("4.6")
 
 # %% [markdown]
 # ### The library's version
@@ -574,29 +575,75 @@ ax.set_xlabel("draft nodes n"); ax.set_ylabel("model E[tau]"); ax.legend(); ax.g
 plt.show()
 
 # %% [markdown]
+# ## Pen-and-paper questions
+#
+# Short questions to answer without a computer (answers at the end of the notebook).
+#
+# 1. **From choices to a tree.** Put the choices `[(1,), (0, 0), (0,), (0, 1), (0, 0, 0)]` in
+#    node order and give `parents` and `ranks`. Which of `[(0,), (1, 0)]` and
+#    `[(0,), (0, 0), (0,)]` does `choices_to_parents` reject, and why?
+# 2. **Mask, positions, paths.** For the tree of question 1, write the $6 \times 6$ tree mask
+#    (row and column 0 = the root), the positions when the KV cache holds 10 tokens before the
+#    root, and `retrieve_indices`. How many entries of the mask are `True`, against a causal mask
+#    over the same 6 rows?
+# 3. **$E[\tau]$ of small static trees.** Under section 7's per-rank acceptance
+#    $a = (0.6, 0.15, 0.07, 0.04)$, compute $E[\tau]$ of the tree of question 1 and of a chain of
+#    5 nodes. Which 5 nodes make the best tree of 5, and what is its $E[\tau]$?
+# 4. **Nodes against their cost.** On a GPU a verify forward costs about the same for 1 to 64
+#    nodes; on a CPU say it costs $v(N) = 1 + N/40$ target forwards for $N$ nodes. Drafting is
+#    ignored, so the predicted speedup is $E[\tau] / v(N)$. (a) Show that adding a node of path
+#    value $w$ to a tree of $N$ nodes raises the speedup iff $w > E[\tau] / (40 + N)$. (b) Under
+#    the rates of question 3 the best trees of 8, 9 and 10 nodes have $E[\tau]$ = 2.7134, 2.7834
+#    and 2.8374. How many nodes should the CPU use, and what does the model predict? And the GPU?
+#
+# ## Summary
+#
+# - A static tree is a list of choices (ranks from the root). Sorted by depth, then
+#   lexicographically, every parent comes before its children: `parents` and `ranks` in
+#   topological order, the layout every tree in minispec uses (row = node + 1).
+# - The tree attention mask lets row $a$ see column $b$ iff $b$ is $a$ or one of its ancestors:
+#   siblings never see each other, so one masked forward gives every root-to-leaf path its
+#   causal logits (checked on SmolLM2 in section 4). A chain's mask is the causal mask.
+# - Siblings share a position, prefix length + depth; `retrieve_indices` lists the
+#   root-to-leaf paths, and every path a verifier can accept is a prefix of one of them.
+# - Greedy verification walks down from the root, accepting the child that carries the
+#   target's argmax; the KV cache keeps the root and the accepted rows. The output is vanilla
+#   greedy's, token for token. When sampling, the tree's deterministic drafts are verified with
+#   one-hot $q$, and the law of the output is the target's (section 6).
+# - Under per-rank acceptance, $E[\tau] = 1 + \sum_\text{nodes} a_{r_1} \cdots a_{r_d}$. A node is
+#   never worth more than its parent, so the best tree grows one best frontier node at a time;
+#   each node adds less than the one before, and the cost of verifying more nodes on the
+#   hardware decides where to stop. Chapter 5 grows the tree from the draft's own confidence
+#   at every step instead.
+#
+# ## References
+#
+# - Miao et al. *SpecInfer: Accelerating Generative Large Language Model Serving with Tree-based
+#   Speculative Inference and Verification.* ASPLOS 2024. [arXiv:2305.09781](https://arxiv.org/abs/2305.09781)
+# - Cai et al. *Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding
+#   Heads.* ICML 2024. [arXiv:2401.10774](https://arxiv.org/abs/2401.10774)
+# - Li, Wei, Zhang, Zhang. *EAGLE: Speculative Sampling Requires Rethinking Feature
+#   Uncertainty.* ICML 2024 (the `mc_sim_7b_63` tree). [arXiv:2401.15077](https://arxiv.org/abs/2401.15077)
+# - Chen et al. *Sequoia: Scalable, Robust, and Hardware-aware Speculative Decoding.* 2024 (the
+#   best static tree for given acceptance rates and hardware). [arXiv:2402.12374](https://arxiv.org/abs/2402.12374)
+# - Li, Wei, Zhang, Zhang. *EAGLE-2: Faster Inference of Language Models with Dynamic Draft
+#   Trees.* EMNLP 2024 (chapter 5). [arXiv:2406.16858](https://arxiv.org/abs/2406.16858)
+#
 # ## The whole chapter
 #
-# Exercises 4.1–4.6 at once: `check(4)` grades the whole chapter (from a terminal:
-# `python -m minispec grade 4`). The cell below prints the stub of the first exercise, then
-# grades your file: it reports failures, it does not raise, so until you fill in the stubs
-# every line says "not implemented yet".
+# Your file, graded in one table (the same as `python -m minispec grade 4`), and what a
+# finished chapter looks like: the reference answers in `solutions/` pass every check.
 
 # %%
-import inspect
-from minispec.grading import check, load_impl
-
-mine = load_impl(4, "exercises")
-print(inspect.getsource(mine.tree_mask))
 check(4, impl="exercises")
 
 # %%
-# What a finished chapter looks like: the reference answers in solutions/ pass every check.
 check(4, impl="solutions")
 
 # %% [markdown]
 # ## Your mask inside `generate`
 #
-# `use_impl` makes every `Tree.mask()` call your `tree_mask` (exercise 4.1) while a `with`
+# `use_impl` makes every `Tree.mask()` call your `tree_mask` (exercise 4.2) while a `with`
 # block runs: SmolLM2 decodes with the draft's static EAGLE tree, and every tree forward
 # attends through your mask. A wrong mask lets a node see a sibling, and the greedy output
 # leaves vanilla's.
@@ -606,3 +653,57 @@ from minispec.grading.inside import decode_inside
 
 decode_inside(lambda: generate(smol, tok, prompts[0], drafter=DraftModel(draft, tree="eagle"), max_new_tokens=n_new).tokens,
               generate(smol, tok, prompts[0], max_new_tokens=n_new).tokens, chapters=(4,));
+
+# %% [markdown]
+# ## Answers to the pen-and-paper questions
+#
+# <details><summary>1. From choices to a tree</summary>
+#
+# By depth, then lexicographically: `(0,), (1,), (0, 0), (0, 1), (0, 0, 0)` are nodes 0-4.
+# `parents = [-1, -1, 0, 0, 2]` (`(0, 0)` and `(0, 1)` hang under node 0, `(0, 0, 0)` under
+# node 2) and `ranks = [0, 1, 0, 1, 0]` (each choice's last entry). `[(0,), (1, 0)]` is rejected:
+# the parent `(1,)` of `(1, 0)` is not a choice. `[(0,), (0, 0), (0,)]` is rejected: `(0,)`
+# appears twice.
+# </details>
+#
+# <details><summary>2. Mask, positions, paths</summary>
+#
+# Rows (0 = root, row $i + 1$ = node $i$), 1 = may attend:
+#
+# ```
+# root     1 0 0 0 0 0
+# node 0   1 1 0 0 0 0
+# node 1   1 0 1 0 0 0
+# node 2   1 1 0 1 0 0
+# node 3   1 1 0 0 1 0
+# node 4   1 1 0 1 0 1
+# ```
+#
+# Positions: the root at 10, then prefix + depth: `[10, 11, 11, 12, 12, 13]`.
+# `retrieve_indices` has one row per leaf (nodes 1, 3, 4), padded to depth 3:
+# `[[1, -1, -1], [0, 3, -1], [0, 2, 4]]`. The mask has $1 + 2 + 2 + 3 + 3 + 4 = 15$ `True`
+# entries; a causal mask over 6 rows has $1 + 2 + \dots + 6 = 21$.
+# </details>
+#
+# <details><summary>3. E[tau] of small static trees</summary>
+#
+# Path values: `(0,)` 0.6, `(1,)` 0.15, `(0, 0)` 0.36, `(0, 1)` $0.6 \times 0.15 = 0.09$,
+# `(0, 0, 0)` 0.216. The tree: $E[\tau] = 1 + 1.416 = 2.416$. The chain of 5:
+# $1 + 0.6 + 0.36 + 0.216 + 0.1296 + 0.07776 = 2.383$. The best tree of 5 takes the 5 largest
+# path values (a node is never worth more than its parent, so their parents come with them):
+# 0.6, 0.36, 0.216, 0.15, 0.1296, i.e. `(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)` and `(1,)`: a
+# chain of 4 plus the root's second child, $E[\tau] = 2.4556$. Question 1's tree loses because
+# `(0, 1)` (0.09) is worth less than `(0, 0, 0, 0)` (0.1296).
+# </details>
+#
+# <details><summary>4. Nodes against their cost</summary>
+#
+# (a) $\frac{E + w}{1 + (N+1)/40} > \frac{E}{1 + N/40} \iff (E + w)(40 + N) > E(41 + N) \iff
+# w (40 + N) > E$. (b) Speedups: 8 nodes $2.7134 / 1.2 = 2.261$; 9 nodes $2.7834 / 1.225 = 2.272$;
+# 10 nodes $2.8374 / 1.25 = 2.270$: 9 nodes. With the rule: the 9th node is worth
+# $2.7834 - 2.7134 = 0.0700 > 2.7134 / 48 = 0.0565$, so it pays; the 10th is worth $0.0540 <
+# 2.7834 / 49 = 0.0568$, so it does not (the 9th node is `(2,)`, worth 0.07; the 10th `(0, 0, 1)`,
+# $0.6 \times 0.6 \times 0.15 = 0.054$). On the GPU every node adds $w > 0$ for free: use all 64
+# (the best tree of 64 nodes of depth at most 6, the end of section 7's curve, has
+# $E[\tau] = 3.853$ under these rates).
+# </details>

@@ -35,7 +35,8 @@
 # 3. Build an EAGLE-2 tree by hand (expand, rerank) on a toy model and check it against
 #    minispec's `TreeDrafter`; see which candidates a real rerank keeps and drops.
 # 4. Extend chapter 1's cost model to trees, $\text{speedup} \approx E[\tau] / (c_\text{draft} +
-#    v(N))$ with a verify cost $v(N)$ that grows with the tree, and use it as the dispatcher does.
+#    v(N))$ with a verify cost $v(N)$ that grows with the tree, and use it as the dispatcher does
+#    to choose the size of tree that pays on a machine.
 # 5. Translate minispec's `D,K,N` into upstream EAGLE's `depth`, `top_k`, `total_token`.
 # 6. Implement exercises 5.1–5.4, each right after the section that teaches it.
 #
@@ -72,7 +73,7 @@ import numpy as np
 
 from minispec import generate
 from minispec.drafters import TreeDrafter, TreeSpec, tree_drafter
-from minispec.grading import check  # check("5.1", impl="exercises"): grade one exercise (prints, never raises)
+from minispec.grading import check  # check("5.1"): grade one exercise (prints, never raises)
 from minispec.methods import Methods, shipped_head
 from minispec.prompts import own_prompts
 from minispec.sampling import GREEDY
@@ -313,7 +314,7 @@ print("the naive expand / rerank drafts exactly TreeDrafter's tree on every shap
 # order of the outputs.
 
 # %%
-check("5.1", impl="exercises")
+check("5.1")
 
 # %% [markdown]
 # ### Exercise 5.2 — `rerank(scores, parents_cand, depths, total_tokens)`
@@ -324,10 +325,10 @@ check("5.1", impl="exercises")
 # *your* output list, not as candidate ids.
 
 # %%
-check("5.2", impl="exercises")
+check("5.2")
 
 # %% [markdown]
-# ### Exercise 5.4 — `dynamic_tree(next_logits, depth, top_k, total_tokens)`
+# ### Exercise 5.3 — `dynamic_tree(next_logits, depth, top_k, total_tokens)`
 #
 # A whole tree with your 5.1 and 5.2, on the same kind of toy model as above (logits from a
 # path). *Hint.* Between levels you need, for each frontier node, its score and its path (to
@@ -335,7 +336,7 @@ check("5.2", impl="exercises")
 # gets everything it needs at the end?
 
 # %%
-check("5.4", impl="exercises")
+check("5.3")
 
 # %% [markdown]
 # ### The library's version
@@ -550,19 +551,28 @@ for name in configs:
 # t_\text{verify}(0)$ and $\ell$ the extra loop time, all in units of one vanilla forward.
 # Chapter 1 is the case $v(N) = 1$, $c_\text{draft} = kc$, $\ell = 0$. For a dynamic tree
 # $c_\text{draft}$ is about $D$ draft forwards (one per level, over $K$ nodes), and
-# $E[\tau](N) = 1 + $ (the sum of the $N$ largest path products) is **concave** in $N$: each
-# node the rerank adds has a smaller product than the ones before. A concave gain over a growing
-# cost has a best $N$, and it depends on the machine through $v(N)$. This is what
-# `minispec.dispatch.predicted_tokens_per_s` computes for every candidate tree.
+# $E[\tau](N)$ of the best tree of $N$ nodes (section 2 says which nodes those are) is
+# **concave** in $N$: each node added is worth less than the ones before. A concave gain over a
+# growing cost has a best $N$, and it depends on the machine through $v(N)$.
+# `minispec.dispatch.predicted_tokens_per_s` prices every candidate tree this way.
 
 # %% [markdown]
-# ### Exercise 5.3 — `predicted_tokens_per_s(tau, verify_s, draft_s)`
+# ### Exercise 5.4 — `best_tree_size(path_probs, verify_s, draft_s, max_nodes)`
 #
-# *Hint.* What does one step commit, and how long does it take? It must also work elementwise
-# when the three arguments are tensors with one entry per tree shape.
+# The dispatcher's question for one step, answered exactly: the candidates of an expansion
+# (their path products, in any order), a measured verify-time curve `verify_s[n]` (a target
+# forward over the root and $n$ nodes) and the time to draft a tree. Which number of nodes
+# $n \le$ `max_nodes` gives the most tokens per second, and how many?
+#
+# *Hint.* Section 2 says what a tree of $n$ nodes is worth; which $n$ of the candidates would
+# you keep, and do they form a tree? What does a step with $n = 0$ cost (vanilla decoding
+# drafts nothing)? The speed need not be monotone in $n$, so look at every $n$; on a tie keep
+# the smaller tree. What if there are fewer candidates than the budget? The grader compares
+# with a brute force over every subset of candidates, on ties, cases where vanilla wins, and
+# the candidates of real expansions of the toy models.
 
 # %%
-check("5.3", impl="exercises")
+check("5.4")
 
 # %% [markdown]
 # ### The verify-cost curve and the dispatcher
@@ -625,6 +635,51 @@ b.set(xlabel="N (nodes kept)", ylabel="predicted tokens/s (no loop time)", title
 plt.tight_layout(); plt.show()
 print(f"draft time of the {spec.name} tree: {draft_s * 1e3:.1f} ms; verify {verify_n[0] * 1e3:.1f} ms at N=0, "
       f"{verify_n[-1] * 1e3:.1f} ms at N={ns[-1]}")
+from minispec.grading import load_impl
+n_ref, tps_ref = load_impl(5, "solutions").best_tree_size(np.exp(sc).tolist(), verify_n.tolist(), draft_s, len(sc))
+print(f"exercise 5.4's reference answer on these numbers: N = {n_ref}, {tps_ref:.1f} tokens/s")
+assert n_ref == ns[pred.argmax()]
+
+# %% [markdown]
+# ### Explore: the toy tree of section 3 on this machine's clock
+#
+# The sliders set $D$, $K$ and $N$ of an EAGLE-2 tree grown on section 3's toy model (by
+# `naive_dynamic_tree`, drawn as in section 4, each node labelled with its token and its path
+# product). Its $E[\tau]$ is $1 + $ the sum of the kept path products, exact for the toy's
+# calibrated target (section 2). The predicted tokens/s prices that tree with this machine's
+# numbers: the verify curve measured above at $N$ (`dispatch.interpolate`, extrapolated past
+# the last size) and $D$ draft levels at the cost per level of the SmolLM2 tree timed above
+# (its draft time divided by its depth). Vanilla is one token per forward over the root alone.
+# (The widget needs a live Jupyter frontend; in a static view it shows the default setting.)
+
+# %%
+import ipywidgets as widgets
+from minispec.tree import Tree
+
+level_s = draft_s / spec.depth  # seconds per draft level, from the SmolLM2 tree timed above
+vanilla_tps = dispatch.predicted_tokens_per_s(1.0, dispatch.interpolate(curve[1], 0), 0.0)
+
+def explore_tree(D=3, K=2, N=5):
+    n_cands = K + (D - 1) * K * K
+    N = min(N, n_cands)  # the rerank cannot keep more than the candidates
+    tokens, parents = naive_dynamic_tree(toy_q, D, K, N)
+    paths = []
+    for t, p in zip(tokens, parents):  # topological order: a parent's path is known before its children's
+        paths.append((paths[p] if p >= 0 else ()) + (t,))
+    probs = [path_product(v) for v in paths]
+    tau = 1 + sum(probs)
+    verify = dispatch.interpolate(curve[1], N)
+    tps = dispatch.predicted_tokens_per_s(tau, verify, D * level_s)
+    fig, ax = plt.subplots(figsize=(8, min(8, 0.25 * N + 2.5)))
+    draw(Tree(tokens=tokens, parents=parents), [f"{t}: {q:.3f}" for t, q in zip(tokens, probs)], ax,
+         f"toy tree D={D}, K={K}, N={N} ({n_cands} candidates); token: path product")
+    ax.set_xticks(range(D + 1)); plt.show()
+    print(f"E[tau] = 1 + sum of path products = {tau:.3f}; step = verify {verify * 1e3:.1f} ms + draft "
+          f"{D} x {level_s * 1e3:.1f} ms -> predicted {tps:.1f} tokens/s ({tps / vanilla_tps:.2f}x vanilla's "
+          f"{vanilla_tps:.1f})")
+
+widgets.interact(explore_tree, D=widgets.IntSlider(value=3, min=1, max=5),
+                 K=widgets.IntSlider(value=2, min=1, max=V_TOY), N=widgets.IntSlider(value=5, min=1, max=40));
 
 # %% [markdown]
 # The dispatcher does the same with measured numbers for every candidate: $\tau$ and the draft

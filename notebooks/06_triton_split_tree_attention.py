@@ -17,6 +17,7 @@
 # No GPU: run the Triton kernels in Triton's interpreter (numpy on CPU). This must happen before
 # anything imports triton, so it is the very first thing the notebook does.
 import os
+import platform
 
 import torch
 
@@ -24,9 +25,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Versions and FAST mode.
-import os, platform
-
-import torch
 import minispec
 from minispec import config
 
@@ -50,21 +48,21 @@ print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
 # Flash-Decoding), the suffix with the tree mask, then a log-sum-exp merge.
 #
 # **Learning objectives**
-# 1. Derive the log-sum-exp merge of two partial softmaxes, and why it is exact and stable.
+# 1. Derive the log-sum-exp merge of two partial softmaxes, and why it is exact and stable;
+#    write it in PyTorch and as a first Triton kernel (Triton-Puzzles style).
 # 2. See the mask split: prefix all-visible, tree block masked.
-# 3. Read the Triton kernels: split-k prefix with the online softmax, masked suffix, merge;
-#    check them against the PyTorch references (on CPU through the Triton interpreter).
-# 4. Write the merge as a Triton kernel yourself (exercise 6.5, Triton-Puzzles style), graded
-#    under the interpreter.
+# 3. Write FlashAttention's online softmax over key tiles in PyTorch, then as a split-k Triton
+#    kernel over ragged per-row prefix lengths (Flash-Decoding), graded under the interpreter.
+# 4. Read the library's Triton kernels (split-k prefix, masked suffix, merge) and check them
+#    against the PyTorch references (on CPU through the Triton interpreter).
 # 5. Switch the model's attention backend and check greedy decoding is unchanged.
 # 6. Read a decode-attention roofline built from measured numbers: arithmetic intensity against
 #    achieved FLOP/s, under the device's memory and compute roofs.
-# 7. Implement exercises 6.1–6.5 and grade them.
+# 7. Implement exercises 6.1–6.6, each right after the section that teaches it.
 #
-# References: Dao et al., *FlashAttention* (2022) — online softmax; Dao et al.,
-# *Flash-Decoding for long-context inference* (2023) — split-k + merge; Meta's EAGLE serving
-# work, *Efficient LLM inference with speculative decoding* (2025) — tree attention as prefix +
-# tree; Miao et al., *SpecInfer* (2023) — tree masks.
+# **Exercises.** You write them in `exercises/ch06_split_attention.py` (generated from
+# `solutions/`; same signatures and docstrings). Each check cell grades *your* file and prints
+# PASS or FAIL (it never raises). From a terminal: `python -m minispec grade 6`.
 
 # %% [markdown]
 # ## 1. The log-sum-exp merge
@@ -114,10 +112,10 @@ print(f"max |merged - whole| = {(merged - whole).abs().max():.2e}, "
 # %%
 from minispec.grading import check, load_impl  # check("6.1"): grade one exercise (prints, never raises)
 
-check("6.1", impl="exercises")
+check("6.1")
 
 # %% [markdown]
-# ## 1b. Triton puzzle: the merge as a kernel (exercise 6.5)
+# ## 1b. Triton puzzle: the merge as a kernel
 #
 # Before reading the library's kernels (section 4), write the smallest one yourself: the merge
 # above for $R$ rows of head dim $D$, inputs `out_p [R, D]`, `lse_p [R]`, `out_s [R, D]`,
@@ -139,23 +137,22 @@ check("6.1", impl="exercises")
 #   results, no GPU — slow, so the checks use small $R$.
 #
 # The empty part is the trap: with `lse_p = lse_s = -inf`, $m = -\infty$ and
-# $e^{-\infty - (-\infty)}$ is nan. Exercise 6.5 below asks for this kernel; the cell after
+# $e^{-\infty - (-\infty)}$ is nan. Exercise 6.2 below asks for this kernel; the cell after
 # this one prints your stub and the given launcher, and tries your kernel on section 1's example.
 
 # %%
-from minispec.grading import check, load_impl  # check("6.5"): grade one exercise (prints, never raises)
-
+dev = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels' device (CPU: the interpreter)
 mine = load_impl(6, "exercises")
 print(inspect.getsource(mine.merge_kernel.fn))   # @triton.jit wraps the function: .fn is your source
 print(inspect.getsource(mine.merge_triton))      # the given launcher
 try:                                              # try yours on the example of section 1 (R=4, D=16)
-    got = mine.merge_triton(*a, *b, block_r=2)
+    got = mine.merge_triton(*(x.to(dev) for x in (*a, *b)), block_r=2).cpu()
     print(f"your kernel: max |merge_triton - merge| = {(got - merged).abs().max():.2e}")
 except Exception as e:
     print(f"your kernel does not run yet: {type(e).__name__}: {e}"[:300])
 
 # %% [markdown]
-# ### Exercise 6.5 — `merge_kernel`
+# ### Exercise 6.2 — `merge_kernel`
 #
 # The merge as a Triton kernel: program ids, masked loads / stores. Write `merge_kernel` in
 # `exercises/ch06_split_attention.py` (the launcher `merge_triton` is given); the check compares
@@ -168,7 +165,7 @@ except Exception as e:
 # infinite maximum as in exercise 6.1.
 
 # %%
-check("6.5")
+check("6.2")
 
 # %% [markdown]
 # ## 2. The picture: a tree after a prefix
@@ -220,7 +217,7 @@ for P in (0, 1, 37, 100):
     assert err < 1e-5
 
 # %% [markdown]
-# ### Exercise 6.2 — `masked_attention_lse`
+# ### Exercise 6.3 — `masked_attention_lse`
 #
 # Masked attention that returns the row log-sum-exps (the tree suffix). Implement
 # `masked_attention_lse(q, k, v, mask)`: softmax attention of `q [..., T, hd]` over
@@ -234,7 +231,7 @@ for P in (0, 1, 37, 100):
 # without a second max-and-sum — and what must you do for a row whose lse is $-\infty$?
 
 # %%
-check("6.2", impl="exercises")
+check("6.3")
 
 # %% [markdown]
 # ## 4. The Triton kernels
@@ -255,7 +252,7 @@ check("6.2", impl="exercises")
 # paged cache of chapter 7.
 
 # %% [markdown]
-# ### Exercise 6.3 — `tiled_attention`
+# ### Exercise 6.4 — `tiled_attention`
 #
 # The online softmax over key tiles (the prefix), in PyTorch: `tiled_attention(q, k, v, block)`
 # returns `(out, lse)` equal to unmasked softmax attention over all $N$ keys, but reads the keys
@@ -271,7 +268,85 @@ check("6.2", impl="exercises")
 # when no tile came)?
 
 # %%
-check("6.3", impl="exercises")
+check("6.4")
+
+# %% [markdown]
+# ### From PyTorch to Triton: one split of a ragged prefix
+#
+# Exercise 6.4's loop becomes the body of a Triton program. The library's prefix kernel (printed
+# after the exercise) adds grouped-query rows, strided cache reads and `exp2`; the exercise keeps
+# the core. Inputs: queries `Q [B, R, D]` (the $R$ rows that share one KV head, e.g. $G \cdot T$),
+# keys and values `K, V [B, N, D]`, and the prefix lengths `Lens [B]` (int32).
+#
+# * **Split-k (Flash-Decoding).** With one program per batch row, a decode step at batch 1 runs
+#   one program per KV head on a GPU of 100+ SMs. Cutting each row's keys into `num_splits`
+#   chunks of `chunk` keys gives $B \times$ `num_splits` programs: grid `(B, num_splits)`,
+#   program $(b, s)$ takes the keys $[s \cdot \text{chunk}, \min((s+1) \cdot \text{chunk}, P_b))$
+#   and writes a partial `(out, lse)` to `O [B, num_splits, R, D]` and `L [B, num_splits, R]`.
+#   The given launcher `prefix_split_triton` merges the splits with section 1's merge.
+# * **Ragged lengths.** In a batch every row has its own committed length $P_b$, read from a
+#   tensor inside the kernel (`tl.load(Lens + b)`), so one launch, and one CUDA graph (chapter 8),
+#   serves all lengths. The grid covers the longest row: a shorter row's split may end inside a
+#   tile, and a later split may start past $P_b$ and hold no key at all (out 0, lse $-\infty$).
+#   Keys past $P_b$ are not zeros: they are other tokens' data, or garbage.
+# * **Loops and tiles.** `for n0 in range(start, end, BLOCK_N)` takes bounds computed at run time;
+#   `n0 + tl.arange(0, BLOCK_N)` is a tile of key indices. `tl.dot(a, b)` multiplies two tiles
+#   (each dimension at least 16), `tl.trans(k)` transposes, `tl.max(x, 1)` and `tl.sum(x, 1)`
+#   reduce rows, `tl.full` / `tl.zeros` make fresh tiles (the running state).
+# * **Precision.** On a GPU, `tl.dot` of float32 tiles runs in TF32 (10 mantissa bits, errors
+#   around $10^{-3}$) unless asked for `input_precision="ieee"`; the interpreter computes in
+#   float32 either way, so only a GPU shows the difference.
+#
+# The cell below prints your stub and the launcher, and tries your kernel on three rows of
+# lengths 0, 37 and 100 (4 splits of 25 keys, $D = 24$) against `attention_with_lse` over each
+# row's own keys.
+
+# %%
+print(inspect.getsource(mine.prefix_split_kernel.fn))
+print(inspect.getsource(mine.prefix_split_triton))     # the given launcher: grid (B, splits), then the merge
+lens = torch.tensor([0, 37, 100])                      # ragged: an empty row, a tail inside a tile, a full row
+qb = torch.randn(3, 6, 24, generator=g)                # [B, R, D]: 6 rows, D = 24 (not a power of two)
+kb, vb = torch.randn(3, 100, 24, generator=g), torch.randn(3, 100, 24, generator=g)  # [B, N, D]
+want = [attention_with_lse(qb[i], kb[i, :P], vb[i, :P]) for i, P in enumerate(lens.tolist())]
+try:
+    got_o, got_l = (x.cpu() for x in mine.prefix_split_triton(qb.to(dev), kb.to(dev), vb.to(dev), lens.to(dev),
+                                                                num_splits=4))
+    err = max((got_o[i] - w[0]).abs().max().item() for i, w in enumerate(want))
+    print(f"your kernel: max |out - attention over the first P_b keys| = {err:.2e}; lse of the empty row: "
+          f"{got_l[0].tolist()[:3]} ...")
+except Exception as e:
+    print(f"your kernel does not run yet: {type(e).__name__}: {e}"[:300])
+
+# %% [markdown]
+# ### Exercise 6.5 — `prefix_split_kernel`
+#
+# The online softmax of one split as a Triton kernel. Write `prefix_split_kernel` in
+# `exercises/ch06_split_attention.py` (the launcher `prefix_split_triton` is given). The check
+# launches it over `(B, num_splits)` under the interpreter (float32 CPU tensors; CUDA on a GPU)
+# and compares every split's partial `(out, lse)` with float64 softmax attention over that
+# split's keys, to $10^{-5}$ (plus 4 float32 ulps of the split's largest score): ragged lengths
+# with $P_b = 0$, lengths and chunks that are not multiples of `BLOCK_N`, splits that start past
+# $P_b$, $D = 24$, $R$ not a power of two, sharp softmaxes whose max grows from tile to tile, and
+# scores around $+1000$. The keys past $P_b$ hold random values, so a key that leaks in shows.
+#
+# *Hints.* Start from your 6.4, one tile at a time: which state lives across tiles, and what is
+# it before the first one? In a tile, which keys are yours (and which lie past the split's end
+# or past $P_b$), and which score makes the others count for nothing? If a split has no key, does
+# the loop run at all, and what do your final divisions give? Each program writes the $R$ rows
+# of its own split: where do they start in `O` and `L`?
+
+# %%
+check("6.5")
+
+# %% [markdown]
+# ### The library's kernels
+#
+# The same loop in `minispec/attention/triton_split.py`: `_online_softmax_step` is one tile of
+# it, scoring in log2 units (`exp2`, with $\log_2 e$ folded into the scale); `_prefix_kernel`
+# takes the $G$ query heads of one KV head as its rows and reads keys through strides from the
+# cache's own layout, and `_prefix_kv_rows` is the one place where prefix addressing lives
+# (chapter 7 swaps it for a block-table lookup); `_merge_kernel` merges all splits and the tree
+# part online, the $n$-part version of your 6.2.
 
 # %%
 from minispec.attention import triton_available
@@ -283,7 +358,6 @@ for f in (ts._prefix_kv_rows, ts._online_softmax_step, ts._prefix_kernel, ts._me
     print(inspect.getsource(f.fn))
 
 # %%
-dev = "cuda" if torch.cuda.is_available() else "cpu"
 cases = [(1, 4, 4, 1, 0, 16), (2, 8, 2, 8, 37, 32), (1, 8, 1, 16, 100, 16)]  # (B, H, Hkv, T, P, hd)
 for B, H, Hkv, T_, P, hd in cases:
     qq = torch.randn(B, H, T_, hd, generator=g)
@@ -296,9 +370,9 @@ for B, H, Hkv, T_, P, hd in cases:
     assert err < 1e-4
 
 # %% [markdown]
-# ### Exercise 6.4 — `split_tree_attention`
+# ### Exercise 6.6 — `split_tree_attention`
 #
-# 6.3 + 6.2 + 6.1 with grouped-query heads: `split_tree_attention(q, k, v, prefix_len,
+# 6.4 + 6.3 + 6.1 with grouped-query heads: `split_tree_attention(q, k, v, prefix_len,
 # tree_mask, block=16)` with `q [B, H, T, hd]` and `k, v [B, Hkv, prefix_len + T, hd]` (the
 # cache prefix, then the tree) returns `[B, H, T, hd]`, equal to softmax attention with the
 # mask [all prefix | `tree_mask`]: the prefix through your tiled attention (no mask), the tree
@@ -308,13 +382,13 @@ for B, H, Hkv, T_, P, hd in cases:
 # *Hints.* Query head $h$ reads KV head $h // G$ with $G = H / H_{kv}$: how do you give every
 # query head its KV head (the kernels above stack rows instead; either is exact)? Which slices
 # of `k` and `v` are the prefix and which the tree? With $P = 0$ the prefix part is empty:
-# does your 6.3 already return what your 6.1 expects from an empty part?
+# does your 6.4 already return what your 6.1 expects from an empty part?
 
 # %%
-check("6.4", impl="exercises")
+check("6.6")
 
 # %%
-# The library's answer to exercise 6.4, in minispec.attention.reference: prefix + suffix + merge.
+# The library's answer to exercise 6.6, in minispec.attention.reference: prefix + suffix + merge.
 print(inspect.getsource(reference.split_attention))
 
 # %% [markdown]
@@ -485,33 +559,88 @@ if path is not None:
     plt.show()
 
 # %% [markdown]
-# ## Exercises
+# ## Pen-and-paper questions
 #
-# The functions of `exercises/ch06_split_attention.py` (generated from `solutions/`; same
-# signatures and docstrings), each met in the section that teaches it. The grader runs 6.1–6.4
-# on random float64 inputs and compares with attention computed directly over all keys, to
-# 1e-9: the split is exact, so only rounding may differ.
+# Short questions to answer without a computer (answers at the end of the notebook).
+#
+# 1. **A merge.** One query, head dimension 1. Over key set $A$ the softmax normaliser is
+#    $Z_A = 3$ and the partial output $o_A = 2$; over the disjoint set $B$, $Z_B = 1$ and
+#    $o_B = 6$. Give $\ell_A$, $\ell_B$, the merged $\ell$ and $o$, and each part's weight. Then
+#    add 1000 to every score: what changes, and why must the merge not compute $e^{\ell_A}$?
+# 2. **The rescale.** One query, head dimension 1, tiles of two keys. Tile 1 has scores $(1, 2)$
+#    and values $(10, 20)$; tile 2 has one key, score 4, value 30. Give the running $m$, $l$ and
+#    acc after tile 1, the factor $\alpha$ when tile 2 raises the max, and the final out and lse.
+#    What out would a kernel that forgets to rescale return?
+# 3. **Split-k sizing.** Llama-3-8B ($H = 32$ query heads, $H_{kv} = 8$, $d = 128$) verifies a
+#    tree of $T = 16$ tokens after a prefix of $P = 32768$, batch 1, on an H100 SXM (132 SMs),
+#    with one program per KV head and block of $G \cdot T$ rows (`BLOCK_M` = 64). How many
+#    programs run without splitting, and what fraction of the SMs do they occupy? The library
+#    takes $\min(\lceil 2 \cdot 132 / \text{programs} \rceil, \lceil \text{tiles} / 4 \rceil)$
+#    splits (`BLOCK_N` = 64) and rounds each chunk up to whole tiles: how many splits, how many
+#    keys per split, and how many splits hold a key?
+# 4. **Arithmetic intensity.** Same model, bf16 (2 bytes). Per prefix key and KV head, how many
+#    bytes of K and V are read, and how many flops do the $G \cdot T$ rows that share them do
+#    (count $4d$ per row and key)? What is the intensity, and is the prefix read memory- or
+#    compute-bound on an H100 SXM (989 TFLOP/s bf16 dense, 3.35 TB/s)? What if K and V were
+#    expanded to one copy per query head? How many tree tokens would reach the ridge?
+#
+# ## Summary
+#
+# - Softmax over the union of disjoint key sets is recovered exactly from each part's
+#   $(o, \ell)$: $\ell = \operatorname{logaddexp}(\ell_A, \ell_B)$, weights $e^{\ell_X - \ell} \le 1$;
+#   an empty part has $\ell = -\infty$ and weight 0, and the merge must avoid
+#   $-\infty - (-\infty)$.
+# - Tree attention is a mask-free prefix (where the bytes are) plus a $T \times T$ masked tree
+#   block, merged: the mask never touches the prefix.
+# - The online softmax keeps a running max, sum and unnormalised output, and rescales the old
+#   state by $e^{m_\text{old} - m_\text{new}}$ when the max grows; the same recurrence runs in
+#   PyTorch (6.4), inside one Triton program (6.5) and across parts in the merge kernel.
+# - Split-k (Flash-Decoding) gives a small batch enough programs to fill the GPU: one partial
+#   $(o, \ell)$ per split, merged afterwards. With ragged prefix lengths read from a tensor, a
+#   split may end inside a tile or hold no key, and must then store $o = 0$, $\ell = -\infty$.
+# - One program reads each K/V tile once for all $G \cdot T$ rows of a KV head: the intensity is
+#   about $G T$ flop/byte in bf16, far under an H100's ridge for speculative trees, so the
+#   prefix read is memory-bound.
+# - Triton's interpreter runs the very same kernels on CPU tensors, which makes exact tests
+#   possible without a GPU; speed, shared-memory fit and TF32 show only on a GPU.
+#
+# ## References
+#
+# - Milakov, Gimelshein. *Online normalizer calculation for softmax.* 2018 (the running max and
+#   sum). [arXiv:1805.02867](https://arxiv.org/abs/1805.02867)
+# - Dao, Fu, Ermon, Rudra, Ré. *FlashAttention: Fast and Memory-Efficient Exact Attention with
+#   IO-Awareness.* NeurIPS 2022. [arXiv:2205.14135](https://arxiv.org/abs/2205.14135)
+# - Dao. *FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning.* 2023.
+#   [arXiv:2307.08691](https://arxiv.org/abs/2307.08691)
+# - Dao, Haziza, Massa, Sizov. *Flash-Decoding for long-context inference.* 2023 (blog post, no
+#   paper: split-k over the keys, log-sum-exp merge).
+#   [crfm.stanford.edu](https://crfm.stanford.edu/2023/10/12/flashdecoding.html)
+# - Miao et al. *SpecInfer: Accelerating Generative Large Language Model Serving with Tree-based
+#   Speculative Inference and Verification.* ASPLOS 2024 (tree attention masks).
+#   [arXiv:2305.09781](https://arxiv.org/abs/2305.09781)
+# - Tillet, Kung, Cox. *Triton: An Intermediate Language and Compiler for Tiled Neural Network
+#   Computations.* MAPL 2019 (no arXiv version). [doi:10.1145/3315508.3329973](https://doi.org/10.1145/3315508.3329973)
+#
+# ## The whole chapter
+#
+# The functions of `exercises/ch06_split_attention.py`, each met in the section that teaches it:
 #
 # | exercise | function | task |
 # |---|---|---|
 # | 6.1 | `merge_partials` | log-sum-exp merge of two partial results; stable; empty parts (section 1) |
-# | 6.2 | `masked_attention_lse` | masked attention that returns the row log-sum-exps (the tree suffix; section 3) |
-# | 6.3 | `tiled_attention` | the online softmax over key tiles (the prefix; section 4) |
-# | 6.4 | `split_tree_attention` | 6.3 + 6.2 + 6.1 with grouped-query heads (section 4) |
-# | 6.5 | `merge_kernel` | the merge as a Triton kernel: program ids, masked loads / stores (section 1b) |
+# | 6.2 | `merge_kernel` | the merge as a Triton kernel: program ids, masked loads / stores (section 1b) |
+# | 6.3 | `masked_attention_lse` | masked attention that returns the row log-sum-exps (the tree suffix; section 3) |
+# | 6.4 | `tiled_attention` | the online softmax over key tiles, in PyTorch (the prefix; section 4) |
+# | 6.5 | `prefix_split_kernel` | one split of a ragged prefix as a Triton kernel (split-k; section 4) |
+# | 6.6 | `split_tree_attention` | 6.4 + 6.3 + 6.1 with grouped-query heads (section 4) |
 #
-# Grade from a terminal with `python -m minispec grade 6` or
-# `pytest tests/test_exercises.py -m ch06 --impl exercises`; here with `check("6.1")` or
-# `check(6)`. The cell below prints the first stub, then grades your file (it reports, never
-# raises: until you fill in the stubs every line says "not implemented yet").
+# Your file, graded in one table (the same as `python -m minispec grade 6`), and what a
+# finished chapter looks like: the reference answers in `solutions/` pass every check.
 
 # %%
-mine = load_impl(6, "exercises")
-print(inspect.getsource(mine.merge_partials))
-check(6, impl="exercises")
+check(6, impl="exercises")  # your file (the default unless MINISPEC_IMPL says otherwise)
 
 # %%
-# What a finished chapter looks like: the reference answers in solutions/ pass every check.
 check(6, impl="solutions")
 
 # %% [markdown]
@@ -536,3 +665,72 @@ try:
                   dense_tokens, chapters=(6,))
 finally:
     smol.set_attention("dense")
+
+# %% [markdown]
+# ## Answers to the pen-and-paper questions
+#
+# <details><summary>1. A merge</summary>
+#
+# $\ell_A = \ln 3 \approx 1.0986$, $\ell_B = \ln 1 = 0$, $\ell = \ln(3 + 1) = \ln 4 \approx 1.3863$.
+# The weights are $e^{\ell_A - \ell} = 3/4$ and $e^{\ell_B - \ell} = 1/4$, so
+# $o = 2 \cdot \tfrac34 + 6 \cdot \tfrac14 = 3$. Adding 1000 to every score multiplies both $Z$ by
+# $e^{1000}$: both $\ell$ and the merged $\ell$ grow by 1000, the weights (differences of $\ell$)
+# and $o = 3$ do not change. $e^{1000}$ itself overflows float32 (largest $\approx e^{88.7}$) and
+# even float64 ($\approx e^{709.8}$), so the merge works with differences $\ell_X - \ell$ (or
+# $\ell_X - \max$) only.
+# </details>
+#
+# <details><summary>2. The rescale</summary>
+#
+# After tile 1: $m = 2$, $l = e^{1-2} + e^{0} = 1.3679$, $\text{acc} = 10 e^{-1} + 20 = 23.679$.
+# Tile 2 raises the max to 4: $\alpha = e^{2 - 4} = e^{-2} = 0.1353$, so
+# $l = 1.3679 \cdot 0.1353 + e^{0} = 1.1851$ and $\text{acc} = 23.679 \cdot 0.1353 + 30 = 33.205$.
+# Then $o = 33.205 / 1.1851 = 28.018$ and $\ell = 4 + \ln 1.1851 = 4.170$, the same as directly:
+# $(10e + 20e^2 + 30e^4)/(e + e^2 + e^4) = 28.018$, $\ln(e + e^2 + e^4) = 4.170$. Without the
+# rescale the old terms stay measured against $e^2$ while the new one is against $e^4$:
+# $(23.679 + 30)/(1.3679 + 1) = 22.67$, wrong. (The cell below recomputes these numbers.)
+# </details>
+#
+# <details><summary>3. Split-k sizing</summary>
+#
+# $G = 32 / 8 = 4$, so a KV head has $G T = 64$ rows: one row block. Without splitting,
+# $B \cdot H_{kv} \cdot 1 = 8$ programs run: 8 of 132 SMs, 6%. Tiles: $32768 / 64 = 512$; splits
+# $= \min(\lceil 264 / 8 \rceil, \lceil 512 / 4 \rceil) = \min(33, 128) = 33$, giving 264
+# programs, two per SM. Chunk: $\lceil 32768 / 33 \rceil = 993$ keys, rounded up to whole tiles
+# $\lceil 993 / 64 \rceil \cdot 64 = 16 \cdot 64 = 1024$. Then $32768 / 1024 = 32$ splits hold
+# keys and the 33rd starts at 32768 $\ge P$: an empty split, which must store out 0 and
+# lse $-\infty$ for the merge to give it weight 0 (exercise 6.5's empty case).
+# </details>
+#
+# <details><summary>4. Arithmetic intensity</summary>
+#
+# Per key and KV head: K and V, $2 \cdot d \cdot 2 = 512$ bytes. Flops: $4d = 512$ per row, for
+# $G T = 64$ rows: 32768. Intensity $32768 / 512 = 64$ flop/byte ($= G T$ in bf16). The H100's
+# ridge is $989 / 3.35 \approx 295$ flop/byte: the prefix read is memory-bound, at about a fifth
+# of the ridge. With K and V expanded per query head each head reads its own copy: 4 times the
+# bytes for the same flops, intensity $T = 16$. Reaching the ridge with $G = 4$ would take
+# $295 / 4 \approx 74$ tree tokens.
+# </details>
+
+# %%
+# Questions 1-4, recomputed.
+lse_m = math.log(3 + 1)
+print(f"1: lse = ln 4 = {lse_m:.4f}, weights {math.exp(math.log(3) - lse_m):.2f} / {math.exp(0 - lse_m):.2f}, "
+      f"out = {2 * math.exp(math.log(3) - lse_m) + 6 * math.exp(0 - lse_m):.4f}")
+o_q, l_q = attention_with_lse(torch.tensor([[1.0]]), torch.tensor([[1.0], [2.0], [4.0]]),
+                              torch.tensor([[10.0], [20.0], [30.0]]))           # d = 1: scores 1, 2, 4
+m1, l1, acc1 = 2.0, math.exp(-1) + 1, 10 * math.exp(-1) + 20
+alpha = math.exp(m1 - 4)
+l2, acc2 = l1 * alpha + 1, acc1 * alpha + 30
+print(f"2: after tile 1 l = {l1:.4f}, acc = {acc1:.3f}; alpha = {alpha:.4f}; l = {l2:.4f}, acc = {acc2:.3f}; "
+      f"out = {acc2 / l2:.3f} (direct {o_q.item():.3f}), lse = {4 + math.log(l2):.3f} (direct {l_q.item():.3f}); "
+      f"no rescale: {(acc1 + 30) / (l1 + 1):.2f}")
+programs, tiles = 1 * 8 * 1, 32768 // 64
+ns = min(-(-2 * 132 // programs), -(-tiles // 4))
+chunk = -(-(-(-32768 // ns)) // 64) * 64
+print(f"3: {programs} programs ({programs / 132:.0%} of the SMs); {ns} splits of {chunk} keys; "
+      f"{sum(s * chunk < 32768 for s in range(ns))} hold keys")
+d_, G_, T_q, b_ = 128, 4, 16, 2                      # head dim, query heads per KV head, tree tokens, bytes (bf16)
+kv_bytes = 2 * d_ * b_                                  # K and V of one key
+print(f"4: intensity {4 * d_ * G_ * T_q / kv_bytes:.0f} flop/byte (expanded K/V: {4 * d_ * T_q / kv_bytes:.0f}); "
+      f"ridge {989e12 / 3.35e12:.0f}; tree tokens to reach it with G = 4: {989e12 / 3.35e12 / G_:.0f}")

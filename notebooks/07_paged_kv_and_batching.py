@@ -56,7 +56,8 @@ print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MIN
 # 2. Reserve a forward's pending tokens (tree padding), all or nothing (exercise 7.1).
 # 3. Follow a tree step through begin, write, `commit(keep=path)`, `discard` and `rollback`,
 #    and compute the copies compaction makes (exercise 7.2).
-# 4. Measure the memory of a contiguous and a paged cache for mixed batches, from the cache objects.
+# 4. Measure the memory of a contiguous and a paged cache for mixed batches, from the cache objects,
+#    and see what the block size and the tree padding waste, sequence by sequence.
 # 5. Commit a batch with ragged acceptance and free finished sequences (exercise 7.3).
 # 6. Check that paged attention equals attention over the contiguous K/V, and that a model decodes
 #    the same with either cache.
@@ -250,7 +251,7 @@ print("after the refusal the cache is exactly as it was:", kv)
 from minispec.grading import check, load_impl
 
 print(inspect.getdoc(load_impl(7, "exercises").reserve_blocks))
-check("7.1", impl="exercises")
+check("7.1")
 
 # %% [markdown]
 # ## 3. A tree step, slot by slot: begin, write, commit(path), discard, rollback
@@ -336,7 +337,7 @@ assert [label(x) for x in k[0, 0, :, 0].tolist()] == [str(i) for i in range(6)] 
 
 # %%
 print(inspect.getdoc(load_impl(7, "exercises").compaction_moves))
-check("7.2", impl="exercises")
+check("7.2")
 
 # %% [markdown]
 # ## 4. Memory: contiguous vs paged, for mixed batches
@@ -425,6 +426,68 @@ plt.tight_layout(); plt.show()
 # by both caches, but only for one step: the blocks of rejected branches go back at commit.
 
 # %% [markdown]
+# ### Explore: block size, tree padding and waste, sequence by sequence
+#
+# The sliders set the block size and the rows $T$ of every sequence's draft tree for the 10%-long
+# batch above (32 requests). A `PagedKVCache` with that block size takes the batch's tokens, then
+# reserves every tree (`begin`); per sequence, left, the slots it owns beyond its committed
+# tokens: the tree padding ($T$ slots, returned at commit except the accepted path) and the empty
+# tail of its last block (internal fragmentation, at most `block_size - 1` slots). Right: the
+# batch's totals for every block size, at this $T$. (The widget needs a live Jupyter frontend; in
+# a static view it shows the default setting.)
+
+# %%
+import ipywidgets as widgets
+
+
+def block_usage(lengths, bs, T):
+    """Blocks per sequence (after the prompts, during a verify step of T pending tokens) in a PagedKVCache."""
+    n = len(lengths)
+    small = PagedKVCache(1, 1, 1, sum(-(-(x + T) // bs) for x in lengths), bs, n)
+    small.begin(n, list(lengths)); small.commit()
+    before = [len(t) for t in small.tables]
+    small.begin(n, T)                                          # every sequence's tree
+    return before, [len(t) for t in small.tables]
+
+
+SWEEP = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def explore_blocks(block_size=16, T=26):
+    before, during = block_usage(mixed, block_size, T)
+    empty = [blk * block_size - (x + T) for blk, x in zip(during, mixed)]  # [B] unused slots of each last block
+    order = sorted(range(len(mixed)), key=lambda b: mixed[b])
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 3.8))
+    xs = list(range(len(mixed)))
+    a1.bar(xs, [T] * len(mixed), color=COLORS[1], label=f"tree padding ({T} slots)")
+    a1.bar(xs, [empty[b] for b in order], bottom=[T] * len(mixed), color=COLORS[7], label="empty tail of the last block")
+    a1.axhline(T + block_size - 1, color="k", ls=":", lw=1, label="T + block_size - 1")
+    a1.set(xlabel="sequence (shortest to longest)", ylabel="slots beyond the committed tokens",
+           title=f"block size {block_size}, T = {T}", ylim=(0, 1.4 * (T + block_size)))
+    a1.legend(fontsize=8, loc="upper left", ncol=3)
+    tails = []
+    for s_ in SWEEP:
+        blocks = block_usage(mixed, s_, T)[1]
+        tails.append(sum(blk * s_ - (x + T) for blk, x in zip(blocks, mixed)) * per_token / GB)
+    a2.plot(SWEEP, tails, "o-", label="empty tails")
+    a2.axhline(len(mixed) * T * per_token / GB, color=COLORS[1], ls="--", label="tree padding (all sequences)")
+    a2.plot([block_size], [sum(empty) * per_token / GB], "r*", ms=14, label="this block size")
+    a2.set_xscale("log", base=2); a2.set_xticks(SWEEP, [str(x) for x in SWEEP])
+    a2.set(xlabel="block size (tokens)", ylabel="GiB", title=f"{cfg.name} KV, batch of {len(mixed)}")
+    a2.legend(fontsize=8)
+    plt.tight_layout(); plt.show()
+    held = sum(x + T for x in mixed)
+    print(f"{sum(during)} blocks during the verify step ({sum(before)} for the committed tokens, "
+          f"{sum(during) - sum(before)} more for the trees): {held} tokens in {sum(during) * block_size} slots")
+    print(f"empty tails: {sum(empty)} slots (mean {sum(empty) / len(mixed):.1f} per sequence, at most "
+          f"{block_size - 1}) = {sum(empty) * per_token / GB:.3f} GiB; tree padding: {len(mixed) * T} slots = "
+          f"{len(mixed) * T * per_token / GB:.3f} GiB; longest block table: {max(during)} entries")
+
+
+widgets.interact(explore_blocks, block_size=widgets.SelectionSlider(options=SWEEP, value=16),
+                 T=widgets.IntSlider(value=26, min=0, max=64));
+
+# %% [markdown]
 # ## 5. Ragged acceptance in a batch
 #
 # In a batch, each sequence verifies its own draft and accepts its own number of tokens. Below, 4
@@ -507,7 +570,7 @@ print(f"{len(used)} blocks in use, {len(kv.free_list)} free; every sequence owns
 
 # %%
 print(inspect.getdoc(load_impl(7, "exercises").ragged_commit))
-check("7.3", impl="exercises")
+check("7.3")
 
 # %% [markdown]
 # ## 6. Paged attention equals contiguous attention
@@ -724,6 +787,31 @@ else:
     print("tau:", {B: {m: (round(t, 2) if t else None) for m, t in v.items()} for B, v in res["tau"].items()})
 
 # %% [markdown]
+# ## Pen-and-paper questions
+#
+# Short questions to answer without a computer (answers at the end of the notebook).
+#
+# 1. **Tree padding.** A sequence holds 37 committed tokens in blocks of 16 slots. The next step
+#    verifies a dynamic tree of $N = 25$ nodes, $T = 26$ rows with the root. How many blocks does
+#    the sequence own before `begin`, and after? How many go back after a commit that keeps the
+#    root and 3 nodes? If the pool has no free block, what happens, and how large a tree fits
+#    without a new block?
+# 2. **Waste at a block size.** Llama-3.1-8B keeps, per token, a key and a value in each of 32
+#    layers for 8 KV heads of 128 dimensions, in bf16. How many bytes is one token's KV? A
+#    sequence holds 1000 tokens: how many slots of its last block are empty with blocks of 16,
+#    and of 256, and how many MiB is that? For a batch of 32 sequences whose lengths fall anywhere
+#    inside a block, about how much is wasted at each block size?
+# 3. **Compaction and rollback.** A sequence holds 30 committed tokens in blocks of 8; a tree
+#    forward writes $T = 12$ rows, and after `begin` its table is `[4, 9, 1, 7, 12, 3]`.
+#    Verification keeps rows `[0, 2, 5, 9]`. Which `(block, offset)` copies does the commit make,
+#    what is the new length, which block goes back? Then the caller rolls back 5 tokens: what is
+#    copied, and what is freed?
+# 4. **Contiguous vs paged.** A batch of 8 requests with a context limit of 4096 tokens (tree
+#    included): 7 hold 500 tokens, 1 holds 4000, each verifies a tree of $T = 16$ rows. With the
+#    KV of question 2, how much memory does a contiguous cache take, and a paged one with blocks
+#    of 16 during the verify step? How many more 500-token requests would the contiguous cache's
+#    memory hold as a paged pool?
+#
 # ## Summary
 #
 # * A paged cache stores K/V in fixed-size blocks from a shared pool; a per-sequence **block table**
@@ -743,29 +831,11 @@ else:
 #   speculation's gain shrinks as the batch grows.
 # * Next: CUDA graphs for draft and verify (chapter 8).
 #
-# ## Exercises
-#
-# | exercise | function | task |
-# |---|---|---|
-# | 7.1 | `reserve_blocks` | all-or-nothing reservation of every sequence's pending tokens (tree padding) |
-# | 7.2 | `compaction_moves` | the (block, offset) copies that compact a tree's accepted path |
-# | 7.3 | `ragged_commit` | new lengths and blocks freed after a ragged commit; finished sequences |
-#
-# Grade from a terminal with `python -m minispec grade 7` or
-# `pytest tests/test_exercises.py -m ch07 --impl exercises`; here with `check("7.1")` or `check(7)`.
-
-# %%
-check(7, impl="exercises")
-
-# %%
-# What a finished chapter looks like: the reference answers in solutions/ pass every check.
-check(7, impl="solutions")
-
-# %% [markdown]
 # ## References
 #
 # * Yu et al., *Orca: A Distributed Serving System for Transformer-Based Generative Models* (OSDI 2022)
 #   — iteration-level batching: sequences join and leave the batch between steps.
+#   <https://www.usenix.org/conference/osdi22/presentation/yu>
 # * Kwon et al., *Efficient Memory Management for Large Language Model Serving with PagedAttention*
 #   (SOSP 2023) — block tables, a shared block pool, copy-free sharing. <https://arxiv.org/abs/2309.06180>
 # * Pope et al., *Efficiently Scaling Transformer Inference* (2022) — the KV cache and its memory.
@@ -778,3 +848,65 @@ check(7, impl="solutions")
 #   Chen et al., *Accelerating Large Language Model Decoding with Speculative Sampling* (2023) — the
 #   rejection rule used for the ragged acceptance above. <https://arxiv.org/abs/2211.17192>,
 #   <https://arxiv.org/abs/2302.01318>
+#
+# ## The whole chapter
+#
+# | exercise | function | task |
+# |---|---|---|
+# | 7.1 | `reserve_blocks` | all-or-nothing reservation of every sequence's pending tokens (tree padding) |
+# | 7.2 | `compaction_moves` | the (block, offset) copies that compact a tree's accepted path |
+# | 7.3 | `ragged_commit` | new lengths and blocks freed after a ragged commit; finished sequences |
+#
+# Your file, graded in one table (the same as `python -m minispec grade 7` or
+# `pytest tests/test_exercises.py -m ch07 --impl exercises`), and what a finished chapter looks
+# like: the reference answers in `solutions/` pass every check.
+
+# %%
+check(7, impl="exercises")
+
+# %%
+check(7, impl="solutions")
+
+# %% [markdown]
+# ## Answers to the pen-and-paper questions
+#
+# <details><summary>1. Tree padding</summary>
+#
+# Before: $\lceil 37/16 \rceil = 3$ blocks (48 slots, 37 used). `begin` makes room for
+# $37 + 26 = 63$ tokens: $\lceil 63/16 \rceil = 4$ blocks, one more. The commit keeps 4 rows:
+# $41$ tokens, $\lceil 41/16 \rceil = 3$ blocks, so the fourth goes back. With no free block,
+# `begin` raises `KVPoolExhausted` and changes nothing (all or nothing); the scheduler frees a
+# finished sequence, waits, or shrinks the tree: the 3 blocks it owns have $48 - 37 = 11$ free
+# slots, so a tree of $T \le 11$ rows (10 nodes) needs no new block.
+# </details>
+#
+# <details><summary>2. Waste at a block size</summary>
+#
+# One token: $2 \text{ (key, value)} \times 32 \times 8 \times 128 \times 2 \text{ bytes} = 131072$
+# bytes $= 128$ KiB. 1000 tokens in blocks of 16: $\lceil 1000/16 \rceil = 63$ blocks, 1008 slots,
+# 8 empty $= 1$ MiB. In blocks of 256: 4 blocks, 1024 slots, 24 empty $= 3$ MiB. If a length is
+# equally likely to end anywhere inside a block, the empty tail averages
+# $(\text{block\_size} - 1)/2$ slots: $7.5 \times 32 = 240$ slots $= 30$ MiB for the batch with
+# blocks of 16, $127.5 \times 32 = 4080$ slots $= 510$ MiB with blocks of 256. (Section 4's
+# widget measures it on a real mix.)
+# </details>
+#
+# <details><summary>3. Compaction and rollback</summary>
+#
+# Row $i$ sits at position $30 + i$, and position $n$ in block `table[n // 8]` at offset
+# `n % 8`. Row 0 stays at 30. Row 2: position 32 = `(12, 0)` to position 31 = `(7, 7)`; row 5:
+# 35 = `(12, 3)` to 32 = `(12, 0)`; row 9: 39 = `(12, 7)` to 33 = `(12, 1)`. Three copies, in
+# this order: each writes position $30 + j$, and every later move reads a position
+# $30 + \text{keep}[j'] > 30 + j$. New length 34: $\lceil 34/8 \rceil = 5$ blocks, so block 3
+# (the sixth) goes back. `rollback(5)`: length 29, $\lceil 29/8 \rceil = 4$ blocks, block 12 goes
+# back; nothing is copied.
+# </details>
+#
+# <details><summary>4. Contiguous vs paged</summary>
+#
+# Contiguous: $8 \times 4096 = 32768$ slots $\times$ 128 KiB $= 4$ GiB, whatever the requests hold.
+# Paged: $7 \times \lceil 516/16 \rceil = 7 \times 33 = 231$ blocks, plus $\lceil 4016/16 \rceil = 251$:
+# 482 blocks = 7712 slots = 964 MiB, about 0.94 GiB (23.5% of the contiguous cache). The 4 GiB
+# as a pool are 2048 blocks of 16, 1566 of them free; a new 500-token request with its tree needs
+# 33: $\lfloor 1566 / 33 \rfloor = 47$ more requests.
+# </details>

@@ -21,6 +21,44 @@ from typing import Sequence
 import torch
 
 
+def choices_to_parents(choices: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """Turn a static tree's choices (Medusa / EAGLE format) into parents and sibling ranks.
+
+    A choice is a tuple of ranks from the root: (0,) is the root's top-1 child, (0, 1) the
+    top-2 child of that node. Node order, as Medusa and EAGLE number the nodes: by depth
+    (length), then lexicographically; node i is the i-th choice in that order, so every parent
+    comes before its children. parents[i] is the node index of choice[:-1] (-1 for a choice of
+    length 1); ranks[i] = choice[-1] (which candidate of its parent the drafter puts at node i).
+
+    Args:
+        choices: the choices, in any order; each a non-empty sequence of integer ranks >= 0.
+    Returns:
+        (parents, ranks), two lists of N = len(choices) ints in node order.
+    Raises:
+        ValueError: an empty list of choices, a duplicate choice, or a choice whose prefix
+            (its parent) is not a choice.
+    """
+    # EXERCISE 4.1: which order puts parents first; how do you find choice[:-1] fast, and what do the errors look like there?
+    # BEGIN SOLUTION
+    if len(choices) == 0:
+        raise ValueError("no choices: a static tree needs at least one node")
+    cs = sorted((tuple(int(r) for r in c) for c in choices), key=lambda t: (len(t), t))
+    index: dict[tuple[int, ...], int] = {}
+    parents, ranks = [], []
+    for i, t in enumerate(cs):
+        if not t:
+            raise ValueError("empty choice (): the root is implicit")
+        if t in index:
+            raise ValueError(f"duplicate choice {t}")
+        if len(t) > 1 and t[:-1] not in index:
+            raise ValueError(f"choice {t} has no parent: {t[:-1]} is not a choice")
+        parents.append(index[t[:-1]] if len(t) > 1 else -1)
+        ranks.append(t[-1])
+        index[t] = i
+    return parents, ranks
+    # END SOLUTION
+
+
 def tree_mask(parents: list[int]) -> torch.Tensor:
     """The tree attention mask of root + N nodes.
 
@@ -34,7 +72,7 @@ def tree_mask(parents: list[int]) -> torch.Tensor:
     Returns:
         [N + 1, N + 1] bool tensor.
     """
-    # EXERCISE 4.1: a node's row is its parent's row plus itself
+    # EXERCISE 4.2: in topological order, what do you already know about a node's parent when you reach the node?
     # BEGIN SOLUTION
     n = len(parents) + 1
     m = torch.zeros(n, n, dtype=torch.bool)
@@ -59,7 +97,7 @@ def tree_positions(parents: list[int], prefix_len: int) -> torch.Tensor:
     Returns:
         [N + 1] LongTensor.
     """
-    # EXERCISE 4.2: depth of each node from its parent's depth, then prefix_len + depth
+    # EXERCISE 4.3: can a node's depth be read off something you have already computed?
     # BEGIN SOLUTION
     depths = [0]  # by row: the root has depth 0
     for j in parents:
@@ -81,7 +119,7 @@ def retrieve_indices(parents: list[int]) -> torch.Tensor:
     Returns:
         [n_leaves, depth] LongTensor, depth = the deepest node's depth ([0, 0] for N = 0).
     """
-    # EXERCISE 4.3: find the leaves, walk each up to the root, reverse, pad with -1
+    # EXERCISE 4.4: which nodes are leaves, which way can you walk from one, and in what order does that give its path?
     # BEGIN SOLUTION
     has_child = [False] * len(parents)
     for j in parents:
@@ -102,51 +140,15 @@ def retrieve_indices(parents: list[int]) -> torch.Tensor:
     # END SOLUTION
 
 
-def choices_to_parents(choices: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
-    """Turn a static tree's choices (Medusa / EAGLE format) into parents and sibling ranks.
-
-    A choice is a tuple of ranks from the root: (0,) is the root's top-1 child, (0, 1) the
-    top-2 child of that node. Sort the choices by depth (length), then lexicographically, as
-    Medusa and EAGLE do: node i is the i-th choice in that order, so every parent comes before
-    its children. parents[i] is the index of choice[:-1] (-1 for a choice of length 1);
-    ranks[i] = choice[-1] (which candidate of its parent the drafter puts at node i).
-
-    Args:
-        choices: the choices, in any order; each a non-empty sequence of integer ranks >= 0.
-    Returns:
-        (parents, ranks), two lists of N = len(choices) ints in node order.
-    Raises:
-        ValueError: an empty list of choices, a duplicate choice, or a choice whose prefix
-            (its parent) is not a choice.
-    """
-    # EXERCISE 4.4: sort by (len, tuple); map each choice to its index; look up choice[:-1]
-    # BEGIN SOLUTION
-    if len(choices) == 0:
-        raise ValueError("no choices: a static tree needs at least one node")
-    cs = sorted((tuple(int(r) for r in c) for c in choices), key=lambda t: (len(t), t))
-    index: dict[tuple[int, ...], int] = {}
-    parents, ranks = [], []
-    for i, t in enumerate(cs):
-        if not t:
-            raise ValueError("empty choice (): the root is implicit")
-        if t in index:
-            raise ValueError(f"duplicate choice {t}")
-        if len(t) > 1 and t[:-1] not in index:
-            raise ValueError(f"choice {t} has no parent: {t[:-1]} is not a choice")
-        parents.append(index[t[:-1]] if len(t) > 1 else -1)
-        ranks.append(t[-1])
-        index[t] = i
-    return parents, ranks
-    # END SOLUTION
-
-
 def greedy_verify(parents: list[int], tokens: list[int], logits: torch.Tensor) -> tuple[list[int], int]:
     """Greedy verification of a draft tree against the target's logits from one tree forward.
 
-    Start at the root (row 0). At the current row, the target's choice is argmax(logits[row]);
-    if one of the current node's children carries that token (try the children in increasing
-    index order), accept it and move to its row (child index + 1); otherwise stop and emit the
-    target's choice (the correction, or the bonus token after a leaf).
+    Greedy verification accepts exactly the drafts the target would have emitted itself: a
+    node is accepted when its parent is (the root always is) and its token is the target's
+    argmax at its parent's row. Where several children of one node carry that token, the one
+    of lowest index is accepted. After the accepted path the step emits the target's own
+    argmax at the row of the path's last node (the root's row when nothing is accepted): the
+    correction, or the bonus token after a leaf.
 
     Args:
         parents: [N] parent of each node, -1 for the root's children, parents[i] < i.
@@ -156,7 +158,7 @@ def greedy_verify(parents: list[int], tokens: list[int], logits: torch.Tensor) -
         (path, next_token): accepted node indices from the root down (maybe empty) and the token
         emitted after them. The step commits [tokens[i] for i in path] + [next_token].
     """
-    # EXERCISE 4.5: children by row; walk down while a child's token is the row's argmax
+    # EXERCISE 4.5: what does the target want at a row, which nodes may offer it, and what must you know per row to ask fast?
     # BEGIN SOLUTION
     children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
     for i, j in enumerate(parents):
@@ -189,7 +191,7 @@ def best_static_tree(rank_acc: Sequence[float], n: int, max_depth: int) -> list[
         n choices, sorted by (len, tuple) as choices_to_parents orders them (any of the best trees
         where several tie).
     """
-    # EXERCISE 4.6: which node can ever be worth more than its parent? Grow the tree one node at a time
+    # EXERCISE 4.6: can a node be worth more than its parent? Then which node turns a best tree of n nodes into one of n + 1?
     # BEGIN SOLUTION
     import heapq
 

@@ -1,21 +1,20 @@
-"""Chapter 5 exercises: EAGLE-2 dynamic draft trees and the cost model that picks a tree.
+"""Chapter 5 exercises: EAGLE-2 dynamic draft trees, and the size of tree that pays on a machine.
 
 References:
     Li et al., "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees" (2024):
-        a node's score is the product of the draft's probabilities along its path (an estimate
-        of its "global acceptance probability"); expand the best nodes level by level, then
-        rerank all candidates and keep the best total_tokens of them.
+        a node's score estimates its "global acceptance probability" from the draft's own
+        probabilities along its path; the tree is grown where that estimate is high (expand),
+        then cut to a budget of nodes (rerank).
+    Chen et al., "Sequoia: Scalable, Robust, and Hardware-aware Speculative Decoding" (2024):
+        the size of tree worth verifying depends on the hardware.
 
 The tree is built in two phases (minispec's ``TreeDrafter._dynamic``):
 
-    expand   depth levels. Level 1: the root's top_k children. Level d + 1: the "frontier" (the
-             top_k best-scoring candidates of level d) each get their top_k children; the score
-             of a child is its parent's score + log q(child | path). Nodes are candidates.
-    rerank   keep the total_tokens best candidates of all levels (ties to the shallower one),
-             in topological order. A child never scores above its parent (log q <= 0), so the
-             kept set is a connected tree.
+    expand   depth levels; at each level a few of the best nodes so far (the "frontier") get
+             their most likely children from the draft. Every child is a candidate.
+    rerank   keep total_tokens of all the candidates, as a tree, in topological order.
 
-Scores are log-probabilities (sums of log q), so "product of probabilities" is a sum here.
+Scores are log-probabilities, so in the code a "product of probabilities" is a sum of logs.
 
 Check your work: ``python -m minispec grade 5``, or ``minispec.grading.check("5.1")``, or
 ``pytest tests/test_exercises.py -m ch05 --impl exercises``.
@@ -23,7 +22,7 @@ Check your work: ``python -m minispec grade 5``, or ``minispec.grading.check("5.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -31,19 +30,22 @@ import torch
 def expand_level(frontier_scores: torch.Tensor, child_logp: torch.Tensor, top_k: int):
     """One EAGLE-2 expansion step: the top_k children of every frontier node, and the next frontier.
 
+    Questions to answer before coding: a child's score is the log of the product of q along its
+    path; how does it follow from its parent's? "The best" appears twice in an expansion: which
+    children does one frontier node get, and which of all the level's children are expanded next?
+
     Args:
         frontier_scores: [F] path scores (log-probabilities) of the F frontier nodes.
         child_logp: [F, V] log q(. | path of frontier node f): the draft's log-softmax at each.
         top_k: children per frontier node, and the size of the next frontier.
     Returns:
         (child_scores, child_tokens, child_parent, next_frontier):
-        child_scores [F * top_k] float: frontier_scores[f] + the f-th row's top_k log-probs, row
-            by row (children of frontier node 0 first), each row's children best first
-            (``torch.topk`` order);
+        child_scores [F * top_k] float: each child's path score; row by row (the children of
+            frontier node 0 first), each row's children best first (``torch.topk`` order);
         child_tokens [F * top_k] long: the children's tokens, in the same order;
         child_parent [F * top_k] long: the frontier index f (0..F-1) of each child's parent;
         next_frontier [min(top_k, F * top_k)] long: indices into the children of the top_k
-            highest child_scores, best first (``torch.topk`` order): the nodes expanded next.
+            best-scoring ones, best first (``torch.topk`` order): the nodes expanded next.
     """
     # EXERCISE 5.1: which children does each frontier node get, what does a child score, and which children are expanded next?
     # BEGIN SOLUTION
@@ -61,10 +63,13 @@ def rerank(scores: list[float], parents_cand: list[int], depths: list[int], tota
     """Keep the total_tokens best candidates as a tree (EAGLE-2's rerank).
 
     Candidates are numbered 0..M-1 in the order they were created (level by level), so a
-    parent's id is smaller than its children's. Select the total_tokens candidates with the
-    highest score; on equal scores prefer the shallower one, then the smaller id (this is what
-    keeps the tree connected when a child's log q is 0). Return them in topological order:
-    sorted by depth, then by candidate id.
+    parent's id is smaller than its children's. The kept set: the total_tokens highest scores,
+    where among equal scores the shallower candidate, then the smaller id, counts as better.
+    The output order: by depth, then by candidate id.
+
+    Questions to answer before coding: why is the kept set always a connected tree, and which
+    part of the tie rule does that need (think of a child whose q is 1)? Parents are returned as
+    positions in your output, not as candidate ids: how does a kept child find its parent's?
 
     Args:
         scores: [M] path score (log-probability) of each candidate.
@@ -85,36 +90,18 @@ def rerank(scores: list[float], parents_cand: list[int], depths: list[int], tota
     # END SOLUTION
 
 
-def predicted_tokens_per_s(tau: float, verify_s: float, draft_s: float) -> float:
-    """The dispatcher's cost model: predicted decoding speed of a tree shape.
-
-    One decoding step drafts a tree (draft_s seconds) and runs the target once over it
-    (verify_s seconds, which grows with the tree's size), and commits tau tokens on average
-    (tau = mean tokens per target forward, bonus included; vanilla decoding has tau = 1 and
-    draft_s = 0). Works elementwise on tensors too.
-
-    Args:
-        tau: mean tokens committed per step (>= 1).
-        verify_s: seconds of one target forward over root + tree.
-        draft_s: seconds of drafting per step.
-    Returns:
-        predicted tokens per second.
-    """
-    # EXERCISE 5.3: what does one step produce, and what does one step cost?
-    # BEGIN SOLUTION
-    return tau / (verify_s + draft_s)
-    # END SOLUTION
-
-
 def dynamic_tree(next_logits: Callable[[tuple], torch.Tensor], depth: int, top_k: int,
                  total_tokens: int) -> tuple[list[int], list[int]]:
-    """A whole EAGLE-2 tree from a draft's next-token function, with 5.1 and 5.2.
+    """A whole EAGLE-2 tree from a draft's next-token function, with your 5.1 and 5.2: the tree
+    that ``TreeDrafter._dynamic`` drafts for ``TreeSpec.dynamic(depth, top_k, total_tokens)``.
 
-    Level 1 is one expansion of the root (frontier = the root alone, score 0, so its next
-    frontier is all of its top_k children). Each further level (up to ``depth``) expands the
-    frontier of the level before with ``expand_level``, whose child_logp rows are
-    log_softmax(next_logits(path), -1) in float32 (path = the tokens from the root's child down
-    to the frontier node). Then ``rerank`` all candidates.
+    The draft's log-probabilities after a path are ``log_softmax(next_logits(path), -1)`` in
+    float32 (path = the tokens below the root, root excluded; () for the root itself).
+
+    Questions to answer before coding: what are the root's score and the first frontier? How
+    many levels does ``depth`` make, and what must you remember between two levels about each
+    frontier node (to ask ``next_logits`` for its children, and to score them)? Which list per
+    candidate does 5.2 need at the end, and how do you turn its answer into tokens?
 
     Args:
         next_logits: path (tuple of token ids below the root, () for the root) -> logits [V].
@@ -124,7 +111,7 @@ def dynamic_tree(next_logits: Callable[[tuple], torch.Tensor], depth: int, top_k
     Returns:
         (tokens, parents) of the tree, in rerank's topological order.
     """
-    # EXERCISE 5.4: grow the tree one level at a time with your 5.1, keep what 5.2 will need about every candidate, then let 5.2 choose
+    # EXERCISE 5.3: grow the tree one level at a time with your 5.1, keep what 5.2 will need about every candidate, then let 5.2 choose
     # BEGIN SOLUTION
     tok: list[int] = []
     par: list[int] = []
@@ -146,4 +133,45 @@ def dynamic_tree(next_logits: Callable[[tuple], torch.Tensor], depth: int, top_k
         frontier_scores = s[nxt]
     selected, parents = rerank(score, par, dep, total_tokens)
     return [tok[c] for c in selected], parents
+    # END SOLUTION
+
+
+def best_tree_size(path_probs: Sequence[float], verify_s: Sequence[float], draft_s: float,
+                   max_nodes: int) -> tuple[int, float]:
+    """The tree size that pays on this machine: the number of nodes n in 0..max_nodes with the
+    highest predicted tokens per second, under the dispatcher's cost model (section 6).
+
+    The candidates come from one EAGLE-2 expansion, and the draft is taken as calibrated: a
+    candidate's path product is the probability that the target accepts it (section 2). A step
+    with n >= 1 nodes drafts (draft_s seconds, whatever n), runs one target forward over the root
+    and the n nodes (verify_s[n] seconds) and keeps, of the candidates, the n that serve it best;
+    n = 0 is vanilla decoding (nothing drafted, one forward over the root alone). A tree cannot
+    hold more nodes than there are candidates. Do not modify the arguments.
+
+    Questions to answer before coding: what does a step with n nodes commit on average, bonus
+    included, and which n candidates make that largest? (Do they form a tree?) What does a step
+    cost, with n nodes and with none? Is the predicted speed monotone in n, and can vanilla win?
+
+    Args:
+        path_probs: [M] the candidates' path products (acceptance estimates in [0, 1]), in any
+            order; M may be 0.
+        verify_s: seconds of one target forward over the root and n nodes, for n = 0, 1, ...,
+            len(verify_s) - 1 (len(verify_s) > max_nodes).
+        draft_s: seconds of drafting one tree (>= 0).
+        max_nodes: the budget of nodes (>= 0).
+    Returns:
+        (n, tokens_per_s): the best n (an int; on a tie, the smallest) and its predicted tokens
+        per second (a float).
+    """
+    # EXERCISE 5.4: the expected tokens and the cost of a step for every n, then the fastest n (the smallest on a tie)
+    # BEGIN SOLUTION
+    probs = sorted(path_probs, reverse=True)  # the best n candidates are the n largest products
+    best_n, best = 0, 1.0 / verify_s[0]  # vanilla: one token per forward over the root, no drafting
+    tau = 1.0  # the bonus token
+    for n in range(1, min(max_nodes, len(probs)) + 1):
+        tau += probs[n - 1]
+        speed = tau / (verify_s[n] + draft_s)
+        if speed > best:  # strictly faster: a tie keeps the smaller tree
+            best_n, best = n, speed
+    return best_n, best
     # END SOLUTION

@@ -2,9 +2,9 @@
 
 A paged cache cuts KV memory into blocks of ``block_size`` token slots, shared by all
 sequences through a free list. Sequence b owns the blocks listed in its block table
-``tables[b]``, in token order: its token at position n lives in block
-``tables[b][n // block_size]`` at offset ``n % block_size``. A sequence holding n tokens
-(committed + pending) owns exactly ceil(n / block_size) blocks.
+``tables[b]``, in token order: its first block holds its tokens 0 .. block_size - 1, the next
+one the following block_size tokens, and so on (an offset inside a block counts from 0). A
+sequence owns just enough blocks for the tokens it holds (committed + pending), never more.
 
 A decode step reserves, before the target's forward, the blocks for all the pending tokens of
 every sequence (the whole draft tree: "tree padding"), all or nothing; after verification it
@@ -32,13 +32,15 @@ def reserve_blocks(tables: Sequence[Sequence[int]], lengths: Sequence[int], n_ne
     """Reserve the blocks for ``n_new[b]`` pending tokens after the ``lengths[b]`` committed tokens
     of every sequence b, all or nothing (``PagedKVCache.begin``).
 
-    Sequence b owns ``len(tables[b]) == ceil(lengths[b] / block_size)`` blocks; to hold
-    ``lengths[b] + n_new[b]`` tokens it needs ceil((lengths[b] + n_new[b]) / block_size) in all.
-    The free list is a stack: take blocks with ``pop()`` from its end, sequence 0 first, and
-    append them to the sequence's table in the order taken. If the free list holds fewer blocks
-    than all the sequences need together, allocate nothing and return None.
+    On entry sequence b owns exactly the blocks its ``lengths[b]`` tokens need; on return it owns
+    exactly the blocks its ``lengths[b] + n_new[b]`` tokens need (never more). The free list is a
+    stack: take blocks with ``pop()`` from its end, sequence 0 first, and append them to the
+    sequence's table in the order taken. If the free list cannot cover every sequence, allocate
+    nothing and return None. Never modify the arguments: return new lists.
 
-    Never modify the arguments: return new lists.
+    Questions to answer before coding: how many more blocks does sequence b need, and when does
+    its last block still have room for the new tokens (exact block boundaries, n_new = 0)? Why
+    must the decision "enough for everyone?" come before the first pop?
 
     Args:
         tables: B block tables (lists of block ids, in token order).
@@ -64,10 +66,14 @@ def compaction_moves(table: Sequence[int], length: int, keep: Sequence[int],
                      block_size: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """The copies ``commit(keep)`` makes to move a draft tree's accepted path next to the prefix.
 
-    A forward wrote a sequence's pending entries 0, 1, 2, ... at token positions length,
-    length + 1, ... (the slot of position n is ``(table[n // block_size], n % block_size)``).
-    Committing ``keep`` (strictly increasing pending indices: the accepted root-to-leaf path)
-    moves the j-th kept entry from position ``length + keep[j]`` to position ``length + j``.
+    A forward wrote a sequence's pending entries 0, 1, 2, ... right after its ``length``
+    committed tokens, in token order through its block table. Committing ``keep`` (strictly
+    increasing pending indices: the accepted root-to-leaf path) makes the j-th kept entry the
+    sequence's token number ``length + j``.
+
+    Questions to answer before coding: at which token position does pending entry i sit, and in
+    which block and at which offset is a token position stored? Which kept entries are already
+    where they belong? Why can no move overwrite an entry that a later move still has to read?
 
     Args:
         table: the sequence's block table (enough blocks for every pending entry).
@@ -95,9 +101,13 @@ def ragged_commit(lengths: Sequence[int], pendings: Sequence[int], accepted: Seq
     Before the commit, sequence b holds ``lengths[b]`` committed and ``pendings[b]`` pending
     tokens (its whole draft tree, for which blocks were reserved). Verification keeps
     ``accepted[b]`` of them (0 <= accepted[b] <= pendings[b]); sequence b then holds
-    ``lengths[b] + accepted[b]`` tokens, and every block past those returns to the pool. A
-    sequence with ``finished[b]`` (it emitted its end token) is then freed: length 0, all of
+    ``lengths[b] + accepted[b]`` tokens, and every block it no longer needs returns to the pool.
+    A sequence with ``finished[b]`` (it emitted its end token) is then freed: length 0, all of
     its blocks returned.
+
+    Questions to answer before coding: how many blocks did sequence b own just before the commit
+    (what did the reservation of its tree cost?), and how many does it need after? Can a
+    sequence free a block even when it accepted something? What does an empty sequence free?
 
     Args:
         lengths, pendings, accepted: B counts each.

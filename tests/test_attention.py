@@ -4,6 +4,7 @@ The Triton kernels run on CPU through the interpreter (tests/conftest.py sets TR
 when there is no GPU); shapes are kept small so that the whole file stays fast.
 """
 
+import functools
 import math
 
 import pytest
@@ -379,12 +380,81 @@ def _split_ignoring_tree(q, k, v, prefix_len, tree_mask, block=16):
     return _ch06_with().split_tree_attention(q, k, v, prefix_len, torch.ones_like(tree_mask), block)
 
 
+@functools.cache
+def _wrong_prefix_kernel():
+    """Exercise 6.5's kernel with three possible mistakes, each switched on by a constexpr flag."""
+    import triton
+    import triton.language as tl
+
+    def kernel(Q, K, V, Lens, O, L, R, N, D, chunk, scale, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_D: tl.constexpr, RESCALE: tl.constexpr, TAIL_MASK: tl.constexpr, EMPTY_GUARD: tl.constexpr):
+        b, split = tl.program_id(0), tl.program_id(1)
+        r, d = tl.arange(0, BLOCK_R), tl.arange(0, BLOCK_D)
+        rd_ok = (r < R)[:, None] & (d < D)[None, :]
+        q = tl.load(Q + b * R * D + r[:, None] * D + d[None, :], mask=rd_ok, other=0.0)
+        m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        l_ = tl.zeros([BLOCK_R], tl.float32)
+        acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+        start = split * chunk
+        end = tl.minimum(start + chunk, tl.load(Lens + b))
+        for n0 in range(start, end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            if TAIL_MASK:
+                n_ok = n < end
+            else:
+                n_ok = n < N  # only in bounds: keys past the split and past P_b leak in
+            kv = b * N * D + n[:, None] * D + d[None, :]
+            k = tl.load(K + kv, mask=n_ok[:, None] & (d < D)[None, :], other=0.0)
+            v = tl.load(V + kv, mask=n_ok[:, None] & (d < D)[None, :], other=0.0)
+            s = tl.where(n_ok[None, :], tl.dot(q, tl.trans(k), input_precision="ieee") * scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            p = tl.exp(s - m_new[:, None])
+            if RESCALE:
+                alpha = tl.exp(m - m_new)
+                l_ = l_ * alpha + tl.sum(p, 1)
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:  # the old sum and output stay scaled to the old max
+                l_ = l_ + tl.sum(p, 1)
+                acc = acc + tl.dot(p, v, input_precision="ieee")
+            m = m_new
+        if EMPTY_GUARD:
+            seen = l_ > 0
+            out = acc / tl.where(seen, l_, 1.0)[:, None]
+            lse = tl.where(seen, m + tl.log(tl.where(seen, l_, 1.0)), float("-inf"))
+        else:  # an empty split: 0 / 0
+            out = acc / l_[:, None]
+            lse = m + tl.log(l_)
+        row = (b * tl.num_programs(1) + split) * R + r
+        tl.store(O + row[:, None] * D + d[None, :], out, mask=rd_ok)
+        tl.store(L + row, lse, mask=r < R)
+
+    return triton.jit(kernel)
+
+
+class _PrefixWith:
+    """``kernel[grid](...)`` of the wrong prefix kernel with some of its mistakes on."""
+
+    def __init__(self, **mistakes):
+        self.flags = {**dict(RESCALE=True, TAIL_MASK=True, EMPTY_GUARD=True), **mistakes}
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: _wrong_prefix_kernel()[grid](*args, **meta, **self.flags)
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError("launch a kernel with kernel[grid](...)")
+
+
 CH06_WRONG = [
     ("6.1", dict(merge_partials=_merge_no_weights), "differs from the reference"),
     ("6.1", dict(merge_partials=_merge_naive_exp), "+1000"),
-    ("6.2", dict(masked_attention_lse=_softmax_nan_rows), "contains nan"),
-    ("6.3", dict(tiled_attention=_tiles_without_rescale), "in tiles of"),
-    ("6.4", dict(split_tree_attention=_split_ignoring_tree), "differs from the reference"),
+    ("6.3", dict(masked_attention_lse=_softmax_nan_rows), "contains nan"),
+    ("6.4", dict(tiled_attention=_tiles_without_rescale), "in tiles of"),
+    ("6.5", dict(prefix_split_kernel=_PrefixWith(RESCALE=False)), "differs from float64 softmax attention"),
+    ("6.5", dict(prefix_split_kernel=_PrefixWith(TAIL_MASK=False)),
+     "(P_b=37), split 1: keys 32..36 (1 tile(s) of 16, the last one running past key 36)"),
+    ("6.5", dict(prefix_split_kernel=_PrefixWith(EMPTY_GUARD=False)), "is nan in batch 0 (P_b=0), split 0: no key"),
+    ("6.5", dict(prefix_split_kernel=_PrefixWith()), None),  # all mistakes off: the same kernel passes
+    ("6.6", dict(split_tree_attention=_split_ignoring_tree), "differs from the reference"),
 ]
 
 
@@ -394,6 +464,9 @@ def test_ch06_checks_catch_wrong_answers(ex_id, overrides, needle):
 
     ex = find_exercise(ex_id)
     passed, msg = ex.run(_ch06_with(**overrides))
+    if needle is None:  # the control: the harness itself does not fail a correct kernel
+        assert passed, msg
+        return
     assert not passed
     assert msg.startswith(f"Exercise {ex_id} {ex.name}: ") and needle in msg, msg
 

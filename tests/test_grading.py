@@ -373,13 +373,58 @@ def _best_nodes_without_parents(rank_acc, n, max_depth):  # the n best paths, ti
     return sorted(best, key=lambda c: (len(c), c))
 
 
+
+def _speeds_of(taus, verify_s, draft_s, vanilla_draft=0.0):  # predicted tokens/s per n: (n, speed) of the first best
+    speeds = [t / (v + (draft_s if n else vanilla_draft)) for n, (t, v) in enumerate(zip(taus, verify_s))]
+    n = max(range(len(speeds)), key=lambda i: (speeds[i], -i))
+    return n, speeds[n]
+
+
+def _first_n_in_given_order(probs, verify_s, draft_s, max_nodes):  # the first n candidates, not the n largest
+    m = min(max_nodes, len(probs))
+    return _speeds_of([1 + sum(probs[:n]) for n in range(m + 1)], verify_s, draft_s)
+
+
+def _no_bonus_token(probs, verify_s, draft_s, max_nodes):  # E[tau] without the bonus token
+    top = sorted(probs, reverse=True)[:max_nodes]
+    return _speeds_of([1.0] + [sum(top[:n]) for n in range(1, len(top) + 1)], verify_s, draft_s)
+
+
+def _no_draft_time(probs, verify_s, draft_s, max_nodes):  # the tree's drafting is free
+    return _solutions(5).best_tree_size(probs, verify_s, 0.0, max_nodes)
+
+
+def _vanilla_pays_drafting(probs, verify_s, draft_s, max_nodes):  # n = 0 charged the draft time too
+    top = sorted(probs, reverse=True)[:max_nodes]
+    return _speeds_of([1 + sum(top[:n]) for n in range(len(top) + 1)], verify_s, draft_s, vanilla_draft=draft_s)
+
+
+def _largest_on_a_tie(probs, verify_s, draft_s, max_nodes):  # ties go to the bigger tree
+    top = sorted(probs, reverse=True)[:max_nodes]
+    taus = [1 + sum(top[:n]) for n in range(len(top) + 1)]
+    speeds = [t / (v + (draft_s if n else 0.0)) for n, (t, v) in enumerate(zip(taus, verify_s))]
+    n = max(range(len(speeds)), key=lambda i: (speeds[i], i))
+    return n, speeds[n]
+
+
+def _budget_over_candidates(probs, verify_s, draft_s, max_nodes):  # loops to the budget, not to the candidates
+    top, taus = sorted(probs, reverse=True), [1.0]
+    for n in range(1, max_nodes + 1):
+        taus.append(taus[-1] + top[n - 1])
+    return _speeds_of(taus, verify_s, draft_s)
+
+
+def _sorts_in_place(probs, verify_s, draft_s, max_nodes):  # right answer, but sorts the caller's list
+    probs.sort(reverse=True)
+    return _solutions(5).best_tree_size(probs, verify_s, draft_s, max_nodes)
+
 WRONG_TREES = [
-    ("4.1", dict(tree_mask=_mask_without_self), "mask["),
-    ("4.1", dict(tree_mask=lambda parents: torch.ones(len(parents) + 1, len(parents) + 1).tril().bool()), "mask["),
-    ("4.2", dict(tree_positions=lambda parents, n: torch.arange(len(parents) + 1) + n), "positions["),
-    ("4.3", dict(retrieve_indices=lambda parents: _solutions(4).retrieve_indices(parents).flip(0)), "retrieve_indices"),
-    ("4.4", dict(choices_to_parents=_lexicographic_choices), "expected"),
-    ("4.4", dict(choices_to_parents=_unchecked_choices), "instead of raising"),
+    ("4.1", dict(choices_to_parents=_lexicographic_choices), "expected"),
+    ("4.1", dict(choices_to_parents=_unchecked_choices), "instead of raising"),
+    ("4.2", dict(tree_mask=_mask_without_self), "mask["),
+    ("4.2", dict(tree_mask=lambda parents: torch.ones(len(parents) + 1, len(parents) + 1).tril().bool()), "mask["),
+    ("4.3", dict(tree_positions=lambda parents, n: torch.arange(len(parents) + 1) + n), "positions["),
+    ("4.4", dict(retrieve_indices=lambda parents: _solutions(4).retrieve_indices(parents).flip(0)), "retrieve_indices"),
     ("4.5", dict(greedy_verify=_first_child_wins), "expected path="),
     ("4.6", dict(best_static_tree=_widest_first), "the best"),
     ("4.6", dict(best_static_tree=_best_nodes_without_parents), "its parent"),
@@ -387,8 +432,14 @@ WRONG_TREES = [
     ("5.1", dict(expand_level=_no_parent_score), "child_scores"),
     ("5.2", dict(rerank=_score_order), "rerank(total_tokens="),
     ("5.2", dict(rerank=_ties_to_the_child), "a child as likely as its parent"),
-    ("5.3", dict(predicted_tokens_per_s=lambda tau, v, d: tau / v), "expected"),
-    ("5.4", dict(dynamic_tree=_no_rerank), "TreeDrafter drafts"),
+    ("5.3", dict(dynamic_tree=_no_rerank), "TreeDrafter drafts"),
+    ("5.4", dict(best_tree_size=_first_n_in_given_order), "expected n="),
+    ("5.4", dict(best_tree_size=_no_bonus_token), "expected n="),
+    ("5.4", dict(best_tree_size=_no_draft_time), "expected n="),
+    ("5.4", dict(best_tree_size=_vanilla_pays_drafting), "expected"),
+    ("5.4", dict(best_tree_size=_largest_on_a_tie), "on a tie the smallest n"),
+    ("5.4", dict(best_tree_size=_budget_over_candidates), "raised IndexError"),
+    ("5.4", dict(best_tree_size=_sorts_in_place), "modified its arguments"),
 ]
 
 
@@ -462,20 +513,20 @@ def _chain_from_the_first_prediction(head, embedding, lm_head, tokens, features,
 
 
 WRONG_EAGLE = [
-    ("3.5", dict(draft_chain=_chain_on_the_last_target_feature), "EagleDrafter drafts"),
-    ("3.5", dict(draft_chain=_chain_from_the_first_prediction), "EagleDrafter drafts"),
     ("3.1", dict(eagle_input=_feature_first), "embedding FIRST"),
     ("3.1", dict(eagle_input=_no_shift), "the shift"),
-    ("3.2", dict(eagle_loss=lambda pf, tf, pl, ti, tl, w_cls=0.1: _solutions(3).eagle_loss(pf, tf, pl, ti, tl, 1.0)),
-     "loss = "),
-    ("3.2", dict(eagle_loss=_hard_ce), "loss = "),
-    ("3.2", dict(eagle_loss=_detached), "differentiably"),
-    ("3.3", dict(build_vocab_map=_ties_to_higher_id), "ties to the lower id"),
-    ("3.3", dict(build_vocab_map=_absolute_d2t), "OFFSETS"),
-    ("3.3", dict(build_vocab_map=lambda c, vd: _solutions(3).build_vocab_map(c, min(max(vd, 1), c.numel()))),
+    ("3.2", dict(build_vocab_map=_ties_to_higher_id), "ties to the lower id"),
+    ("3.2", dict(build_vocab_map=_absolute_d2t), "OFFSETS"),
+    ("3.2", dict(build_vocab_map=lambda c, vd: _solutions(3).build_vocab_map(c, min(max(vd, 1), c.numel()))),
      "instead of raising"),
-    ("3.4", dict(to_target_logits=_zeros_outside), "expected -inf"),
-    ("3.4", dict(to_target_logits=lambda lg, d2t, V: _solutions(3).to_target_logits(lg, d2t * 0, V)), "logits["),
+    ("3.3", dict(to_target_logits=_zeros_outside), "expected -inf"),
+    ("3.3", dict(to_target_logits=lambda lg, d2t, V: _solutions(3).to_target_logits(lg, d2t * 0, V)), "logits["),
+    ("3.4", dict(eagle_loss=lambda pf, tf, pl, ti, tl, w_cls=0.1: _solutions(3).eagle_loss(pf, tf, pl, ti, tl, 1.0)),
+     "loss = "),
+    ("3.4", dict(eagle_loss=_hard_ce), "loss = "),
+    ("3.4", dict(eagle_loss=_detached), "differentiably"),
+    ("3.5", dict(draft_chain=_chain_on_the_last_target_feature), "EagleDrafter drafts"),
+    ("3.5", dict(draft_chain=_chain_from_the_first_prediction), "EagleDrafter drafts"),
 ]
 
 
@@ -598,11 +649,11 @@ def _merge_kernel_without_empty_guard():
 
 def test_triton_merge_kernel_exercise_passes_on_reference_catches_nan_and_stub_fails():
     for impl in ("solutions", "minispec"):
-        passed, msg = find_exercise("6.5").run(grading.load_impl(6, impl, reload=False))
+        passed, msg = find_exercise("6.2").run(grading.load_impl(6, impl, reload=False))
         assert passed, (impl, msg)
-    passed, msg = find_exercise("6.5").run(grading.load_impl(6, "exercises", reload=False))
-    assert not passed and msg.startswith("Exercise 6.5 merge_kernel: not implemented yet"), msg
-    passed, msg = find_exercise("6.5").run(_with(6, merge_kernel=_merge_kernel_without_empty_guard()))
+    passed, msg = find_exercise("6.2").run(grading.load_impl(6, "exercises", reload=False))
+    assert not passed and msg.startswith("Exercise 6.2 merge_kernel: not implemented yet"), msg
+    passed, msg = find_exercise("6.2").run(_with(6, merge_kernel=_merge_kernel_without_empty_guard()))
     assert not passed and "nan" in msg and "empty parts" in msg, msg
 
 

@@ -33,13 +33,13 @@ TAUGHT_IN = {
     "1.1": "one draft token", "1.2": "one draft token", "1.3": "a chain of",
     "1.4": "tokens per step", "1.5": "tokens per step",
     "2.1": "with replacement", "2.2": "without replacement", "2.3": "one-hot", "2.4": "trees, level by level",
-    "5.1": "expand and rerank", "5.2": "expand and rerank", "5.4": "expand and rerank", "5.3": "the cost model",
-    "3.1": "why the shifted token", "3.2": "training an eagle head", "3.3": "the heads, their sizes",
-    "3.4": "the heads, their sizes", "3.5": "drafting a chain",
-    "4.1": "the tree attention mask", "4.2": "positions and paths", "4.3": "positions and paths",
-    "4.4": "from choices to a tree", "4.5": "one real tree step", "4.6": "choosing a static tree",
-    "6.1": "the log-sum-exp merge", "6.2": "pytorch references", "6.3": "the triton kernels",
-    "6.4": "the triton kernels", "6.5": "triton puzzle",
+    "5.1": "expand and rerank", "5.2": "expand and rerank", "5.3": "expand and rerank", "5.4": "the cost model",
+    "3.1": "why the shifted token", "3.2": "the heads, their sizes", "3.3": "the heads, their sizes",
+    "3.4": "training an eagle head", "3.5": "drafting a chain",
+    "4.1": "from choices to a tree", "4.2": "the tree attention mask", "4.3": "positions and paths",
+    "4.4": "positions and paths", "4.5": "one real tree step", "4.6": "choosing a static tree",
+    "6.1": "the log-sum-exp merge", "6.2": "triton puzzle", "6.3": "pytorch references",
+    "6.4": "the triton kernels", "6.5": "the triton kernels", "6.6": "the triton kernels",
     "7.1": "reserving a forward", "7.2": "a tree step", "7.3": "ragged acceptance",
     "8.1": "capture rules", "8.2": "static buffers", "8.3": "buckets and padding", "8.4": "choosing buckets",
     "9.1": "on the meta device", "9.2": "the roofline of a decode step", "9.3": "the oracle draft",
@@ -52,12 +52,12 @@ ANSWERS = {
     "2.1": ["_mss_replacement", "verify_candidates"],
     "2.2": ["_mss_no_replacement", "verify_candidates"],
     "2.3": ["_mss_onehot", "verify_candidates"],
-    "3.1": ["forward"], "3.2": ["eagle_loss"], "3.5": ["_chain", "_extend", "_start"], "3.3": ["build_vocab_map"], "3.4": ["to_target_logits"],
-    "4.1": ["mask"], "4.2": ["positions"], "4.3": ["retrieve_indices"], "4.4": ["parse_choices"], "4.5": ["verify_tree"],
-    "5.4": ["_dynamic"],
-    "6.1": ["merge"], "6.2": ["attention_with_lse", "suffix_attention"],
-    "6.3": ["prefix_attention", "_online_softmax_step", "_prefix_kernel"], "6.4": ["split_attention"],
-    "6.5": ["_merge_kernel", "merge"],
+    "3.1": ["forward"], "3.2": ["build_vocab_map"], "3.3": ["to_target_logits"], "3.4": ["eagle_loss"], "3.5": ["_chain", "_extend", "_start"],
+    "4.1": ["parse_choices"], "4.2": ["mask"], "4.3": ["positions"], "4.4": ["retrieve_indices"], "4.5": ["verify_tree"],
+    "5.3": ["_dynamic"],
+    "6.1": ["merge"], "6.2": ["_merge_kernel", "merge"], "6.3": ["attention_with_lse", "suffix_attention"],
+    "6.4": ["prefix_attention", "_online_softmax_step", "_prefix_kernel"],
+    "6.5": ["_prefix_kernel", "_online_softmax_step", "prefix_attention"], "6.6": ["split_attention"],
     "8.1": ["find_hazards", "record_ops"], "8.2": ["static_forward"], "8.3": ["pad_inputs", "pick_bucket"],
     "8.4": ["best_buckets"],
     "9.1": ["weight_bytes", "kv_bytes", "linear_params"], "9.2": ["flops_per_row", "ridge_rows"],
@@ -296,7 +296,7 @@ def test_no_function_above_an_exercise_passes_it(chapter):
 
 
 def test_a_naive_answer_above_its_exercise_is_caught():
-    """Put a naive tree mask that returns the mask itself back above exercise 4.1: the check flags it."""
+    """Put a naive tree mask that returns the mask itself back above exercise 4.2: the check flags it."""
     text = notebook_source("04").read_text()
     naive = '''
 # %%
@@ -312,7 +312,7 @@ def naive_mask(parents):
     return torch.tensor(m)
 
 '''
-    anchor = "# %% [markdown]\n# ### Exercise 4.1"
+    anchor = "# %% [markdown]\n# ### Exercise 4.2"
     assert anchor in text
     problems = helpers_that_pass("04", text.replace(anchor, naive + anchor))
-    assert any("naive_mask passes exercise 4.1" in p for p in problems), problems
+    assert any("naive_mask passes exercise 4.2" in p for p in problems), problems

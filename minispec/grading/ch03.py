@@ -1,17 +1,16 @@
 """Checks of chapter 3's exercises (solutions/ch03_eagle.py): EAGLE feature drafting.
 
     3.1 eagle_input       the EAGLE-1 head's input rows cat[embed(x_{j+1}), f_j] (the shifted pairs)
-    3.2 eagle_loss        SmoothL1(features) + w_cls x soft cross-entropy against the target's top-K
-    3.3 build_vocab_map   EAGLE-3's draft vocabulary: d2t offsets and the t2d mask
-    3.4 to_target_logits  draft-vocabulary logits scattered into the target vocabulary, -inf elsewhere
+    3.2 build_vocab_map   EAGLE-3's draft vocabulary: d2t offsets and the t2d mask
+    3.3 to_target_logits  draft-vocabulary logits scattered into the target vocabulary, -inf elsewhere
+    3.4 eagle_loss        SmoothL1(features) + w_cls x soft cross-entropy against the target's top-K
     3.5 draft_chain       a greedy chain drafted at the feature level (the head's own feature fed back)
 
 References are minispec's own code: 3.1 the input that ``EagleDrafter`` feeds its head's ``fc``
-(captured with a forward pre-hook while it drafts), 3.2 ``minispec.train.eagle.eagle_loss`` (the
-loss that trained the shipped head, value and gradient), 3.3
-``minispec.drafters.eagle3.build_vocab_map``, 3.4 ``Eagle3Head.to_target_logits``, 3.5 the tokens
-``EagleDrafter`` drafts as a greedy chain (float64 heads, so no near-tie decides); all on seeded
-random tensors.
+(captured with a forward pre-hook while it drafts), 3.2 ``minispec.drafters.eagle3.build_vocab_map``,
+3.3 ``Eagle3Head.to_target_logits``, 3.4 ``minispec.train.eagle.eagle_loss`` (the loss that
+trained the shipped head, value and gradient), 3.5 the tokens ``EagleDrafter`` drafts as a greedy
+chain (float64 heads, so no near-tie decides); all on seeded random tensors.
 """
 
 from __future__ import annotations
@@ -149,43 +148,7 @@ def check_eagle_input(impl):
 
 
 # --------------------------------------------------------------------------- 3.2
-def _loss_case(g, N, H, V, K):
-    pred = torch.randn(N, H, generator=g, requires_grad=True)
-    tgt = torch.randn(N, H, generator=g) * 1.5  # some |differences| > 1: both SmoothL1 branches
-    W = torch.randn(V, H, generator=g) / H ** 0.5  # [V, H] a stand-in LM head
-    full = torch.log_softmax(2 * torch.randn(N, V, generator=g), -1)
-    top_logp, top_idx = full.topk(K, dim=-1)  # [N, K]: sums below 1 unless K = V
-    return pred, tgt, W, top_idx, top_logp
-
-
-@exercise(EXERCISES, "3.2", "eagle_loss")
-def check_eagle_loss(impl):
-    fn = get(impl, "eagle_loss")
-    g = torch.Generator().manual_seed(32)
-    for N, H, V, K, w in [(6, 4, 10, 3, 0.1), (9, 8, 20, 5, 0.1), (4, 6, 12, 12, 0.5), (5, 4, 16, 1, 0.0),
-                          (7, 5, 30, 4, 2.0)]:
-        pred, tgt, W, top_idx, top_logp = _loss_case(g, N, H, V, K)
-        where = f"for N={N}, H={H}, V={V}, K={K}, w_cls={w}"
-        ref = library_loss(pred, tgt, pred @ W.T, top_idx, top_logp, w)
-        (want_grad,) = torch.autograd.grad(ref, pred)
-        got = _tensor(fn(pred, tgt.clone(), pred @ W.T, top_idx.clone(), top_logp.clone(), w), "eagle_loss")
-        if got.numel() != 1:
-            raise AssertionError(f"eagle_loss must return a scalar (mean over positions), got shape {tuple(got.shape)} {where}")
-        got = got.reshape(())
-        if not abs(got.item() - ref.item()) <= 1e-5 * (1 + abs(ref.item())):
-            l1 = torch.nn.functional.smooth_l1_loss(pred, tgt).item()
-            ce = (ref.item() - l1) / w if w else float("nan")
-            raise AssertionError(f"loss = {got.item():.6g}, expected {ref.item():.6g} (minispec.train.eagle.eagle_loss: "
-                                 f"SmoothL1 {l1:.6g} + {w} x soft CE {ce:.6g}) {where}")
-        if not got.requires_grad:
-            raise AssertionError(f"the loss does not depend differentiably on pred_feat / pred_logits (detached? "
-                                 f"built with .item() or numpy?): it could not train the head {where}")
-        (grad,) = torch.autograd.grad(got, pred)
-        _close(grad, want_grad, "d loss / d pred_feat", f"(gradient through the features and the logits) {where}")
-
-
-# --------------------------------------------------------------------------- 3.3
-@exercise(EXERCISES, "3.3", "build_vocab_map")
+@exercise(EXERCISES, "3.2", "build_vocab_map")
 def check_build_vocab_map(impl):
     fn = get(impl, "build_vocab_map")
     g = torch.Generator().manual_seed(33)
@@ -231,8 +194,8 @@ def check_build_vocab_map(impl):
         raise AssertionError(f"build_vocab_map(counts of V=8, {bad}) returned instead of raising ValueError")
 
 
-# --------------------------------------------------------------------------- 3.4
-@exercise(EXERCISES, "3.4", "to_target_logits")
+# --------------------------------------------------------------------------- 3.3
+@exercise(EXERCISES, "3.3", "to_target_logits")
 def check_to_target_logits(impl):
     fn = get(impl, "to_target_logits")
     g = torch.Generator().manual_seed(34)
@@ -254,6 +217,42 @@ def check_to_target_logits(impl):
                 raise AssertionError(f"a target id outside the draft vocabulary has logit {v:.4g}, expected -inf "
                                      f"(probability exactly 0 under the draft) {where}")
         _close(got, want, "logits", where, atol=0, rtol=0)
+
+
+# --------------------------------------------------------------------------- 3.4
+def _loss_case(g, N, H, V, K):
+    pred = torch.randn(N, H, generator=g, requires_grad=True)
+    tgt = torch.randn(N, H, generator=g) * 1.5  # some |differences| > 1: both SmoothL1 branches
+    W = torch.randn(V, H, generator=g) / H ** 0.5  # [V, H] a stand-in LM head
+    full = torch.log_softmax(2 * torch.randn(N, V, generator=g), -1)
+    top_logp, top_idx = full.topk(K, dim=-1)  # [N, K]: sums below 1 unless K = V
+    return pred, tgt, W, top_idx, top_logp
+
+
+@exercise(EXERCISES, "3.4", "eagle_loss")
+def check_eagle_loss(impl):
+    fn = get(impl, "eagle_loss")
+    g = torch.Generator().manual_seed(32)
+    for N, H, V, K, w in [(6, 4, 10, 3, 0.1), (9, 8, 20, 5, 0.1), (4, 6, 12, 12, 0.5), (5, 4, 16, 1, 0.0),
+                          (7, 5, 30, 4, 2.0)]:
+        pred, tgt, W, top_idx, top_logp = _loss_case(g, N, H, V, K)
+        where = f"for N={N}, H={H}, V={V}, K={K}, w_cls={w}"
+        ref = library_loss(pred, tgt, pred @ W.T, top_idx, top_logp, w)
+        (want_grad,) = torch.autograd.grad(ref, pred)
+        got = _tensor(fn(pred, tgt.clone(), pred @ W.T, top_idx.clone(), top_logp.clone(), w), "eagle_loss")
+        if got.numel() != 1:
+            raise AssertionError(f"eagle_loss must return a scalar (mean over positions), got shape {tuple(got.shape)} {where}")
+        got = got.reshape(())
+        if not abs(got.item() - ref.item()) <= 1e-5 * (1 + abs(ref.item())):
+            l1 = torch.nn.functional.smooth_l1_loss(pred, tgt).item()
+            ce = (ref.item() - l1) / w if w else float("nan")
+            raise AssertionError(f"loss = {got.item():.6g}, expected {ref.item():.6g} (minispec.train.eagle.eagle_loss: "
+                                 f"SmoothL1 {l1:.6g} + {w} x soft CE {ce:.6g}) {where}")
+        if not got.requires_grad:
+            raise AssertionError(f"the loss does not depend differentiably on pred_feat / pred_logits (detached? "
+                                 f"built with .item() or numpy?): it could not train the head {where}")
+        (grad,) = torch.autograd.grad(got, pred)
+        _close(grad, want_grad, "d loss / d pred_feat", f"(gradient through the features and the logits) {where}")
 
 
 @torch.no_grad()

@@ -1,9 +1,9 @@
 """Checks of chapter 4's exercises (solutions/ch04_static_trees.py): static trees and tree masks.
 
-    4.1 tree_mask           [N+1, N+1] ancestor mask, row/column 0 = the root
-    4.2 tree_positions      prefix_len + depth, root included
-    4.3 retrieve_indices    root-to-leaf paths padded with -1 (Medusa / EAGLE)
-    4.4 choices_to_parents  a choices list -> parents and sibling ranks (plus its errors)
+    4.1 choices_to_parents  a choices list -> parents and sibling ranks (plus its errors)
+    4.2 tree_mask           [N+1, N+1] ancestor mask, row/column 0 = the root
+    4.3 tree_positions      prefix_len + depth, root included
+    4.4 retrieve_indices    root-to-leaf paths padded with -1 (Medusa / EAGLE)
     4.5 greedy_verify       the accepted path of a tree under greedy verification
     4.6 best_static_tree    the n-node tree of most expected tokens from per-rank acceptance
 
@@ -99,40 +99,7 @@ def _same(got: torch.Tensor, want: torch.Tensor, what: str, where: str) -> None:
         raise AssertionError(f"{what}{bad} = {got[tuple(bad)].item()}, expected {want[tuple(bad)].item()} for {where}")
 
 
-# --------------------------------------------------------------------------- 4.1 - 4.3
-@exercise(EXERCISES, "4.1", "tree_mask")
-def check_tree_mask(impl):
-    fn = get(impl, "tree_mask")
-    for desc, parents in trees(seed=41):
-        got = _tensor(fn(list(parents)), "tree_mask")
-        if got.dtype != torch.bool:
-            raise AssertionError(f"tree_mask must return a bool tensor, got dtype {got.dtype} (use dtype=torch.bool)")
-        _same(got, Tree([0] * len(parents), parents).mask(), "mask", _short(desc))
-
-
-@exercise(EXERCISES, "4.2", "tree_positions")
-def check_tree_positions(impl):
-    fn = get(impl, "tree_positions")
-    for k, (desc, parents) in enumerate(trees(seed=42)):
-        prefix = (0, 7, 123)[k % 3]
-        got = _tensor(fn(list(parents), prefix), "tree_positions")
-        if got.dtype.is_floating_point or got.dtype == torch.bool:
-            raise AssertionError(f"tree_positions must return integer positions (torch.long), got dtype {got.dtype}")
-        _same(got, Tree([0] * len(parents), parents).positions(prefix), "positions",
-              f"{_short(desc)} with prefix_len={prefix}")
-
-
-@exercise(EXERCISES, "4.3", "retrieve_indices")
-def check_retrieve_indices(impl):
-    fn = get(impl, "retrieve_indices")
-    for desc, parents in trees(seed=43):
-        got = _tensor(fn(list(parents)), "retrieve_indices")
-        if got.dtype.is_floating_point or got.dtype == torch.bool:
-            raise AssertionError(f"retrieve_indices must return node indices (torch.long), got dtype {got.dtype}")
-        _same(got, Tree([0] * len(parents), parents).retrieve_indices(), "retrieve_indices", _short(desc))
-
-
-# --------------------------------------------------------------------------- 4.4
+# --------------------------------------------------------------------------- 4.1
 def random_choices(rng: random.Random) -> list[tuple[int, ...]]:
     """A random valid choices list, shuffled (ranks among siblings distinct, gaps allowed)."""
     parents = random_parents(rng.randint(1, 30), rng, bushy=rng.random())
@@ -160,7 +127,7 @@ def _choices_output(out, n: int):
     return parents, ranks
 
 
-@exercise(EXERCISES, "4.4", "choices_to_parents")
+@exercise(EXERCISES, "4.1", "choices_to_parents")
 def check_choices_to_parents(impl):
     fn = get(impl, "choices_to_parents")
     rng = random.Random(44)
@@ -190,6 +157,39 @@ def check_choices_to_parents(impl):
             raise AssertionError(f"choices_to_parents({cs}) raised {type(e).__name__}: {e}; expected ValueError "
                                  f"for {what}") from None
         raise AssertionError(f"choices_to_parents({cs}) returned instead of raising ValueError for {what}")
+
+
+# --------------------------------------------------------------------------- 4.2 - 4.4
+@exercise(EXERCISES, "4.2", "tree_mask")
+def check_tree_mask(impl):
+    fn = get(impl, "tree_mask")
+    for desc, parents in trees(seed=41):
+        got = _tensor(fn(list(parents)), "tree_mask")
+        if got.dtype != torch.bool:
+            raise AssertionError(f"tree_mask must return a bool tensor, got dtype {got.dtype} (use dtype=torch.bool)")
+        _same(got, Tree([0] * len(parents), parents).mask(), "mask", _short(desc))
+
+
+@exercise(EXERCISES, "4.3", "tree_positions")
+def check_tree_positions(impl):
+    fn = get(impl, "tree_positions")
+    for k, (desc, parents) in enumerate(trees(seed=42)):
+        prefix = (0, 7, 123)[k % 3]
+        got = _tensor(fn(list(parents), prefix), "tree_positions")
+        if got.dtype.is_floating_point or got.dtype == torch.bool:
+            raise AssertionError(f"tree_positions must return integer positions (torch.long), got dtype {got.dtype}")
+        _same(got, Tree([0] * len(parents), parents).positions(prefix), "positions",
+              f"{_short(desc)} with prefix_len={prefix}")
+
+
+@exercise(EXERCISES, "4.4", "retrieve_indices")
+def check_retrieve_indices(impl):
+    fn = get(impl, "retrieve_indices")
+    for desc, parents in trees(seed=43):
+        got = _tensor(fn(list(parents)), "retrieve_indices")
+        if got.dtype.is_floating_point or got.dtype == torch.bool:
+            raise AssertionError(f"retrieve_indices must return node indices (torch.long), got dtype {got.dtype}")
+        _same(got, Tree([0] * len(parents), parents).retrieve_indices(), "retrieve_indices", _short(desc))
 
 
 # --------------------------------------------------------------------------- 4.5

@@ -1,21 +1,27 @@
 """Checks of chapter 5's exercises (solutions/ch05_dynamic_trees.py): EAGLE-2 dynamic trees.
 
-    5.1 expand_level            one expansion step: top_k children per frontier node, next frontier
-    5.2 rerank                  the total_tokens best candidates, as a connected tree in topological order
-    5.3 predicted_tokens_per_s  the dispatcher's cost model: tau / (verify time + draft time)
-    5.4 dynamic_tree            a whole EAGLE-2 tree from a toy next-token function
+    5.1 expand_level    one expansion step: top_k children per frontier node, next frontier
+    5.2 rerank          the total_tokens best candidates, as a connected tree in topological order
+    5.3 dynamic_tree    a whole EAGLE-2 tree from a toy next-token function
+    5.4 best_tree_size  the number of nodes with the best predicted tokens/s, from the candidates'
+                        path products, a verify-time curve and a draft time
 
-The reference is minispec's own ``TreeDrafter._dynamic`` (minispec/drafters/tree_drafter.py).
+The reference of 5.1-5.3 is minispec's own ``TreeDrafter._dynamic`` (minispec/drafters/tree_drafter.py).
 It is one method, so the checks reach it through a toy drafter, ``PathDrafter``, whose hooks
 return logits from a seeded table indexed by the path below the root. 5.1 and 5.2 are compared
 (a) step by step with ``reference_expand_level`` / ``reference_rerank``, the two phases of
 ``_dynamic`` line for line, and (b) end to end: the learner's function, composed with the
-reference of the other phase, must draft exactly the tree ``TreeDrafter`` drafts.
+reference of the other phase, must draft exactly the tree ``TreeDrafter`` drafts. 5.4 is compared
+with a brute force: for every n, the best E[tau] over every subset of n candidates, divided by the
+step time (``dispatch.predicted_tokens_per_s``), on hand-made cases (ties, vanilla winning, a
+budget above the number of candidates) and on the candidates of real toy-model expansions.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 from types import SimpleNamespace
 from typing import Callable
 
@@ -26,9 +32,9 @@ from minispec.drafters import tree_drafter
 from minispec.drafters.tree_drafter import TreeDrafter, TreeSpec
 from minispec.sampling import GREEDY
 
-from .checks import as_int, exercise, get
+from .checks import _where, as_int, exercise, get
 
-TITLE = "Dynamic trees (EAGLE-2): expand, rerank, and the cost model"
+TITLE = "Dynamic trees (EAGLE-2): expand, rerank, and the tree size that pays"
 MODULE = "ch05_dynamic_trees"
 EXERCISES: list = []
 
@@ -114,19 +120,33 @@ def compose(expand: Callable, rerank: Callable, next_logits, depth: int, top_k: 
     return [tok[c] for c in selected], parents
 
 
+def library_best_tree_size(path_probs, verify_s, draft_s: float, max_nodes: int):
+    """5.4 with the library's cost model: E[tau](n) of the n best candidates, priced by
+    ``dispatch.predicted_tokens_per_s`` for every n at once (torch.argmax: the first best n)."""
+    m = min(max_nodes, len(path_probs))
+    top = torch.sort(torch.tensor(list(path_probs), dtype=torch.float64), descending=True).values[:m]
+    tau = torch.cat([torch.ones(1, dtype=torch.float64), 1 + torch.cumsum(top, 0)])  # [m + 1]
+    verify = torch.tensor(list(verify_s)[:m + 1], dtype=torch.float64)  # [m + 1]
+    draft = torch.full((m + 1,), float(draft_s), dtype=torch.float64)
+    draft[0] = 0.0  # vanilla drafts nothing
+    speed = dispatch.predicted_tokens_per_s(tau, verify, draft)
+    n = int(torch.argmax(speed))
+    return n, float(speed[n])
+
+
 def library():
     """minispec's own functions behind the exercises' signatures (``--impl minispec``).
 
     5.1 / 5.2 are ``tree_drafter.expand_level`` / ``tree_drafter.rerank``, the two phases of
-    ``TreeDrafter._dynamic``; 5.3 is ``dispatch.predicted_tokens_per_s``; 5.4 runs
-    ``TreeDrafter._dynamic`` itself on the toy model.
+    ``TreeDrafter._dynamic``; 5.3 runs ``TreeDrafter._dynamic`` itself on the toy model; 5.4
+    prices every size with ``dispatch.predicted_tokens_per_s``.
     """
     return SimpleNamespace(
         __name__="minispec.drafters.tree_drafter (chapter 5 adapter)",
         expand_level=reference_expand_level,
         rerank=reference_rerank,
-        predicted_tokens_per_s=dispatch.predicted_tokens_per_s,
         dynamic_tree=library_dynamic_tree,
+        best_tree_size=library_best_tree_size,
     )
 
 
@@ -238,25 +258,7 @@ def check_rerank(impl):
     _end_to_end(reference_expand_level, fn, "rerank (with the reference expand_level)")
 
 
-@exercise(EXERCISES, "5.3", "predicted_tokens_per_s")
-def check_predicted_tokens_per_s(impl):
-    fn = get(impl, "predicted_tokens_per_s")
-    for tau, verify_s, draft_s in [(1.0, 0.02, 0.0), (3.2, 0.03, 0.01), (4.5, 0.05, 0.025), (2.0, 1.5, 0.5)]:
-        got = float(fn(tau, verify_s, draft_s))
-        want = tau / (verify_s + draft_s)
-        if not math.isclose(got, want, rel_tol=1e-9):
-            raise AssertionError(f"predicted_tokens_per_s(tau={tau}, verify_s={verify_s}, draft_s={draft_s}) = "
-                                 f"{got:.6g}, expected {want:.6g} tokens/s")
-    tau = torch.tensor([1.0, 2.5, 3.5], dtype=torch.float64)
-    verify_s = torch.tensor([0.020, 0.024, 0.040], dtype=torch.float64)
-    draft_s = torch.tensor([0.0, 0.010, 0.015], dtype=torch.float64)
-    got = torch.as_tensor(fn(tau, verify_s, draft_s))
-    if tuple(got.shape) != (3,) or not torch.allclose(got.double(), tau / (verify_s + draft_s)):
-        raise AssertionError(f"on tensors (one entry per tree shape) got {got.tolist()}, expected "
-                             f"{(tau / (verify_s + draft_s)).tolist()}")
-
-
-@exercise(EXERCISES, "5.4", "dynamic_tree")
+@exercise(EXERCISES, "5.3", "dynamic_tree")
 def check_dynamic_tree(impl):
     fn = get(impl, "dynamic_tree")
     for toy in _toys():
@@ -273,3 +275,90 @@ def check_dynamic_tree(impl):
                     f"dynamic_tree(depth={depth}, top_k={top_k}, total_tokens={total}) on the toy model seed {toy.seed} "
                     f"(V={toy.V}) returned tokens={got[0]}, parents={got[1]}; TreeDrafter drafts tokens={want[0]}, "
                     f"parents={want[1]}")
+
+
+# --------------------------------------------------------------------------- 5.4: the tree size that pays
+def brute_force_speeds(path_probs, verify_s, draft_s: float, max_nodes: int) -> list[float]:
+    """Predicted tokens/s of the best tree of n nodes, n = 0..min(max_nodes, M): the largest
+    E[tau] = 1 + sum over any n of the candidates (every subset tried, exact sums), over the time
+    of a step (no drafting for n = 0)."""
+    speeds = [dispatch.predicted_tokens_per_s(1.0, verify_s[0], 0.0)]
+    for n in range(1, min(max_nodes, len(path_probs)) + 1):
+        tau = max(math.fsum((1.0, *subset)) for subset in itertools.combinations(path_probs, n))
+        speeds.append(dispatch.predicted_tokens_per_s(tau, verify_s[n], draft_s))
+    return speeds
+
+
+def _best_tree_cases():
+    """(path_probs, verify_s, draft_s, max_nodes, what) cases for 5.4."""
+    # hand-made; the ties use dyadic numbers, so every order of summation gives the same bits
+    yield [], [0.02], 0.01, 0, "no candidates at all"
+    yield [0.6, 0.3], [0.02, 0.021, 0.022], 0.004, 0, "a budget of 0 nodes"
+    yield [0.3, 0.1, 0.2], [0.02, 0.021, 0.022, 0.023], 0.02, 3, "drafting dearer than it gains: vanilla wins"
+    yield [0.125, 0.5, 0.25], [1.0, 1.5, 1.75, 2.0], 0.0, 3, "vanilla tied with 1 and 2 nodes"
+    yield [0.25, 0.75, 0.5], [0.625, 0.625, 0.875, 1.125], 0.25, 3, "1 and 2 nodes tied, both above vanilla"
+    yield [0.5, 0.0], [1.0, 1.0, 1.0], 0.0, 2, "a candidate of product 0 on a flat curve"
+    yield [0.9, 0.8, 0.7, 0.6], [0.02] * 5, 0.001, 4, "a flat verify curve: every node pays"
+    yield [0.9, 0.8, 0.7, 0.6], [0.02] * 5, 0.001, 2, "a budget below the number of candidates"
+    yield [0.05, 0.6, 0.4], [0.02 * (1 + n / 8) for n in range(9)], 0.003, 8, \
+        "a budget above the number of candidates (curve measured further)"
+    yield [0.1, 0.05, 0.9, 0.3, 0.85, 0.02], [0.02 * (1 + n / 5) for n in range(10)], 0.002, 6, \
+        "a rising curve (a CPU): the best n is in the middle"
+    # the candidates of real expansions of the toy models (their path products), on random curves
+    rng = random.Random(54)
+    real = []
+    for toy in _toys():
+        for depth, top_k, total in [(1, 3, 3), (2, 2, 6), (3, 2, 10), (2, 3, 12)]:
+            rec: list = []
+            compose(reference_expand_level, reference_rerank, toy, depth, top_k, total, record=rec)
+            probs = [math.exp(x) for x in rec[0][0]]
+            rng.shuffle(probs)  # any order
+            real.append((probs, f"the candidates of a toy expansion depth={depth}, top_k={top_k} (seed {toy.seed})"))
+    for k in range(60):
+        if k < len(real):
+            probs, what = real[k]
+        else:
+            probs = [rng.random() ** rng.choice([1, 2, 4]) for _ in range(rng.randint(1, 10))]
+            what = "random candidates"
+        max_nodes = rng.randint(0, len(probs) + 2)
+        base = rng.uniform(0.005, 0.05)
+        knee, slope = rng.randint(0, 12), rng.choice([0.0, 0.01, 0.05, 0.2])
+        verify = [base * (1 + rng.uniform(0, 0.02) + slope * max(0, n - knee)) for n in range(max_nodes + 1)]
+        verify = [max(verify[:n + 1]) for n in range(len(verify))]  # non-decreasing, as the dispatcher makes it
+        draft = rng.choice([0.0, rng.uniform(0, 0.5) * base, rng.uniform(0.5, 2) * base])
+        speeds = brute_force_speeds(probs, verify, draft, max_nodes)
+        top2 = sorted(speeds, reverse=True)[:2]
+        if len(top2) == 2 and top2[0] - top2[1] <= 1e-7 * top2[0]:
+            continue  # a near tie decided by rounding: not a fair case
+        yield probs, verify, draft, max_nodes, what
+
+
+@exercise(EXERCISES, "5.4", "best_tree_size")
+def check_best_tree_size(impl):
+    fn = get(impl, "best_tree_size")
+    for probs, verify, draft, max_nodes, what in _best_tree_cases():
+        speeds = brute_force_speeds(probs, verify, draft, max_nodes)
+        want = speeds.index(max(speeds))  # the first best: the smallest n on a tie
+        args = (list(probs), list(verify), draft, max_nodes)
+        call = (f"best_tree_size(path_probs={[round(p, 4) for p in probs]}, verify_s="
+                f"{[round(v, 5) for v in verify]}, draft_s={draft:.4g}, max_nodes={max_nodes}) ({what})")
+        try:
+            out = fn(*args)
+        except NotImplementedError:
+            raise
+        except Exception as e:
+            raise AssertionError(f"{call} raised {type(e).__name__}: {e}{_where(e)}") from e
+        if args != (list(probs), list(verify), draft, max_nodes):
+            raise AssertionError(f"{call} modified its arguments (sort a copy instead)")
+        try:
+            n, tps = out
+            n, tps = as_int(n, "n"), float(tps)
+        except (TypeError, ValueError):
+            raise AssertionError(f"{call} must return (n, tokens_per_s), got {out!r}") from None
+        table = ", ".join(f"n={i}: {s:.4g}" for i, s in enumerate(speeds))
+        if n != want:
+            raise AssertionError(f"{call} returned n={n}, expected n={want} ({speeds[want]:.6g} tokens/s; on a tie "
+                                 f"the smallest n). Predicted tokens/s of the best tree of each size: {table}")
+        if not math.isclose(tps, speeds[want], rel_tol=1e-6):
+            raise AssertionError(f"{call} returned n={n} (right) with tokens_per_s={tps:.6g}, expected "
+                                 f"{speeds[want]:.6g}. Predicted tokens/s of the best tree of each size: {table}")

@@ -1,16 +1,19 @@
 """Checks of chapter 6's exercises (solutions/ch06_split_attention.py): split tree attention.
 
     6.1 merge_partials         log-sum-exp merge of two partial attention results
-    6.2 masked_attention_lse   masked attention returning the row log-sum-exps (the tree suffix)
-    6.3 tiled_attention        online softmax over key tiles (the mask-free prefix)
-    6.4 split_tree_attention   prefix + suffix + merge, with grouped-query heads
-    6.5 merge_kernel           the merge of 6.1 as a Triton kernel (one program per block of rows)
+    6.2 merge_kernel           the merge of 6.1 as a Triton kernel (one program per block of rows)
+    6.3 masked_attention_lse   masked attention returning the row log-sum-exps (the tree suffix)
+    6.4 tiled_attention        online softmax over key tiles (the mask-free prefix)
+    6.5 prefix_split_kernel    the online softmax of one split of a ragged prefix as a Triton kernel
+    6.6 split_tree_attention   prefix + suffix + merge, with grouped-query heads
 
-Checks 6.1-6.4 run the learner's function on random float64 inputs and compares with softmax
-attention computed directly over all keys (and with minispec.attention's own functions), to
-1e-9: the split is exact, so only float64 rounding separates correct answers. Check 6.5 launches
-the learner's kernel on float32 inputs (CPU tensors under TRITON_INTERPRET=1 when there is no
-GPU) and compares with ``minispec.attention.reference.merge`` in float64, to 1e-5.
+Checks 6.1, 6.3, 6.4 and 6.6 run the learner's function on random float64 inputs and compare
+with softmax attention computed directly over all keys (and with minispec.attention's own
+functions), to 1e-9: the split is exact, so only float64 rounding separates correct answers.
+Checks 6.2 and 6.5 launch the learner's kernel on float32 inputs (CPU tensors under
+TRITON_INTERPRET=1 when there is no GPU): 6.2 against ``minispec.attention.reference.merge`` in
+float64, 6.5 split by split against float64 softmax attention over the split's keys, to 1e-5
+(6.5: plus 4 float32 ulps of the split's largest score, which float32 rounds: 5e-4 around +1000).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ def library():
         split_tree_attention=lambda q, k, v, prefix_len, tree_mask, block=16: ref.split_attention(q, k, v, prefix_len,
                                                                                                  tree_mask),
         merge_kernel=_LibraryMergeKernel(),
+        prefix_split_kernel=_LibraryPrefixKernel(),
     )
 
 
@@ -63,6 +67,29 @@ class _LibraryMergeKernel:
             ts._merge_kernel[(1, ts.triton.cdiv(R, BLOCK_R))](
                 O, L, Out, R, 2, 0, O.stride(0), O.stride(1), 0, L.stride(0), 0, Out.stride(0),
                 HEAD_DIM=D, BLOCK_T=BLOCK_R, BLOCK_D=BLOCK_D)
+        return launch
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError("launch a kernel with kernel[grid](...)")
+
+
+class _LibraryPrefixKernel:
+    """minispec's own ``_prefix_kernel`` (grouped-query rows, strided cache) behind ``prefix_split_kernel[grid](...)``.
+
+    One KV head (Hkv = G = 1) whose T = R tokens are the rows; Q [B, R, D], K / V [B, N, D] and the
+    partials O [B, S, R, D] / L [B, S, R] passed with their strides (head strides 0). The library
+    scores in log2 units: the scale carries log2(e)."""
+
+    def __getitem__(self, grid):
+        B, S = grid
+
+        def launch(Q, K, V, Lens, O, L, R, N, D, chunk, scale, BLOCK_R, BLOCK_N, BLOCK_D):
+            ts = _triton_split()
+            ts._prefix_kernel[(B, 1, S)](
+                Q, K, V, O, L, Lens, chunk, scale * ts.LOG2E, 1, 1, R,
+                R * D, 0, D, N * D, 0, D, N * D, 0, D,
+                S * R * D, 0, R * D, D, S * R, 0, R,
+                HEAD_DIM=D, BLOCK_M=BLOCK_R, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D)
         return launch
 
     def __call__(self, *args, **kwargs):
@@ -144,65 +171,6 @@ def check_merge_partials(impl):
     _close(lse, empty[1], "lse", "when both parts are empty (expected -inf)")
 
 
-@exercise(EXERCISES, "6.2", "masked_attention_lse")
-def check_masked_attention_lse(impl):
-    fn = get(impl, "masked_attention_lse")
-    g = torch.Generator().manual_seed(62)
-    q, k, v = _rand(2, 3, 6, 8, g=g), _rand(2, 3, 7, 8, g=g), _rand(2, 3, 7, 8, g=g)
-    masks = {"a random mask": torch.rand(6, 7, generator=g) < 0.5,
-             "a causal mask": torch.ones(6, 7, dtype=torch.bool).tril(1),
-             "a per-head random mask": torch.rand(2, 3, 6, 7, generator=g) < 0.4}
-    masks["a random mask"][2] = False  # a row that sees nothing
-    masks["a random mask"][3] = True
-    for name, mask in masks.items():
-        out, lse = _pair(fn(q, k, v, mask), "masked_attention_lse")
-        want = _attention64(q, k, v, mask)
-        where = f"with {name} (q {tuple(q.shape)}, k {tuple(k.shape)}; rows without a visible key: out 0, lse -inf)"
-        _close(out, want[0], "out", where)
-        _close(lse, want[1], "lse", where)
-        lib = ref.attention_with_lse(q, k, v, mask)
-        _close(out, lib[0], "out (vs minispec.attention.attention_with_lse)", where)
-    T = 9
-    m = tree_mask(_random_parents(T, g))
-    q, k, v = _rand(4, T, 16, g=g), _rand(4, T, 16, g=g), _rand(4, T, 16, g=g)
-    out, lse = _pair(fn(q, k, v, m), "masked_attention_lse")
-    want = _attention64(q, k, v, m)
-    _close(out, want[0], "out", "with a tree's ancestor mask")
-    _close(lse, want[1], "lse", "with a tree's ancestor mask")
-
-
-@exercise(EXERCISES, "6.3", "tiled_attention")
-def check_tiled_attention(impl):
-    fn = get(impl, "tiled_attention")
-    g = torch.Generator().manual_seed(63)
-    for N in (0, 1, 7, 16, 37):
-        q, k, v = _rand(2, 5, 8, g=g), _rand(2, N, 8, g=g) * 3, _rand(2, N, 8, g=g)  # * 3: sharp softmax
-        want = _attention64(q, k, v)
-        for block in (1, 4, 16, 64):
-            out, lse = _pair(fn(q, k, v, block), "tiled_attention")
-            where = f"for N={N} keys in tiles of {block}" + (" (no keys: out 0, lse -inf)" if N == 0 else "")
-            _close(out, want[0], "out", where)
-            _close(lse, want[1], "lse", where)
-
-
-@exercise(EXERCISES, "6.4", "split_tree_attention")
-def check_split_tree_attention(impl):
-    fn = get(impl, "split_tree_attention")
-    g = torch.Generator().manual_seed(64)
-    for B, H, Hkv, T, P, hd in [(1, 2, 2, 1, 0, 8), (2, 4, 1, 5, 13, 8), (1, 8, 2, 9, 40, 16), (2, 4, 4, 7, 1, 8)]:
-        q, k, v = _rand(B, H, T, hd, g=g), _rand(B, Hkv, P + T, hd, g=g), _rand(B, Hkv, P + T, hd, g=g)
-        m = tree_mask(_random_parents(T, g))
-        full = torch.cat([torch.ones(T, P, dtype=torch.bool), m], -1)  # [T, S]
-        G = H // Hkv
-        want = _attention64(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1), full)[0]
-        where = f"for B={B}, H={H} query / {Hkv} KV heads, T={T} tree tokens after a prefix of {P}"
-        got = fn(q, k, v, P, m)
-        if not isinstance(got, torch.Tensor):
-            raise AssertionError(f"split_tree_attention must return a tensor, got {type(got).__name__}")
-        _close(got, want, "out", where)
-        _close(got, ref.split_attention(q, k, v, P, m), "out (vs minispec.attention.split_attention)", where)
-
-
 def _launch(kernel, out_p, lse_p, out_s, lse_s, block_r: int) -> torch.Tensor:
     """The launcher of solutions/ch06's ``merge_triton``, for any kernel with merge_kernel's signature."""
     R, D = out_p.shape
@@ -220,7 +188,7 @@ def _launch(kernel, out_p, lse_p, out_s, lse_s, block_r: int) -> torch.Tensor:
     return out
 
 
-@exercise(EXERCISES, "6.5", "merge_kernel")
+@exercise(EXERCISES, "6.2", "merge_kernel")
 def check_merge_kernel(impl):
     kernel = get(impl, "merge_kernel")
     interp = os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available()
@@ -250,3 +218,157 @@ def check_merge_kernel(impl):
             row = int((got.double() - want).abs().amax(-1).argmax())
             raise AssertionError(f"out differs from minispec.attention.reference.merge by {err:.3g} (max abs, "
                                  f"worst row {row}) {where}")
+
+
+
+@exercise(EXERCISES, "6.3", "masked_attention_lse")
+def check_masked_attention_lse(impl):
+    fn = get(impl, "masked_attention_lse")
+    g = torch.Generator().manual_seed(62)
+    q, k, v = _rand(2, 3, 6, 8, g=g), _rand(2, 3, 7, 8, g=g), _rand(2, 3, 7, 8, g=g)
+    masks = {"a random mask": torch.rand(6, 7, generator=g) < 0.5,
+             "a causal mask": torch.ones(6, 7, dtype=torch.bool).tril(1),
+             "a per-head random mask": torch.rand(2, 3, 6, 7, generator=g) < 0.4}
+    masks["a random mask"][2] = False  # a row that sees nothing
+    masks["a random mask"][3] = True
+    for name, mask in masks.items():
+        out, lse = _pair(fn(q, k, v, mask), "masked_attention_lse")
+        want = _attention64(q, k, v, mask)
+        where = f"with {name} (q {tuple(q.shape)}, k {tuple(k.shape)}; rows without a visible key: out 0, lse -inf)"
+        _close(out, want[0], "out", where)
+        _close(lse, want[1], "lse", where)
+        lib = ref.attention_with_lse(q, k, v, mask)
+        _close(out, lib[0], "out (vs minispec.attention.attention_with_lse)", where)
+    T = 9
+    m = tree_mask(_random_parents(T, g))
+    q, k, v = _rand(4, T, 16, g=g), _rand(4, T, 16, g=g), _rand(4, T, 16, g=g)
+    out, lse = _pair(fn(q, k, v, m), "masked_attention_lse")
+    want = _attention64(q, k, v, m)
+    _close(out, want[0], "out", "with a tree's ancestor mask")
+    _close(lse, want[1], "lse", "with a tree's ancestor mask")
+
+
+@exercise(EXERCISES, "6.4", "tiled_attention")
+def check_tiled_attention(impl):
+    fn = get(impl, "tiled_attention")
+    g = torch.Generator().manual_seed(63)
+    for N in (0, 1, 7, 16, 37):
+        q, k, v = _rand(2, 5, 8, g=g), _rand(2, N, 8, g=g) * 3, _rand(2, N, 8, g=g)  # * 3: sharp softmax
+        want = _attention64(q, k, v)
+        for block in (1, 4, 16, 64):
+            out, lse = _pair(fn(q, k, v, block), "tiled_attention")
+            where = f"for N={N} keys in tiles of {block}" + (" (no keys: out 0, lse -inf)" if N == 0 else "")
+            _close(out, want[0], "out", where)
+            _close(lse, want[1], "lse", where)
+
+
+def _kernel_call(kernel, grid, *args, **meta) -> None:
+    """``kernel[grid](*args, **meta)``, with a stub's NotImplementedError unwrapped from the interpreter's error."""
+    try:
+        kernel[grid](*args, **meta)
+    except NotImplementedError:
+        raise
+    except Exception as e:  # the interpreter / compiler wraps the kernel's own exceptions
+        m = re.search(r"NotImplementedError\(['\"](.*?)['\"]\)", f"{e!r} {e.__cause__!r}")
+        if m:
+            raise NotImplementedError(m[1]) from None
+        raise
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    return max(lo, 1 << max(n - 1, 0).bit_length())  # the next power of two >= n, at least lo
+
+
+# (P_b per batch row, N keys per row in K / V, R query rows, D, splits, chunk, BLOCK_N, what)
+PREFIX_CASES = [
+    ((0, 37, 64, 5), 64, 6, 24, 3, 32, 16, "ragged"),  # P_b = 0; 37 ends inside a tile; split 2 starts past N
+    ((70, 41, 19), 70, 5, 16, 4, 20, 16, "chunk"),  # chunk 20 is not a multiple of BLOCK_N = 16
+    ((50, 33), 50, 16, 16, 1, 50, 16, "sharp"),  # one split of 4 tiles, keys x 4: the max grows tile after tile
+    ((40, 17), 48, 4, 16, 2, 24, 16, "shift"),  # scores around +1000, exact in float32
+]
+
+
+def _prefix_inputs(lens, N, R, D, what, g):
+    """q [B, R, D], k, v [B, N, D] float32; keys past P_b are random too (a leak changes the answer)."""
+    B = len(lens)
+    if what != "shift":
+        q, k, v = (torch.randn(B, n, D, generator=g) for n in (R, N, N))
+        return q, k * (4 if what == "sharp" else 1), v
+    # multiples of 1/32 with |q . k| < 4100: every score is exact in float32, only exp / log / division round
+    q = torch.randint(-32, 33, (B, R, D), generator=g) / 32
+    k = torch.randint(-32, 33, (B, N, D), generator=g) / 32
+    q[..., 0], k[..., 0] = 32.0, 125.0 + k[..., 0]  # s = q . k / 4 = 1000 +- 12
+    return q.float(), k.float(), torch.randn(B, N, D, generator=g)
+
+
+@exercise(EXERCISES, "6.5", "prefix_split_kernel")
+def check_prefix_split_kernel(impl):
+    kernel = get(impl, "prefix_split_kernel")
+    interp = os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available()
+    dev = "cpu" if interp else "cuda"
+    g = torch.Generator().manual_seed(655)
+    for lens, N, R, D, ns, chunk, block_n, what in PREFIX_CASES:
+        B = len(lens)
+        q, k, v = _prefix_inputs(lens, N, R, D, what, g)
+        where = (f"(P_b = {list(lens)}, {N} keys per row in K / V, the others random; R={R} rows, D={D}, "
+                 f"{ns} split(s) of chunk={chunk} keys, BLOCK_N={block_n})")
+        if what == "sharp":
+            where += " with sharp softmaxes (keys x 4): the running max grows from tile to tile"
+        elif what == "shift":
+            where += " with scores around +1000 (exp(s) overflows float32 unless a max is subtracted first)"
+        guard = _pow2(R) * _pow2(D)  # room for a last program that stores rows >= R
+        o_buf = torch.full((B * ns * R * D + guard,), float("nan"), device=dev)  # rows never stored stay nan
+        l_buf = torch.full((B * ns * R + guard,), float("nan"), device=dev)
+        O, L = o_buf[:B * ns * R * D].view(B, ns, R, D), l_buf[:B * ns * R].view(B, ns, R)
+        lens_t = torch.tensor(lens, dtype=torch.int32, device=dev)
+        _kernel_call(kernel, (B, ns), q.to(dev), k.to(dev), v.to(dev), lens_t, O, L, R, N, D, chunk,
+                     1.0 / math.sqrt(D), BLOCK_R=_pow2(R), BLOCK_N=block_n, BLOCK_D=_pow2(D))
+        if not (torch.isnan(o_buf[O.numel():]).all() and torch.isnan(l_buf[L.numel():]).all()):
+            raise AssertionError(f"the kernel wrote past the end of O or L (rows >= R or columns >= D stored?) {where}")
+        O, L = O.cpu().double(), L.cpu().double()
+        for b, P in enumerate(lens):
+            for s in range(ns):
+                lo, hi = s * chunk, min((s + 1) * chunk, P)
+                want_o, want_l = _attention64(q[b], k[b, lo:max(lo, hi)], v[b, lo:max(lo, hi)])
+                tiles = -(-(hi - lo) // block_n)
+                tail = f", the last one running past key {hi - 1}" if (hi - lo) % block_n else ""
+                part = (f"in batch {b} (P_b={P}), split {s}: " +
+                        (f"keys {lo}..{hi - 1} ({tiles} tile(s) of {block_n}{tail})" if hi > lo else
+                         f"no key (it starts at {lo} >= P_b: expected out 0, lse -inf)"))
+                for name, got in (("out", O[b, s]), ("lse", L[b, s])):
+                    if torch.isnan(got).any():
+                        raise AssertionError(f"{name} is nan {part} {where} (a row not stored, or 0 / 0, "
+                                             "or exp(-inf - -inf))")
+                # float32 rounds a score s by up to an ulp of |s|: allow 4 ulps of the split's largest |s| (5e-4 at 1e3)
+                scores = q[b].double() @ k[b, lo:max(lo, hi)].double().T / math.sqrt(D)  # [R, keys of the split]
+                s_max = float(scores.abs().amax()) if hi > lo else 0.0
+                tol = 1e-5 + 2.0 ** -21 * s_max
+                empty_ok = torch.isinf(want_l) & (L[b, s] == want_l)
+                err_l = torch.where(empty_ok, 0.0, (L[b, s] - want_l).abs())
+                if not (err_l <= tol).all():
+                    row = int(err_l.argmax())
+                    raise AssertionError(f"lse differs from float64 softmax attention: row {row} has "
+                                         f"{float(L[b, s, row]):.7g}, expected {float(want_l[row]):.7g}, "
+                                         f"{part} {where}")
+                err = (O[b, s] - want_o).abs()
+                if not err.max() <= tol:
+                    raise AssertionError(f"out differs from float64 softmax attention by {float(err.max()):.3g} "
+                                         f"(max abs, row {int(err.amax(-1).argmax())}) {part} {where}")
+
+
+@exercise(EXERCISES, "6.6", "split_tree_attention")
+def check_split_tree_attention(impl):
+    fn = get(impl, "split_tree_attention")
+    g = torch.Generator().manual_seed(64)
+    for B, H, Hkv, T, P, hd in [(1, 2, 2, 1, 0, 8), (2, 4, 1, 5, 13, 8), (1, 8, 2, 9, 40, 16), (2, 4, 4, 7, 1, 8)]:
+        q, k, v = _rand(B, H, T, hd, g=g), _rand(B, Hkv, P + T, hd, g=g), _rand(B, Hkv, P + T, hd, g=g)
+        m = tree_mask(_random_parents(T, g))
+        full = torch.cat([torch.ones(T, P, dtype=torch.bool), m], -1)  # [T, S]
+        G = H // Hkv
+        want = _attention64(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1), full)[0]
+        where = f"for B={B}, H={H} query / {Hkv} KV heads, T={T} tree tokens after a prefix of {P}"
+        got = fn(q, k, v, P, m)
+        if not isinstance(got, torch.Tensor):
+            raise AssertionError(f"split_tree_attention must return a tensor, got {type(got).__name__}")
+        _close(got, want, "out", where)
+        _close(got, ref.split_attention(q, k, v, P, m), "out (vs minispec.attention.split_attention)", where)

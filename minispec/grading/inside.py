@@ -3,7 +3,7 @@ for an implementation's (the learner's ``exercises/``, the ``solutions/``, or an
 ``with`` block runs, so ``minispec.generate`` decodes a real model on them:
 
     chapter 2, exercise 2.4   verify_tree     the decode loop's verification of every step's tree
-    chapter 4, exercise 4.1   tree_mask       ``Tree.mask``: the attention mask of every tree forward
+    chapter 4, exercise 4.2   tree_mask       ``Tree.mask``: the attention mask of every tree forward
     chapter 6, exercise 6.1   merge_partials  the log-sum-exp merge of the split attention backends
 
 Only the chapters asked for are swapped (``chapters=(2, 4, 6)``). A stub that still raises
