@@ -5,9 +5,9 @@ References:
     Chen et al., "Accelerating Large Language Model Decoding with Speculative Sampling" (2023).
 
 Notation: ``p`` is the target distribution and ``q`` the draft distribution, both [V] (or
-[..., V]) float64 tensors summing to 1; ``k`` (gamma) is the number of drafted tokens. A draft
-x ~ q is accepted with probability min(1, p(x)/q(x)); after a rejection the next token is drawn
-from the residual norm(max(0, p - q)).
+[..., V]) float64 tensors summing to 1; ``k`` (gamma) is the number of drafted tokens. The
+notebook derives the acceptance rule and the residual; these exercises turn the derivation
+into code, edge cases included.
 
 Randomness: every random choice goes through a ``chooser`` with two methods,
 ``chooser.bernoulli(prob) -> bool`` (True with probability prob) and
@@ -46,11 +46,13 @@ def accept_prob(p_x: float, q_x: float) -> float:
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """The distribution to sample from after a rejection: norm(max(0, p - q)).
+    """The distribution to sample from after a rejection.
 
-    Its mass before normalising is sum_x max(0, p(x) - q(x)) = 1 - alpha, the rejection
-    probability. If p == q that mass is 0 (every draft is accepted, so the residual is never
-    used); return p itself in that case so the result is always a distribution.
+    Questions before coding: after drafts are accepted as in 1.1, which tokens are still
+    under-represented in the output, and by how much each? What is the total mass of that
+    shortfall, and how does it relate to the rejection probability? When p == q that mass is
+    0 (every draft is accepted, so the residual is never used): return p itself then, so the
+    result is always a distribution.
 
     Args:
         p: [..., V] target distribution(s).
@@ -71,9 +73,9 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def verify_chain(draft_tokens: list[int], p: torch.Tensor, q: torch.Tensor, chooser) -> tuple[int, int]:
     """Speculative sampling of one chain of k drafted tokens (Leviathan et al. 2023, Alg. 1).
 
-    For i = 0, 1, ..., k-1: accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i)). At
-    the first rejection, stop and emit a token drawn from the residual norm(max(0, p_i - q_i)).
-    If all k drafts are accepted, emit a "bonus" token drawn from p_k.
+    Walk the drafts in order, deciding each with 1.1; decide what to emit at the first
+    rejection (1.2) and what to emit when all k drafts survive (a "bonus" token: which row of p
+    is it drawn from?). Why must the walk stop at the first rejection?
 
     Args:
         draft_tokens: [k] token ids x_0..x_{k-1}, x_i drawn from q_i.

@@ -9,9 +9,9 @@ References:
     Li et al., "EAGLE" (2024): top-k drafts verified as if q were one-hot.
 
 Notation: ``p`` target distribution and ``q`` draft distribution, [V] float64 tensors; the
-candidates x_0..x_{n-1} are tried in order. Round i is one Leviathan step of p_i against q_i:
-accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); after a rejection
-p_{i+1} = norm(max(0, p_i - q_i)). If every candidate is rejected, emit a token from p_n.
+candidates x_0..x_{n-1} are tried in order. Round i is one chapter-1 step of a target p_i
+against a draft q_i, starting from p_0 = p; if every candidate is rejected, a token is drawn
+from p_n. Which p_{i+1} (and q_{i+1}) keep the emitted law exactly p is what the exercises ask.
 
 Randomness goes through ``chooser.bernoulli(prob)`` and ``chooser.categorical(weights)`` only
 (see chapter 1), so the grader can enumerate every outcome exactly.
@@ -42,9 +42,10 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def mss_with_replacement(candidates: list[int], p: torch.Tensor, q: torch.Tensor, chooser) -> tuple[int | None, int]:
     """MSS for candidates drawn i.i.d. from q (with replacement).
 
-    Round i accepts x_i with probability min(1, p_i(x_i) / q(x_i)); after a rejection
-    p_{i+1} = norm(max(0, p_i - q)). q never changes: every candidate was drawn from the same q.
-    Starting from p_0 = p, the emitted token has law exactly p.
+    Questions before coding: after x_i is rejected, what is the law of the token still to be
+    emitted, so which target must round i + 1 test against? Does the draft distribution change
+    between rounds when the candidates were drawn independently? The emitted token must have
+    law exactly p.
 
     Args:
         candidates: [n] token ids, each drawn independently from q.
@@ -67,9 +68,9 @@ def mss_with_replacement(candidates: list[int], p: torch.Tensor, q: torch.Tensor
 def mss_without_replacement(candidates: list[int], p: torch.Tensor, q: torch.Tensor, chooser) -> tuple[int | None, int]:
     """MSS for distinct candidates drawn from q without replacement (recursive rejection sampling).
 
-    Candidate i was drawn from q_i = q with x_0..x_{i-1} removed and renormalised. Round i is a
-    Leviathan step of p_i against q_i; after rejecting x_i, p_{i+1} = norm(max(0, p_i - q_i))
-    and q_{i+1} = q_i with x_i set to 0, renormalised.
+    Questions before coding: from which distribution was candidate i really drawn, given that
+    x_0..x_{i-1} could not be drawn again? So which q must round i use, and which target p_{i+1}
+    follows a rejection? The emitted token must have law exactly p.
 
     Args:
         candidates: [n] distinct token ids, drawn from q without replacement in this order.
