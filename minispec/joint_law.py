@@ -9,19 +9,20 @@ each row equals a separate forward of prompt + context. ``TableLM`` serves the t
 ``exactness.ToyLM``'s interface (``p(ctx)``, ``q(ctx)``) on a compact vocabulary, so the step
 functions of ``minispec.exactness`` run on the real model unchanged.
 
-Chapters 3-5 check the real decode loop itself: ``loop_tv_check`` runs ``minispec.batch.generate_batch``
+Chapters 3-5 and 7 check the real decode loop itself: ``loop_tv_check`` runs ``minispec.batch.generate_batch``
 with a drafter (an EAGLE head, a static or dynamic tree) many times and compares the first tokens with
-``first_tokens_law``; ``claim_uniform_q`` is its deliberately wrong control.
+``first_tokens_law`` (TV bound and chi-square test, ``flagged``). Deliberately wrong controls:
+``claim_uniform_q`` (blatant: the verifier is told the wrong q), ``share_verifier_stream`` and
+``peek_verifier_stream`` (subtle: the drafts depend on the verifier's coin flips).
 
 Shapes: L prompt tokens, T packed context tokens, V vocabulary.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
-import scipy.stats
 import torch
 
 from . import exactness as ex
@@ -146,8 +147,66 @@ def claim_uniform_q(drafter, vocab_size: int | None = None):
     return drafter
 
 
+def share_verifier_stream(drafter):
+    """A subtle control for sampled drafts: a drafter that draws its drafts from a copy of the
+    loop's generator, so the uniforms behind its samples are the very ones the verifier then
+    uses to accept them (the bug of seeding the draft sampler like the verifier). Each draft is
+    still distributed as q, and q is reported honestly; only the independence of drafts and
+    coin flips is lost, and with it exactness."""
+    propose = drafter.propose
+
+    def sharing(params, budget, generator=None):
+        if generator is None:
+            return propose(params, budget, generator)
+        g = torch.Generator(device=generator.device)
+        g.set_state(generator.get_state())  # the verifier's coming draws, replayed by the drafter
+        return propose(params, budget, g)
+    drafter.propose = sharing
+    return drafter
+
+
+def peek_verifier_stream(drafter, band: float):
+    """A subtle control for deterministic (one-hot q) trees: a drafter that reads the verifier's
+    random stream. Before proposing it copies the loop's generator and draws the uniform u that
+    the verifier will use for the root's first child (``TorchChooser.bernoulli``); when u falls
+    in the top ``band`` of [0, 1) (a draw that rejects whichever child is tried first, unless its
+    p is above 1 - band) it swaps the root's first two children, so the second gets the doomed
+    draw and the first a fresh one. The drafts stay the draft's own top tokens and every tree is
+    valid; only their order depends on u, which the proof of exactness forbids (the drafts
+    must be independent of the verifier's coin flips). The bias grows with ``band``."""
+    propose = drafter.propose
+
+    def peeking(params, budget, generator=None):
+        tree = propose(params, budget, generator)
+        roots = [i for i, j in enumerate(tree.parents) if j == -1]
+        if generator is None or len(roots) < 2:
+            return tree
+        g = torch.Generator(device=generator.device)
+        g.set_state(generator.get_state())  # the verifier's next draws, without consuming them
+        u = torch.rand((), dtype=torch.float64, generator=g, device=generator.device).item()
+        if u < 1 - band:
+            return tree
+        b = roots[1]  # the second root child's subtree moves in front: b is tried first, then a
+        order = [i for i in range(len(tree.tokens)) if _root_of(tree.parents, i) == b]
+        order += [i for i in range(len(tree.tokens)) if _root_of(tree.parents, i) != b]  # still topological
+        new = {old: k for k, old in enumerate(order)}
+        tree.tokens = [tree.tokens[i] for i in order]
+        tree.parents = [-1 if tree.parents[i] == -1 else new[tree.parents[i]] for i in order]
+        return tree
+    drafter.propose = peeking
+    return drafter
+
+
+def _root_of(parents, i: int) -> int:
+    """The root child (depth-1 node) above node i."""
+    while parents[i] != -1:
+        i = parents[i]
+    return i
+
+
 def loop_tv_check(target, tok, prompt_ids, drafters: dict[str, Callable], params, n: int, length: int = 3,
-                  batch: int = 32, seed: int = 0, law: dict | None = None, progress: bool = True):
+                  batch: int = 32, seed: int = 0, law: dict | None = None, progress: bool = True,
+                  company: Sequence[Sequence[int]] = ()):
     """Run the real decode loop ``n`` times per drafter and compare its first ``length`` tokens with
     the exact law.
 
@@ -156,7 +215,12 @@ def loop_tv_check(target, tok, prompt_ids, drafters: dict[str, Callable], params
     so token 1 comes from the prefill and tokens 2..length from the first speculative step(s),
     drafts and bonus included. Returns ({name: dict(tv, p_value, counts, draws, drafts_tested,
     drafts_accepted)}, the bound tv_bound(n, K), the support, the target law [K] (last bin: sequences
-    the target never emits)).
+    the target never emits)). ``p_value`` is the chi-square tests' (``prefix_p_value``).
+
+    ``company``: other prompts decoded in every batch beside the checked rows, with drafters from
+    the same factory and their own seeds; their tokens are not counted. They make the forwards
+    ragged (other prefix lengths, other trees, other acceptance), which must not change the law
+    of the checked rows (chapter 7).
     """
     from tqdm.auto import tqdm
 
@@ -171,21 +235,49 @@ def loop_tv_check(target, tok, prompt_ids, drafters: dict[str, Callable], params
         draws, tested, accepted = [], 0, 0
         for start in tqdm(range(0, n, batch), desc=f"loop {name}", leave=False, disable=not progress or None):
             rows = min(batch, n - start)
-            got, _ = generate_batch(target, tok, [list(prompt_ids)] * rows, drafter=make, chat=False,
+            prompts = [list(prompt_ids)] * rows + [list(c) for c in company]
+            seeds = [seed * 10_000_019 + start + j for j in range(rows)]
+            seeds += [seed * 10_000_019 + 5_000_000 + start * len(company) + j for j in range(len(company))]
+            got, _ = generate_batch(target, tok, prompts, drafter=make, chat=False,
                                     max_new_tokens=length + 1, stop_at_eos=False, temperature=params.temperature,
-                                    top_k=params.top_k, top_p=params.top_p,
-                                    seed=[seed * 10_000_019 + start + j for j in range(rows)])
-            for r in got:
+                                    top_k=params.top_k, top_p=params.top_p, seed=seeds)
+            for r in got[:rows]:
                 draws.append(index.get(tuple(r.tokens[:length]), len(support)))
                 tested += sum(r.stats.tested_at_depth)
                 accepted += sum(r.stats.accepted_at_depth)
         counts = np.bincount(np.array(draws), minlength=len(exact))
-        inside = counts[:-1].sum()
-        p_value = float(scipy.stats.chisquare(counts[:-1], exact[:-1] * inside).pvalue) if counts[-1] == 0 else 0.0
-        out[name] = dict(tv=0.5 * float(np.abs(counts / n - exact).sum()), p_value=p_value, counts=counts,
-                         draws=np.array(draws), drafts_tested=tested,
-                         drafts_accepted=accepted)
+        out[name] = dict(tv=0.5 * float(np.abs(counts / n - exact).sum()), p_value=prefix_p_value(draws, support, exact),
+                         counts=counts, draws=np.array(draws), drafts_tested=tested, drafts_accepted=accepted)
     return out, ex.tv_bound(n, len(exact)), support, exact
+
+
+def prefix_p_value(draws, support, exact) -> float:
+    """One p-value for "the first tokens follow the exact law", from chi-square tests of the law of
+    the first l tokens for l = 1 .. L (``exactness.chi_square_p`` each), Bonferroni-combined:
+    min(1, L * min_l p_l). A deviation at token 2 is diluted among the outcomes of token 3 in
+    the full law; its prefix law concentrates it, so the test needs fewer runs to see it.
+
+    draws: [n] indices into ``support`` (len(support): a sequence outside it); exact: [K + 1]."""
+    draws, L = np.asarray(draws), len(support[0])
+    ps = []
+    for l in range(1, L + 1):
+        prefixes = sorted({s[:l] for s in support})
+        at = {c: i for i, c in enumerate(prefixes)}
+        to = np.array([at[s[:l]] for s in support] + [len(prefixes)])  # support index -> prefix index
+        law = np.bincount(to, weights=exact, minlength=len(prefixes) + 1)
+        ps.append(ex.chi_square_p(np.bincount(to[draws], minlength=len(prefixes) + 1), law))
+    return min(1.0, L * min(ps))
+
+
+ALPHA = 1e-6  # an exact sampler fails the chi-square test with this probability (the TV bound's too)
+
+
+def flagged(r: dict, bound: float) -> bool:
+    """A run is flagged when its TV exceeds ``tv_bound`` or the chi-square test rejects the exact law
+    at level ``ALPHA``. An exact sampler is flagged with probability at most 2 * ALPHA. The TV test
+    catches a large deviation whatever its shape; the chi-square test, weighing each outcome by its
+    own variance, catches a small one with far fewer runs."""
+    return r["tv"] > bound or r["p_value"] < ALPHA
 
 
 def show_loop_check(tok, support, exact, res, bound, title: str):
@@ -193,11 +285,16 @@ def show_loop_check(tok, support, exact, res, bound, title: str):
     empirical laws of the first tokens against the exact one. Returns the figure."""
     import matplotlib.pyplot as plt
 
-    print(f"{title}\n{len(support)} outcomes of the first {len(support[0])} tokens; threshold "
-          f"tv_bound(N, K={len(exact)}) = {bound:.4f}")
+    print(f"{title}\n{len(support)} outcomes of the first {len(support[0])} tokens; flagged when TV > "
+          f"tv_bound(N, K={len(exact)}) = {bound:.4f} or the chi-square p-value < {ALPHA:g}")
     for name, r in res.items():
-        print(f"  {name:<44} N = {len(r['draws']):>5}  TV = {r['tv']:.4f}  {'FLAGGED' if r['tv'] > bound else 'passes '}"
-              f"  drafts accepted {r['drafts_accepted']}/{r['drafts_tested']}")
+        print(f"  {name:<44} N = {len(r['draws']):>5}  TV = {r['tv']:.4f}  p = {r['p_value']:8.2g}  "
+              f"{'FLAGGED' if flagged(r, bound) else 'passes '}  drafts accepted {r['drafts_accepted']}/{r['drafts_tested']}")
+    for name, r in res.items():
+        if name.startswith("WRONG") and r["tv"] <= bound:  # flagged, if at all, by the chi-square test alone
+            need = ex.samples_for_tv(0.8 * r["tv"], len(exact))
+            print(f"  {name}: TV {r['tv']:.3f} at N = {len(r['draws'])} (sampling noise included); for the TV "
+                  f"test alone to flag a deviation this large takes about {need:,} runs (tv_bound(n, K) = 0.8 TV)")
     fig, ax = plt.subplots(figsize=(9, 3))
     x, w = np.arange(len(support)), 0.8 / (len(res) + 1)
     ax.bar(x, exact[:-1], w, color="k", label="exact law (target)")
@@ -211,11 +308,12 @@ def show_loop_check(tok, support, exact, res, bound, title: str):
 
 
 def assert_loop_check(res, bound) -> None:
-    """The verdict of a ``loop_tv_check`` with controls: every run named "WRONG..." must be flagged
-    (TV above the bound); every other run must pass (TV within the bound, no sequence outside the
-    target's support)."""
+    """The verdict of a ``loop_tv_check`` with controls: every run named "WRONG..." must be ``flagged``;
+    every other run must pass (TV within the bound, chi-square p-value at least ``ALPHA``, no
+    sequence outside the target's support)."""
     for name, r in res.items():
+        what = f"TV {r['tv']:.4f} (bound {bound:.4f}), chi-square p {r['p_value']:.2g} (alpha {ALPHA:g})"
         if name.startswith("WRONG"):
-            assert r["tv"] > bound, f"{name}: the wrong control must be flagged (TV {r['tv']:.4f}, bound {bound:.4f})"
+            assert flagged(r, bound), f"{name}: the wrong control must be flagged: {what}"
         else:
-            assert r["tv"] <= bound and r["counts"][-1] == 0, f"{name}: TV {r['tv']:.4f} above the bound {bound:.4f}"
+            assert not flagged(r, bound) and r["counts"][-1] == 0, f"{name}: an exact sampler must pass: {what}"

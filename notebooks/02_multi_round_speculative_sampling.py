@@ -473,8 +473,8 @@ if TV_TARGET.startswith("SmolLM2"):
     assert tv[BLATANT]["tv"] > bound, "the wrong rule must be flagged"
 else:  # random tiny models share no likely tokens (alpha = 0): every rule then just emits samples of p
     print("fallback models: the wrong rules cannot be told apart when alpha = 0, so they are not asserted")
-need = next((int(m) for m in np.logspace(2, 9, 701) if ex.tv_bound(int(m), len(target)) < 0.8 * tv[SUBTLE]["tv"]), None)
-if need is not None:  # the threshold must fall well below the bias
+if tv[SUBTLE]["tv"] > 0.02:  # the threshold must fall well below the bias: tv_bound(need, K) = 0.8 TV
+    need = ex.samples_for_tv(0.8 * tv[SUBTLE]["tv"], len(target))
     print(f"the subtle mistake is off by about {tv[SUBTLE]['tv']:.3f} in TV; flagging it reliably takes about "
           f"{need:,} runs ({'this run draws enough' if N >= need else 'more than this run draws'})")
     if N >= need and TV_TARGET.startswith("SmolLM2"):
@@ -487,7 +487,9 @@ if need is not None:  # the threshold must fall well below the bias
 # falls like the sampling bound $\frac12\sqrt{K/n}$ (slope $-\frac12$); a wrong one falls
 # only until the sampling noise drops below its bias, then levels off at its true distance to
 # the target. That plateau is what a TV check detects, and it tells how many samples a check
-# needs: the dashed threshold must fall below the plateau.
+# needs: the dashed threshold must fall below the plateau. `exactness.samples_for_tv(x, K)`
+# inverts the threshold: the fewest runs $n$ with `tv_bound(n, K)` $\le x$, which grows like
+# $K / x^2$. Chapters 3-7 print it for their controls.
 
 # %%
 grid = np.unique(np.logspace(2, np.log10(N), 14).astype(int))

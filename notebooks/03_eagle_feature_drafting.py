@@ -399,39 +399,60 @@ print(f"{len(conf)} positions: acceptance {hit.mean():.2f}, mean confidence {con
 #
 # Greedy equality (section 4) says nothing about sampling. Here the real decode loop
 # (`minispec.batch.generate_batch`, many runs at a time, each with its own seed) samples
-# SmolLM2-135M-Instruct at temperature 1, top-k 2, with the shipped EAGLE-1/2 head drafting a
-# **sampled chain of 2** (real $q$: the head's own distribution, verified by Leviathan/Chen
-# rejection sampling, chapter 1). We compare the law of the first three new tokens (token 1
-# from the prefill, tokens 2-3 from the first speculative step: drafts accepted, or a residual
-# draw, or the bonus) with the target's exact law, `minispec.joint_law.first_tokens_law` (the
-# 8 outcomes of top-2 sampling, from packed forwards as in chapters 1-2).
+# SmolLM2-135M-Instruct at temperature 1, top-k 3, after an open prompt ("The best way to", where
+# the target's first three tokens spread over 27 outcomes, none above 21%), with the shipped
+# EAGLE-1/2 head drafting a **sampled chain of 2** (real $q$: the head's own distribution,
+# verified by Leviathan/Chen rejection sampling, chapter 1). We compare the law of the first
+# three new tokens (token 1 from the prefill, tokens 2-3 from the first speculative step: drafts
+# accepted, or a residual draw, or the bonus) with the target's exact law,
+# `minispec.joint_law.first_tokens_law` (packed forwards, as in chapters 1-2).
 #
-# The deliberately wrong control runs in the same cell: the same head and chain, but its
-# proposals claim they were drawn from a **uniform** $q$ (`claim_uniform_q`). Verification then
-# accepts a draft with $\min(1, p(x)/q(x)) = 1$ whenever the target can emit $x$, so the
-# emitted law becomes the head's, not the target's, and the check must flag it. The threshold
-# `tv_bound(N, K)` is exceeded by an honest sampler with probability below $10^{-6}$.
+# Two deliberately wrong controls run beside the honest head:
+#
+# - **blatant**: the same chain, but its proposals claim they were drawn from a **uniform** $q$
+#   (`claim_uniform_q`). Verification then accepts a draft with $\min(1, p(x)/q(x)) = 1$ whenever
+#   the target can emit $x$, so the emitted law becomes the head's;
+# - **subtle**: the same chain with honest $q$, but the head draws its drafts from a *copy* of the
+#   loop's generator (`share_verifier_stream`): the uniform behind draft $x$ is the very one the
+#   verifier then compares with $p(x)/q(x)$. Each draft still follows $q$; what breaks is the
+#   independence of drafts and coin flips that chapter 1's proof uses. The law moves by a TV of
+#   about 0.1, too little for the TV bound at these sample sizes.
+#
+# A run is flagged when its TV exceeds `tv_bound(N, K)` **or** Pearson's chi-square tests
+# (`exactness.chi_square_p`, small bins merged) of the laws of the first one, two and three
+# tokens reject the exact law: `joint_law.prefix_p_value` takes the smallest of the three
+# p-values times 3 (Bonferroni) and flags below $10^{-6}$; an honest sampler is flagged with
+# probability below $2 \cdot 10^{-6}$. The TV test catches any large deviation; the chi-square
+# tests, weighing each outcome by its own variance, catch a small one with far fewer runs, and
+# the shorter prefixes see a deviation at token 2 before token 3's outcomes dilute it. For each control that only the chi-square test flags, the printout adds
+# chapter 2's line: how many runs the TV test alone would need (`exactness.samples_for_tv`).
 
 # %%
 from IPython.display import Markdown, display
 
-from minispec.joint_law import assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check, show_loop_check
+from minispec.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
+                                share_verifier_stream, show_loop_check)
 from minispec.sampling import SamplingParams
 
-tv_params = SamplingParams(temperature=1.0, top_k=2)
-tv_ids = encode_prompt(smol_tok, "The capital of France is", chat=False)
-tv_law = first_tokens_law(smol, tv_ids, tv_params, length=3)  # {(t1, t2, t3): probability}
+tv_params = SamplingParams(temperature=1.0, top_k=3)
+tv_ids = encode_prompt(smol_tok, "The best way to", chat=False)
+tv_law = first_tokens_law(smol, tv_ids, tv_params, length=3)  # {(t1, t2, t3): probability}, 27 outcomes
 eagle_chain = load_drafter(str(HEADS["eagle"]), smol, tree="chain:2", verbose=False)
 runs = {"EAGLE-1/2 head, chain:2 (real q)": eagle_chain.fresh,
-        "WRONG: same chain, claims uniform q": lambda: claim_uniform_q(eagle_chain.fresh())}
+        "WRONG (blatant): same chain, claims uniform q": lambda: claim_uniform_q(eagle_chain.fresh())}
 if not FAST:  # the EAGLE-3 head too (its q lives on a reduced vocabulary, mapped back by d2t)
     runs["EAGLE-3 head, chain:2 (real q)"] = load_drafter(str(HEADS["eagle3"]), smol, tree="chain:2", verbose=False).fresh
-N = 256 if FAST else 2048
+subtle = {"WRONG (subtle): same chain, drafts from the verifier's stream": lambda: share_verifier_stream(eagle_chain.fresh())}
+N, N_SUBTLE = (256, 512) if FAST else (2048, 2048)  # the subtle control needs ~500 runs for the chi-square tests
 res, bound, support, exact = loop_tv_check(smol, smol_tok, tv_ids, runs, tv_params, N, law=tv_law)
+res_s, bound_s, _, _ = loop_tv_check(smol, smol_tok, tv_ids, subtle, tv_params, N_SUBTLE, law=tv_law)
 display(Markdown("**TV check — target: SmolLM2-135M-Instruct; drafter: minispec's shipped EAGLE heads**"))
-show_loop_check(smol_tok, support, exact, res, bound, "SmolLM2-135M + shipped EAGLE head: first 3 tokens, T = 1, top-k 2")
+show_loop_check(smol_tok, support, exact, res, bound, "SmolLM2-135M + shipped EAGLE head: first 3 tokens, T = 1, top-k 3")
 plt.show()
-assert_loop_check(res, bound)  # every honest run within the bound, every "WRONG" run above it
+show_loop_check(smol_tok, support, exact, res_s, bound_s, "the subtle control")
+plt.show()
+assert_loop_check(res, bound)  # every honest run passes, every "WRONG" run is flagged
+assert_loop_check(res_s, bound_s)
 
 # %% [markdown]
 # ## 7. Drafting a chain: the head feeds itself

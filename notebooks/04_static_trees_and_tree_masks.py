@@ -482,34 +482,49 @@ print("every run emitted exactly the vanilla greedy tokens")
 # emitted tokens must then have exactly the target's law, whatever the draft proposed.
 #
 # The check runs the real decode loop (`minispec.batch.generate_batch`, many runs at a time,
-# each with its own seed): SmolLM2-135M-Instruct at temperature 1, top-k 2, with minispec's
-# shipped distilled draft drafting EAGLE's static tree (cut to depth 2 by the budget of
-# `max_new_tokens = 4`). The law of the first three new tokens (token 1 from the prefill,
-# tokens 2-3 from the first tree step) is compared with the target's exact law
-# (`minispec.joint_law.first_tokens_law`, 8 outcomes) by total variation (TV) and its
-# high-probability bound `tv_bound(N, K)`.
+# each with its own seed): SmolLM2-135M-Instruct at temperature 1, top-k 3, after the open
+# prompt "The best way to", with minispec's shipped distilled draft drafting EAGLE's static tree
+# (cut to depth 2 by the budget of `max_new_tokens = 4`). The law of the first three new tokens
+# (token 1 from the prefill, tokens 2-3 from the first tree step) is compared with the target's
+# exact law (`minispec.joint_law.first_tokens_law`, 27 outcomes) by total variation (TV) against
+# `tv_bound(N, K)`, and by chapter 3's chi-square tests (`prefix_p_value` below $10^{-6}$ flags).
 #
-# The deliberately wrong control runs in the same cell: the same drafter, but its trees claim
-# their drafts were *sampled* from a uniform $q$ (`claim_uniform_q`), so verification uses the
-# sampled-$q$ rule and accepts every draft the target can emit: the output follows the
-# draft's favourites, and the check must flag it.
+# Two deliberately wrong controls run beside it:
+#
+# - **blatant**: the same drafter, but its trees claim their drafts were *sampled* from a
+#   uniform $q$ (`claim_uniform_q`), so verification uses the sampled-$q$ rule and accepts every
+#   draft the target can emit: the output follows the draft's favourites;
+# - **subtle**: the same trees, but the drafter **reads the verifier's random stream**
+#   (`peek_verifier_stream`): it copies the loop's generator, looks at the uniform $u$ the
+#   verifier will use for the root's first child, and when $u$ is in the top 65% of $[0, 1)$
+#   swaps the root's first two children. Every tree holds the same top tokens; only their order
+#   depends on $u$. One-hot verification is exact for *any* order fixed before the coin flips, so
+#   this looks harmless, yet the child tried second now meets the high $u$ and the first a fresh
+#   draw: the law moves by a TV of about 0.1.
 
 # %%
 from IPython.display import Markdown, display
 
-from minispec.joint_law import assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check, show_loop_check
+from minispec.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
+                                peek_verifier_stream, show_loop_check)
 
-tv_params = SamplingParams(temperature=1.0, top_k=2)
-tv_ids = encode_prompt(tok, "The capital of France is", chat=False)
-tv_law = first_tokens_law(smol, tv_ids, tv_params, length=3)  # {(t1, t2, t3): probability}
+tv_params = SamplingParams(temperature=1.0, top_k=3)
+tv_ids = encode_prompt(tok, "The best way to", chat=False)
+tv_law = first_tokens_law(smol, tv_ids, tv_params, length=3)  # {(t1, t2, t3): probability}, 27 outcomes
 runs = {"distilled draft, EAGLE static tree (one-hot q)": lambda: DraftModel(draft, tree="eagle"),
-        "WRONG: same tree, claims uniform q": lambda: claim_uniform_q(DraftModel(draft, tree="eagle"))}
-N = 128 if FAST else 2048  # 128 runs: the bound (0.37) still sits far below the control's TV
+        "WRONG (blatant): same tree, claims uniform q": lambda: claim_uniform_q(DraftModel(draft, tree="eagle"))}
+subtle = {"WRONG (subtle): same trees, order read from the verifier's stream":
+          lambda: peek_verifier_stream(DraftModel(draft, tree="eagle"), band=0.65)}
+N, N_SUBTLE = (128, 768) if FAST else (2048, 2048)  # the subtle control needs ~750 runs for the chi-square tests
 res, bound, support, exact = loop_tv_check(smol, tok, tv_ids, runs, tv_params, N, law=tv_law)
+res_s, bound_s, _, _ = loop_tv_check(smol, tok, tv_ids, subtle, tv_params, N_SUBTLE, law=tv_law)
 display(Markdown("**TV check — target: SmolLM2-135M-Instruct; draft: minispec's distilled SmolLM2 draft**"))
-show_loop_check(tok, support, exact, res, bound, "SmolLM2-135M + distilled draft, static tree: first 3 tokens, T = 1, top-k 2")
+show_loop_check(tok, support, exact, res, bound, "SmolLM2-135M + distilled draft, static tree: first 3 tokens, T = 1, top-k 3")
 plt.show()
-assert_loop_check(res, bound)  # every honest run within the bound, every "WRONG" run above it
+show_loop_check(tok, support, exact, res_s, bound_s, "the subtle control")
+plt.show()
+assert_loop_check(res, bound)  # every honest run passes, every "WRONG" run is flagged
+assert_loop_check(res_s, bound_s)
 
 # %% [markdown]
 # ## 7. Choosing a static tree

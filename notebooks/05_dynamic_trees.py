@@ -753,36 +753,45 @@ for name in ["6,10,59", "5,4,16", "4,4,12", "5,8,32"]:
 # Dynamic trees hold deterministic top-k drafts, so minispec verifies them as one-hot $q$
 # (chapter 2), which is lossless for any $p$, however the tree was grown. The check runs the
 # real decode loop (`minispec.batch.generate_batch`, many runs at a time, each with its own
-# seed): SmolLM2-135M-Instruct at temperature 1, top-k 2, with this chapter's drafter growing
-# a dynamic tree `2,4,8` (depth 2, top-4 expansion, 8 nodes kept) after a short prompt. The law
-# of the first three new tokens (token 1 from the prefill, tokens 2-3 from the first tree
-# step) is compared with the target's exact law (`minispec.joint_law.first_tokens_law`, 8
-# outcomes) by total variation and its bound `tv_bound(N, K)`.
+# seed): SmolLM2-135M-Instruct at temperature 1, top-k 3, with this chapter's drafter growing
+# a dynamic tree `2,4,8` (depth 2, top-4 expansion, 8 nodes kept) after the open prompt "The
+# best way to". The law of the first three new tokens (token 1 from the prefill, tokens 2-3
+# from the first tree step) is compared with the target's exact law
+# (`minispec.joint_law.first_tokens_law`, 27 outcomes) by total variation against
+# `tv_bound(N, K)` and by the chi-square tests of chapter 3 (`prefix_p_value` below $10^{-6}$ flags).
 #
-# The deliberately wrong control runs in the same cell: the same dynamic trees, claiming their
-# drafts were *sampled* from a uniform $q$ (`claim_uniform_q`). Verification then accepts every
-# draft the target can emit, the output follows the drafter's favourites, and the check must
-# flag it.
+# Two deliberately wrong controls run beside it: the same dynamic trees claiming their drafts
+# were *sampled* from a uniform $q$ (`claim_uniform_q`, blatant: verification accepts every draft
+# the target can emit), and the same trees reordered by a drafter that reads the verifier's
+# random stream (`peek_verifier_stream`, subtle, chapter 4): a TV of about 0.1 that only the
+# chi-square tests see at these sample sizes.
 
 # %%
 from IPython.display import Markdown, display
 
-from minispec.joint_law import assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check, show_loop_check
+from minispec.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
+                                peek_verifier_stream, show_loop_check)
 from minispec.sampling import SamplingParams
 
-tv_params = SamplingParams(temperature=1.0, top_k=2)
-tv_ids = encode_prompt(smol_tok, "The capital of France is", chat=False)
-tv_law = first_tokens_law(smol, tv_ids, tv_params, length=3)  # {(t1, t2, t3): probability}
+tv_params = SamplingParams(temperature=1.0, top_k=3)
+tv_ids = encode_prompt(smol_tok, "The best way to", chat=False)
+tv_law = first_tokens_law(smol, tv_ids, tv_params, length=3)  # {(t1, t2, t3): probability}, 27 outcomes
 tv_drafter = methods.drafter(f"{BASE}@2,4,8")
 runs = {f"{BASE}, dynamic tree 2,4,8 (one-hot q)": tv_drafter.fresh,
-        "WRONG: same trees, claim uniform q": lambda: claim_uniform_q(tv_drafter.fresh(), smol.cfg.vocab_size)}
-N = 128 if FAST else 2048  # 128 runs: the bound (0.37) still sits far below the control's TV
+        "WRONG (blatant): same trees, claim uniform q": lambda: claim_uniform_q(tv_drafter.fresh(), smol.cfg.vocab_size)}
+subtle = {"WRONG (subtle): same trees, order read from the verifier's stream":
+          lambda: peek_verifier_stream(tv_drafter.fresh(), band=0.65)}
+N, N_SUBTLE = (128, 1024) if FAST else (2048, 2048)  # the subtle control needs ~1000 runs for the chi-square test
 res, bound, support, exact = loop_tv_check(smol, smol_tok, tv_ids, runs, tv_params, N, law=tv_law)
+res_s, bound_s, _, _ = loop_tv_check(smol, smol_tok, tv_ids, subtle, tv_params, N_SUBTLE, law=tv_law)
 display(Markdown(f"**TV check — target: SmolLM2-135M-Instruct; drafter: {BASE} "
                  f"({'shipped EAGLE-1/2 head' if BASE == 'eagle2' else 'shipped distilled draft'})**"))
-show_loop_check(smol_tok, support, exact, res, bound, f"SmolLM2-135M + {BASE}, dynamic tree: first 3 tokens, T = 1, top-k 2")
+show_loop_check(smol_tok, support, exact, res, bound, f"SmolLM2-135M + {BASE}, dynamic tree: first 3 tokens, T = 1, top-k 3")
 plt.show()
-assert_loop_check(res, bound)  # every honest run within the bound, every "WRONG" run above it
+show_loop_check(smol_tok, support, exact, res_s, bound_s, "the subtle control")
+plt.show()
+assert_loop_check(res, bound)  # every honest run passes, every "WRONG" run is flagged
+assert_loop_check(res_s, bound_s)
 
 # %% [markdown]
 # ## Pen-and-paper questions

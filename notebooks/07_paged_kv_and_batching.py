@@ -787,6 +787,66 @@ else:
     print("tau:", {B: {m: (round(t, 2) if t else None) for m, t in v.items()} for B, v in res["tau"].items()})
 
 # %% [markdown]
+# ## 8. The sampled law of a ragged batch: SmolLM2-135M, temperature 1
+#
+# Section 7 showed that batched greedy output equals unbatched output. Sampling needs more: the
+# law of every sequence must stay the target's, whatever shares its forward. Here each run is
+# one row of `generate_batch` on **SmolLM2-135M-Instruct**, sampling at temperature 1, top-k 3,
+# after the open prompt "The best way to"; its neighbours in the same forwards are a ragged
+# mix: rows cycle through vanilla, the shipped EAGLE head drafting a **sampled chain** (real
+# $q$) and EAGLE-2 **dynamic trees** (one-hot $q$), and every batch also decodes two other
+# prompts of other lengths (`company`), so prefix lengths, tree sizes and acceptance all differ
+# inside one forward, over one paged cache. The first three tokens of the checked rows must
+# follow the exact law of chapters 1-5 (`first_tokens_law`, 27 outcomes), by the TV bound and
+# the chi-square test of chapter 3.
+#
+# The controls are those of chapters 3-5, now inside the ragged batch: **blatant**, the drafted
+# rows claim a uniform $q$ (`claim_uniform_q`); **subtle**, EAGLE-2 rows whose tree order is read
+# from the verifier's random stream (`peek_verifier_stream`).
+
+# %%
+import itertools
+
+from IPython.display import Markdown, display
+
+from minispec.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
+                                peek_verifier_stream, show_loop_check)
+from minispec.methods import Methods
+from minispec.sampling import SamplingParams
+from minispec.tokenizer import encode_prompt
+
+smol, smol_tok = load("smollm2-135m")
+smol_methods = Methods(smol)
+kinds = [None, smol_methods.drafter("eagle@chain:2"), smol_methods.drafter("eagle2@2/4/8")]  # vanilla, chain, tree
+
+
+def ragged_mix(wrap=lambda d: d, kinds=kinds):
+    """A drafter factory for generate_batch: row after row cycles through ``kinds`` (None = vanilla)."""
+    turn = itertools.cycle(kinds)
+    return lambda: (lambda k: None if k is None else wrap(k.fresh()))(next(turn))
+
+
+law_params = SamplingParams(temperature=1.0, top_k=3)
+law_ids = encode_prompt(smol_tok, "The best way to", chat=False)
+company = [encode_prompt(smol_tok, p, chat=False) for p in ("Hi", "Write a short poem about the sea and the wind.")]
+law = first_tokens_law(smol, law_ids, law_params, length=3)  # {(t1, t2, t3): probability}, 27 outcomes
+runs = {"ragged mix: vanilla, EAGLE chain, EAGLE-2 tree": ragged_mix(),
+        "WRONG (blatant): drafted rows claim uniform q": ragged_mix(lambda d: claim_uniform_q(d, smol.cfg.vocab_size))}
+subtle = {"WRONG (subtle): EAGLE-2 trees ordered by the verifier's stream":
+          ragged_mix(lambda d: peek_verifier_stream(d, band=0.65), kinds=kinds[2:])}
+N, N_SUBTLE = (96, 1024) if FAST else (2048, 2048)  # the subtle control needs ~1000 runs for the chi-square test
+res, bound, support, exact = loop_tv_check(smol, smol_tok, law_ids, runs, law_params, N, law=law, company=company)
+res_s, bound_s, _, _ = loop_tv_check(smol, smol_tok, law_ids, subtle, law_params, N_SUBTLE, law=law, company=company)
+display(Markdown("**TV check — target: SmolLM2-135M-Instruct; drafters: minispec's shipped EAGLE-1/2 head (chain and "
+                 "EAGLE-2 trees), in ragged batches with two other prompts**"))
+show_loop_check(smol_tok, support, exact, res, bound, "SmolLM2-135M, ragged batches: first 3 tokens, T = 1, top-k 3")
+plt.show()
+show_loop_check(smol_tok, support, exact, res_s, bound_s, "the subtle control, in ragged batches")
+plt.show()
+assert_loop_check(res, bound)  # every honest run passes, every "WRONG" run is flagged
+assert_loop_check(res_s, bound_s)
+
+# %% [markdown]
 # ## Pen-and-paper questions
 #
 # Short questions to answer without a computer (answers at the end of the notebook).

@@ -8,7 +8,8 @@ import torch
 from minispec import exactness as ex
 from minispec import load
 from minispec.drafters import DraftModel
-from minispec.joint_law import assert_loop_check, claim_uniform_q, first_tokens_law, joint_tv_check, loop_tv_check, next_token_laws, table_lm
+from minispec.joint_law import (ALPHA, assert_loop_check, claim_uniform_q, first_tokens_law, joint_tv_check, loop_tv_check,
+                                next_token_laws, peek_verifier_stream, share_verifier_stream, table_lm)
 from minispec.sampling import SamplingParams, probs
 
 
@@ -63,5 +64,84 @@ def test_loop_tv_check_passes_the_real_loop_and_flags_a_drafter_claiming_uniform
     assert_loop_check({"tree": res["tree"], "WRONG: lying": res["lying"]}, bound)
     with pytest.raises(AssertionError, match="must be flagged"):
         assert_loop_check({"WRONG: not wrong": res["tree"]}, bound)
-    with pytest.raises(AssertionError, match="above the bound"):
+    with pytest.raises(AssertionError, match="an exact sampler must pass"):
         assert_loop_check({"lying, unlabelled": res["lying"]}, bound)
+
+
+def _noisy_copy(target, scale=0.05):
+    draft, _ = load("tiny-gpt2")
+    with torch.no_grad():
+        draft.lm_head.weight.add_(scale * torch.randn(draft.lm_head.weight.shape, generator=torch.Generator().manual_seed(0)))
+    return draft
+
+
+@pytest.mark.ch04
+def test_a_drafter_that_reads_the_verifiers_coin_flips_is_flagged_and_company_changes_nothing():
+    """The subtle control of chapters 4-5: the same deterministic trees, reordered only when the
+    verifier's next uniform is high, bias the law; the chi-square test flags it while its TV
+    stays under the TV bound's reach. Rows decoded beside other prompts (``company``: ragged
+    prefixes and trees in the same forwards) keep the exact law."""
+    target, tok = load("tiny-gpt2")
+    draft = _noisy_copy(target)
+    params = SamplingParams(temperature=1.0, top_k=3)
+    makers = {"tree": lambda: DraftModel(draft, tree="3,2,6"),
+              "WRONG: peeks": lambda: peek_verifier_stream(DraftModel(draft, tree="3,2,6"), band=0.3)}
+    res, bound, support, exact = loop_tv_check(target, tok, tok.encode("abc"), makers, params, n=768, batch=128,
+                                               progress=False, company=[tok.encode("a longer prompt, x"), [5]])
+    assert len(support) == 27
+    assert_loop_check(res, bound)
+    assert res["WRONG: peeks"]["p_value"] < ALPHA and res["WRONG: peeks"]["tv"] <= bound  # subtle
+
+
+@pytest.mark.ch03
+def test_a_drafter_sharing_the_verifiers_stream_is_flagged():
+    """The subtle control of chapter 3: sampled drafts (real q) drawn from a copy of the verifier's
+    generator; each draft still follows q, yet the emitted law is off."""
+    target, tok = load("tiny-gpt2")
+    draft = _noisy_copy(target, 0.3)
+    params = SamplingParams(temperature=1.0, top_k=2)
+    makers = {"chain": lambda: DraftModel(draft, k=2),
+              "WRONG: shares the stream": lambda: share_verifier_stream(DraftModel(draft, k=2))}
+    res, bound, support, exact = loop_tv_check(target, tok, tok.encode("abc"), makers, params, n=1024, batch=128,
+                                               progress=False)
+    assert res["chain"]["drafts_accepted"] > 0
+    assert_loop_check(res, bound)
+    assert res["WRONG: shares the stream"]["tv"] <= bound  # subtle: only the chi-square test sees it
+
+
+def test_chi_square_p_merges_small_bins_and_matches_scipy():
+    import numpy as np
+    import scipy.stats
+
+    law = np.array([0.5, 0.3, 0.15, 0.04, 0.01, 0.0])
+    counts = np.array([52, 29, 14, 4, 1, 0])
+    # bins 4 (expected 1) and 3 (4) merge into one of expected 5; the rest stand alone
+    want = scipy.stats.chisquare([52, 29, 14, 5], [50, 30, 15, 5]).pvalue
+    assert ex.chi_square_p(counts, law) == pytest.approx(want, rel=1e-12)
+    assert ex.chi_square_p(np.array([52, 29, 14, 4, 0, 1]), law) == 0.0  # a draw where the law has no mass
+    assert ex.chi_square_p(np.array([3, 2]), np.array([0.6, 0.4])) == 1.0  # one merged bin: nothing to test
+
+
+@pytest.mark.parametrize("tv,K", [(0.1, 28), (0.05, 65), (0.5, 2), (0.01, 1000)])
+def test_samples_for_tv_is_the_first_n_whose_bound_reaches_tv(tv, K):
+    n = ex.samples_for_tv(tv, K)
+    assert ex.tv_bound(n, K) <= tv < ex.tv_bound(n - 1, K)
+    with pytest.raises(ValueError, match="tv must be"):
+        ex.samples_for_tv(0.0, K)
+
+
+def test_prefix_p_value_is_the_bonferroni_min_over_prefix_laws():
+    import numpy as np
+    import scipy.stats
+
+    from minispec.joint_law import prefix_p_value
+
+    support = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    exact = np.array([0.25, 0.25, 0.25, 0.25, 0.0])
+    draws = np.repeat([0, 1, 2, 3], [36, 34, 16, 14])  # token 1 leans to 0; token 2 fair given token 1
+    p1 = scipy.stats.chisquare([70, 30], [50, 50]).pvalue
+    p2 = scipy.stats.chisquare([36, 34, 16, 14], [25] * 4).pvalue
+    assert p1 < p2
+    assert prefix_p_value(draws, support, exact) == pytest.approx(2 * p1, rel=1e-12)
+    assert prefix_p_value(np.repeat([0, 1, 2, 3], 25), support, exact) == 1.0  # min(1, 2 * 1)
+    assert prefix_p_value(np.append(draws, 4), support, exact) == 0.0  # a sequence the target never emits

@@ -180,7 +180,7 @@ def test_the_check_can_fail():
 
 
 # Chapters whose real-model TV check runs on SmolLM2 (minispec.joint_law) with a wrong control.
-TV_CHAPTERS = ["01", "02", "03", "04", "05"]
+TV_CHAPTERS = ["01", "02", "03", "04", "05", "07"]
 
 
 def tv_problems(text: str) -> list[str]:
@@ -204,8 +204,12 @@ def tv_problems(text: str) -> list[str]:
         first = c.strip().splitlines()[0]
         if named is None:
             problems.append(f"a TV check does not name its models: {first!r}")
-        elif "GPT-2" not in named and not re.search(r'assert [^\n]*\["tv"\] > bound|assert_loop_check\(', c):
-            problems.append(f"the TV check on {named!r} does not assert that its wrong control is flagged: {first!r}")
+        elif "GPT-2" not in named:
+            loops = re.findall(r"(\w+),\s*(\w+),[^=\n]*=\s*loop_tv_check\(", c)  # each result must be judged
+            unjudged = [f"{r}, {b}" for r, b in loops if not re.search(rf"assert_loop_check\(\s*{r}\s*,\s*{b}\s*\)", c)]
+            if unjudged or not (loops or re.search(r'assert [^\n]*\["tv"\] > bound', c)):
+                problems.append(f"the TV check on {named!r} does not assert that its wrong controls are flagged "
+                                f"({', '.join(unjudged) or 'no assert'}): {first!r}")
     return problems + ([] if runs else ["no cell runs a joint-law TV check"])
 
 
@@ -218,6 +222,7 @@ def test_the_tv_rule_can_fail():
     text = notebook_source("03").read_text()
     assert tv_problems(text.replace("TV check — target:", "TV check:"))
     assert tv_problems(text.replace("assert_loop_check(res, bound)", "print(res, bound)"))
+    assert tv_problems(text.replace("assert_loop_check(res_s, bound_s)", "print(res_s, bound_s)"))
 
 
 # ------------------------------------------------- no function shown above an exercise passes it
