@@ -827,24 +827,6 @@ for p in found:
 #   gives vanilla's tokens for vanilla, chains and trees.
 # * Next: scaling to Llama — the roofline of a decode step and the 8B target on a GPU (chapter 9).
 #
-# ## Exercises
-#
-# | exercise | function | task |
-# |---|---|---|
-# | 8.1 | `capture_hazards` | host syncs and changing shapes, read off recorded operators |
-# | 8.2 | `static_mask` | the `[B, T, C]` mask of a step over a static KV cache, without a host sync |
-# | 8.3 | `pad_to_bucket` | pad tokens, positions and tree mask to the smallest bucket |
-# | 8.4 | `choose_buckets` | the $k$ buckets of least padding (dynamic programme, graded against brute force) |
-#
-# Grade from a terminal with `python -m minispec grade 8` or
-# `pytest tests/test_exercises.py -m ch08 --impl exercises`; here with `check("8.1")` or `check(8)`.
-
-# %%
-check(8, impl="exercises")
-
-# %%
-# What a finished chapter looks like: the reference answers in solutions/ pass every check.
-check(8, impl="solutions")
 
 # %% [markdown]
 # ## References
@@ -867,6 +849,28 @@ check(8, impl="solutions")
 #   <https://thinkingmachines.ai/blog/defeating-nondeterminism-in-llm-inference/>
 # * NVIDIA, *H100 Tensor Core GPU* datasheet — 3.35 TB/s HBM3 (SXM5), the bandwidth of section 1.
 #
+
+# %% [markdown]
+# ## The whole chapter
+#
+# | exercise | function | task |
+# |---|---|---|
+# | 8.1 | `capture_hazards` | host syncs and changing shapes, read off recorded operators |
+# | 8.2 | `static_mask` | the `[B, T, C]` mask of a step over a static KV cache, without a host sync |
+# | 8.3 | `pad_to_bucket` | pad tokens, positions and tree mask to the smallest bucket |
+# | 8.4 | `choose_buckets` | the $k$ buckets of least padding (dynamic programme, graded against brute force) |
+#
+# Grade from a terminal with `python -m minispec grade 8` or
+# `pytest tests/test_exercises.py -m ch08 --impl exercises`; here with `check("8.1")` or `check(8)`.
+
+# %%
+check(8, impl="exercises")
+
+# %%
+# What a finished chapter looks like: the reference answers in solutions/ pass every check.
+check(8, impl="solutions")
+
+# %% [markdown]
 # ## Answers to the pen-and-paper questions
 #
 # <details><summary>1. Launch-bound or not</summary>

@@ -668,6 +668,24 @@ for B, P in ((1, 1024), (32, 1024), (32, 8192), (128, 128), (64, 4096)):
           f"{scale.roofline_speedup(h100_cfg, B, 5, 3.0, P, bf16, H_BW, H_PEAK):.2f}x")
 
 # %% [markdown]
+# ## Pen-and-paper questions
+#
+# Short questions to answer without a computer (answers at the end of the notebook).
+#
+# 1. An 8B model in bf16 (16 GB of weights read per forward, 15 GFLOP per row) on a GPU with
+#    3 TB/s and 1000 TFLOP/s. What is its per-token floor at batch 1? Where is its ridge point? At
+#    batch 1, what speedup does the roofline allow a chain of $k = 5$ drafts with $\tau = 3$, drafting
+#    free? And at batch 64, with no KV cache?
+# 2. The oracle tree (60 nodes, depth 5) has the same $\tau$ as the chain of 5. When does it cost
+#    nothing extra, and why can it never be faster than the chain?
+# 3. Llama-3.1-8B stores 128 KiB of KV per token in bf16. At what total number of cached tokens in
+#    the batch ($B \cdot P$) does a forward read as many KV bytes as weight bytes? Why does that keep
+#    the extra rows of speculation cheap, even at a batch of 64?
+# 4. An oracle with $k = 5$, $p = 0.3$ on a GPU where a near-tie breaks differently once every
+#    100 tokens. Without re-anchoring, what is $\tau$ after the first break? With re-anchoring, about
+#    how much lower than the promise is it?
+#
+#
 # ## Summary
 #
 # * A decode forward reads every linear weight once, whatever its row count, plus the KV cache of
@@ -688,41 +706,6 @@ for B, P in ((1, 1024), (32, 1024), (32, 8192), (128, 128), (64, 4096)):
 # * Next: what the GPU suite measures on an H100 — eager against CUDA graphs, split attention,
 #   batch 1 to 32 — written to result files that this chapter then shows.
 #
-# ## Pen-and-paper questions
-#
-# Short questions to answer without a computer (answers at the end of the notebook).
-#
-# 1. An 8B model in bf16 (16 GB of weights read per forward, 15 GFLOP per row) on a GPU with
-#    3 TB/s and 1000 TFLOP/s. What is its per-token floor at batch 1? Where is its ridge point? At
-#    batch 1, what speedup does the roofline allow a chain of $k = 5$ drafts with $\tau = 3$, drafting
-#    free? And at batch 64, with no KV cache?
-# 2. The oracle tree (60 nodes, depth 5) has the same $\tau$ as the chain of 5. When does it cost
-#    nothing extra, and why can it never be faster than the chain?
-# 3. Llama-3.1-8B stores 128 KiB of KV per token in bf16. At what total number of cached tokens in
-#    the batch ($B \cdot P$) does a forward read as many KV bytes as weight bytes? Why does that keep
-#    the extra rows of speculation cheap, even at a batch of 64?
-# 4. An oracle with $k = 5$, $p = 0.3$ on a GPU where a near-tie breaks differently once every
-#    100 tokens. Without re-anchoring, what is $\tau$ after the first break? With re-anchoring, about
-#    how much lower than the promise is it?
-#
-# ## Exercises
-#
-# | exercise | function | task |
-# |---|---|---|
-# | 9.1 | `step_bytes` | bytes a decode forward reads: every linear weight once + the KV cache |
-# | 9.2 | `roofline_step_s` | the roofline's bound: the slower of moving the bytes and computing every row |
-# | 9.3 | `corruption_for_tau` | the oracle's corruption rate for a wanted $\tau$ |
-# | 9.4 | `crossover_batch` | the smallest batch at which speculation's roofline speedup falls below 1 |
-#
-# Grade from a terminal with `python -m minispec grade 9` or
-# `pytest tests/test_exercises.py -m ch09 --impl exercises`; here with `check("9.1")` or `check(9)`.
-
-# %%
-check(9, impl="exercises")
-
-# %%
-# What a finished chapter looks like: the reference answers in solutions/ pass every check.
-check(9, impl="solutions")
 
 # %% [markdown]
 # ## References
@@ -745,6 +728,28 @@ check(9, impl="solutions")
 #   <https://thinkingmachines.ai/blog/defeating-nondeterminism-in-llm-inference/>
 # * NVIDIA, *H100 Tensor Core GPU datasheet* — 3.35 TB/s HBM3, 989 TFLOP/s dense BF16 (SXM5).
 #
+
+# %% [markdown]
+# ## The whole chapter
+#
+# | exercise | function | task |
+# |---|---|---|
+# | 9.1 | `step_bytes` | bytes a decode forward reads: every linear weight once + the KV cache |
+# | 9.2 | `roofline_step_s` | the roofline's bound: the slower of moving the bytes and computing every row |
+# | 9.3 | `corruption_for_tau` | the oracle's corruption rate for a wanted $\tau$ |
+# | 9.4 | `crossover_batch` | the smallest batch at which speculation's roofline speedup falls below 1 |
+#
+# Grade from a terminal with `python -m minispec grade 9` or
+# `pytest tests/test_exercises.py -m ch09 --impl exercises`; here with `check("9.1")` or `check(9)`.
+
+# %%
+check(9, impl="exercises")
+
+# %%
+# What a finished chapter looks like: the reference answers in solutions/ pass every check.
+check(9, impl="solutions")
+
+# %% [markdown]
 # ## Answers to the pen-and-paper questions
 #
 # <details><summary>1. The roofline of an 8B model on a GPU</summary>

@@ -321,3 +321,43 @@ def naive_mask(parents):
     assert anchor in text
     problems = helpers_that_pass("04", text.replace(anchor, naive + anchor))
     assert any("naive_mask passes exercise 4.2" in p for p in problems), problems
+
+
+# ------------------------------------------------- one structure for every chapter
+SECTIONS = ["## Pen-and-paper questions", "## Summary", "## References", "## The whole chapter",
+            "## Answers to the pen-and-paper questions"]
+
+
+def structure_problems(chapter: str, text: str) -> list[str]:
+    """Learning objectives first; the closing sections in their order; exercises numbered in the
+    order a reader meets them (N.1, N.2, ...)."""
+    out = []
+    if "**Learning objectives**" not in text:
+        out.append("no '**Learning objectives**' near the top")
+    at = [text.find("\n# " + s + "\n") for s in SECTIONS]
+    out += [f"no {s!r} section" for s, i in zip(SECTIONS, at) if i < 0]
+    found = [i for i in at if i >= 0]
+    if found != sorted(found):
+        out.append(f"the closing sections are not in the order {SECTIONS}")
+    cells = jupytext.reads(text, fmt="py:percent").cells
+    met = []
+    for c in cells:
+        for m in re.finditer(r"""\bcheck\(\s*["'](\d+)\.(\d+)["']""", code(c)):
+            if (int(m[1]), int(m[2])) not in met:
+                met.append((int(m[1]), int(m[2])))
+    want = [(int(chapter), i) for i in range(1, len(met) + 1)]
+    if met != want:
+        out.append(f"exercises met in the order {['%d.%d' % e for e in met]}, not {['%d.%d' % e for e in want]}")
+    return out
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS_CHECKED)
+def test_every_chapter_has_one_structure(chapter):
+    problems = structure_problems(chapter, notebook_source(chapter).read_text())
+    assert not problems, f"notebooks/{notebook_source(chapter).name}:\n  " + "\n  ".join(problems)
+
+
+def test_the_structure_rule_can_fail():
+    text = notebook_source("04").read_text()
+    assert any("not 4.1" in p or "order" in p for p in structure_problems("04", text.replace('check("4.1")', 'check("4.9")')))
+    assert any("'## Summary'" in p for p in structure_problems("04", text.replace("\n# ## Summary\n", "\n# ## Recap\n")))
