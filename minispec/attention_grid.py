@@ -165,6 +165,28 @@ def run_shape(B, H, Hkv, hd, P, T, device, dtype, reps, methods_ok, flex, max_gb
     mask = tree_mask(T, B, g).to(device)  # [B, T, T]
     full = torch.cat([torch.ones(B, T, P, dtype=torch.bool, device=device), mask], -1)[:, None]  # [B, 1, T, S]
     inputs = _inputs(B, H, Hkv, hd, S, T, copies, device, dtype, g)
+    fns = _methods(B, H, Hkv, P, T, S, mask, full, device, methods_ok, flex, max_gb, notes)
+    err, failed = _warm_up(fns, inputs[0], notes, f"B={B} ctx={P} T={T}")
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    calls = min(copies, CALLS) if device.type == "cuda" else 1
+    nxt = itertools.cycle(range(copies))  # the calls of one timing read distinct copies
+    times = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():  # interleaved: every method sees the same machine state
+            times[name].append(timed(lambda: fn(*inputs[next(nxt)]), device, calls, flush))
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    q, k, _ = inputs[0]
+    backend = dict(dense=dense_backend(q, k, full), causal=sdpa_backend(q, k, None, is_causal=T == S))
+    return dict(batch=B, ctx=P, tree=T, heads=H, kv_heads=Hkv, head_dim=hd, dtype=str(dtype).replace("torch.", ""),
+                kv_bytes=kv_bytes, input_copies=copies, calls_per_timing=calls, reps=reps, median_s=med,
+                kv_GBps={n: kv_bytes / t / 1e9 for n, t in med.items()},
+                ratio={n: {m: med[n] / med[m] for m in med if m != n} for n in med},
+                max_abs_err_vs_dense=err, sdpa_backend=backend, failed=failed)
+
+
+def _methods(B, H, Hkv, P, T, S, mask, full, device, methods_ok, flex, max_gb, notes) -> dict:
+    """{name: (q, k, v) -> output} of the methods this shape can run, "dense" first (the reference)."""
     causal = lower_right_causal(T, S)
     fns = {"dense": lambda q, k, v: dense_attention(q, k, v, full),
            "causal": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
@@ -189,37 +211,27 @@ def run_shape(B, H, Hkv, hd, P, T, device, dtype, reps, methods_ok, flex, max_gb
             fns["flex"] = lambda q, k, v: flex_attention(q, k, v, block_mask=bm, enable_gqa=H != Hkv)
         except Exception as e:  # noqa: BLE001  (a torch version without support for these shapes)
             notes.add(f"FlexAttention skipped: {type(e).__name__}: {str(e)[:120]}")
+    return fns
+
+
+def _warm_up(fns: dict, inputs, notes, where: str) -> tuple[dict, dict]:
+    """Run each method twice (compilation, autotuning, allocator); a method that fails is dropped
+    from ``fns``. Returns ({name: max abs error vs dense}, {name: why it failed})."""
     ref = out = None
     err, failed = {}, {}
     for name, fn in list(fns.items()):  # "dense" first: the reference of the others
         try:
-            for _ in range(2):  # warm-up: compilation, autotuning, allocator
-                out = fn(*inputs[0])
+            for _ in range(2):
+                out = fn(*inputs)
             if name == "dense":
                 ref = out.float()
             elif name != "causal" and ref is not None:
                 err[name] = (out.float() - ref).abs().max().item()
         except Exception as e:  # noqa: BLE001  (e.g. out of memory in one method: time the others)
             failed[name] = f"{type(e).__name__}: {str(e)[:160]}"
-            notes.add(f"{name} failed at B={B} ctx={P} T={T}: {failed[name]}")
+            notes.add(f"{name} failed at {where}: {failed[name]}")
             del fns[name]
-    ref = out = None  # free the warm-up outputs before timing
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    calls = min(copies, CALLS) if device.type == "cuda" else 1
-    nxt = itertools.cycle(range(copies))  # the calls of one timing read distinct copies
-    times = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():  # interleaved: every method sees the same machine state
-            times[name].append(timed(lambda: fn(*inputs[next(nxt)]), device, calls, flush))
-    med = {name: statistics.median(ts) for name, ts in times.items()}
-    q, k, _ = inputs[0]
-    backend = dict(dense=dense_backend(q, k, full), causal=sdpa_backend(q, k, None, is_causal=T == S))
-    return dict(batch=B, ctx=P, tree=T, heads=H, kv_heads=Hkv, head_dim=hd, dtype=str(dtype).replace("torch.", ""),
-                kv_bytes=kv_bytes, input_copies=copies, calls_per_timing=calls, reps=reps, median_s=med,
-                kv_GBps={n: kv_bytes / t / 1e9 for n, t in med.items()},
-                ratio={n: {m: med[n] / med[m] for m in med if m != n} for n in med},
-                max_abs_err_vs_dense=err, sdpa_backend=backend, failed=failed)
+    return err, failed  # the warm-up outputs are freed on return, before timing
 
 
 def coarse_first(*axes):

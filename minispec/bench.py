@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .methods import METHOD_NAMES
+from .methods import HF_METHODS, METHOD_NAMES, MethodSpec, parse_methods
+from .tables import Col, text_table
 
-HF_METHODS = ("hf", "hf_assisted", "hf_pld")
-METHODS = HF_METHODS + METHOD_NAMES  # minispec.methods: the one list of minispec's methods
+METHODS = HF_METHODS + METHOD_NAMES  # the method table's (minispec.drafters.registry): transformers' and minispec's
 
 
 @dataclass
@@ -63,112 +63,107 @@ class _Totals:
                     identical=self.identical, n=self.n, new_tokens=self.tokens, seconds=self.seconds)
 
 
-def _runners(methods, model_name, k, draft_path, pld_k, tree=None, drafter_path=None, batch_size=1, draft_vocab=None):
-    """Build one callable per method: ids, params, seed -> (new tokens, seconds, stats or None)."""
-    from . import generate, load, load_hf
-    from .batch import generate_batch
+def _runners(specs: list[MethodSpec], hf_methods, model_name, k, draft_path, pld_k, tree=None, drafter_path=None,
+             batch_size=1, draft_vocab=None):
+    """Build one callable per method: ids, params, seed -> (new tokens, seconds, stats or None); with
+    ``batch_size`` > 1: B prompts, params, B seeds -> (B answers, seconds, B stats)."""
+    from . import generate, load
+    from .dispatch import resolve
     from .methods import Methods
 
     target, tok = load(model_name)
-    runners = {}
     made = Methods(target, model_name, k=k, pld_k=pld_k, tree=tree, draft_path=draft_path, drafter_path=drafter_path,
                    draft_vocab=draft_vocab)
-
-    def minispec_runner(method):
-        if batch_size > 1:
-            def run_batch(ids, params, seeds):  # ids: B prompts -> (B answers, seconds, B stats)
-                t = time.perf_counter()
-                rs, _ = generate_batch(target, tok, ids, drafter=made.drafter(method), max_new_tokens=params["max_new_tokens"],
-                                       temperature=params["temperature"], top_p=params["top_p"], seed=seeds)
-                return [r.tokens for r in rs], time.perf_counter() - t, [r.stats for r in rs]
-            return run_batch
-
-        def run(ids, params, seed):
-            t = time.perf_counter()
-            r = generate(target, tok, ids, drafter=made.drafter(method), max_new_tokens=params["max_new_tokens"],
-                         temperature=params["temperature"], top_p=params["top_p"], seed=seed)
-            return r.tokens, time.perf_counter() - t, r.stats
-        return run
-
-    resolved = {}
-    for m in methods:
-        if m in HF_METHODS:
-            continue
-        real = m
-        if m == "auto":
-            from .dispatch import resolve_auto
-
-            real, line = resolve_auto(target, tok, model_name, batch_size=batch_size, methods=made)
-            print(line, flush=True)
-            resolved[m] = real
-        runners[m] = minispec_runner(real)
-    draft = None
-    if batch_size > 1 and {"hf_assisted", "hf_pld"} & set(methods):
-        raise ValueError("hf_assisted and hf_pld generate one sequence at a time (transformers); bench them at "
-                         "--batch-size 1")
+    runners, resolved = {}, {}
+    for spec in specs:
+        real = resolve(spec, made, tok, batch_size, say=lambda line: print(line, flush=True))
+        if spec.base == "auto":
+            resolved[spec.name] = real.name
+        runners[spec.name] = _minispec_runner(target, tok, made, real, batch_size)
     if batch_size > 1:  # the reference of ``identical``: each question decoded alone, vanilla greedy
         runners["_alone"] = lambda ids, params, seed: (generate(target, tok, ids, max_new_tokens=params["max_new_tokens"],
                                                                  temperature=0.0).tokens, 0.0, None)
-    if "hf_assisted" in methods:
+    if hf_methods:
+        runners.update(_hf_runners(hf_methods, model_name, target, tok, k, pld_k, draft_path, batch_size))
+    return runners, tok, resolved
+
+
+def _minispec_runner(target, tok, made, spec: MethodSpec, batch_size: int):
+    """``generate`` (``generate_batch`` for B > 1) with the method's drafter, timed."""
+    from . import generate
+    from .batch import generate_batch
+
+    def run(ids, params, seed):
+        t = time.perf_counter()
+        r = generate(target, tok, ids, drafter=made.drafter(spec), max_new_tokens=params["max_new_tokens"],
+                     temperature=params["temperature"], top_p=params["top_p"], seed=seed)
+        return r.tokens, time.perf_counter() - t, r.stats
+
+    def run_batch(ids, params, seeds):  # ids: B prompts -> (B answers, seconds, B stats)
+        t = time.perf_counter()
+        rs, _ = generate_batch(target, tok, ids, drafter=made.drafter(spec), max_new_tokens=params["max_new_tokens"],
+                               temperature=params["temperature"], top_p=params["top_p"], seed=seeds)
+        return [r.tokens for r in rs], time.perf_counter() - t, [r.stats for r in rs]
+
+    return run_batch if batch_size > 1 else run
+
+
+def _hf_runners(hf_methods, model_name, target, tok, k, pld_k, draft_path, batch_size) -> dict:
+    """transformers' ``generate``: plain, assisted by minispec's distilled draft, prompt lookup."""
+    from . import load_hf
+    from .models import to_hf
+
+    hf, _ = load_hf(model_name)
+    extra = {"hf": {}, "hf_pld": dict(prompt_lookup_num_tokens=pld_k)}
+    if "hf_assisted" in hf_methods:
         from .drafters.draft_checkpoint import load_draft_model
 
-        draft = load_draft_model(target, draft_path)
+        assistant = to_hf(load_draft_model(target, draft_path))
+        assistant.generation_config.num_assistant_tokens = k
+        assistant.generation_config.num_assistant_tokens_schedule = "constant"
+        extra["hf_assisted"] = dict(assistant_model=assistant)
+    make = _hf_batch_runner if batch_size > 1 else _hf_runner
+    return {m: make(hf, tok, target, **extra[m]) for m in HF_METHODS if m in hf_methods}
 
-    if {"hf", "hf_assisted", "hf_pld"} & set(methods):
-        from .models import to_hf
 
-        hf, _ = load_hf(model_name)
-        assistant = to_hf(draft) if "hf_assisted" in methods else None
-        if assistant is not None:
-            assistant.generation_config.num_assistant_tokens = k
-            assistant.generation_config.num_assistant_tokens_schedule = "constant"
+def _hf_kw(params: dict) -> dict:
+    sampling = params["temperature"] > 0
+    return dict(do_sample=sampling, temperature=params["temperature"] if sampling else None,
+                top_p=params["top_p"] if sampling else None, top_k=None)
 
-        def hf_runner(**extra):
-            if batch_size > 1:
-                return hf_batch_runner(**extra)
 
-            @torch.inference_mode()
-            def run(ids, params, seed):
-                x = torch.tensor([ids])
-                sampling = params["temperature"] > 0
-                kw = dict(do_sample=sampling, temperature=params["temperature"] if sampling else None,
-                          top_p=params["top_p"] if sampling else None, top_k=None)
-                torch.manual_seed(seed)
-                t = time.perf_counter()
-                out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=params["max_new_tokens"], **kw, **extra)
-                return out[0, x.shape[1]:].tolist(), time.perf_counter() - t, None
-            return run
+def _hf_runner(hf, tok, target, **extra):
+    @torch.inference_mode()
+    def run(ids, params, seed):
+        x = torch.tensor([ids])
+        torch.manual_seed(seed)
+        t = time.perf_counter()
+        out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=params["max_new_tokens"], **_hf_kw(params),
+                          **extra)
+        return out[0, x.shape[1]:].tolist(), time.perf_counter() - t, None
+    return run
 
-        def hf_batch_runner(**extra):
-            pad = tok.pad_token_id if tok.pad_token_id is not None else target.cfg.eos_token_id
-            eos = {tok.eos_token_id, target.cfg.eos_token_id} - {None}
 
-            @torch.inference_mode()
-            def run_batch(ids, params, seeds):  # left-padded batch, as transformers generates batches
-                T = max(len(x) for x in ids)
-                x = torch.tensor([[pad] * (T - len(i)) + list(i) for i in ids])  # [B, T]
-                att = torch.tensor([[0] * (T - len(i)) + [1] * len(i) for i in ids])
-                sampling = params["temperature"] > 0
-                kw = dict(do_sample=sampling, temperature=params["temperature"] if sampling else None,
-                          top_p=params["top_p"] if sampling else None, top_k=None, pad_token_id=pad)
-                torch.manual_seed(seeds[0])
-                t = time.perf_counter()
-                out = hf.generate(x, attention_mask=att, max_new_tokens=params["max_new_tokens"], **kw, **extra)
-                seconds = time.perf_counter() - t
-                answers = []
-                for row in out[:, T:].tolist():  # a finished row continues with padding: cut after its end
-                    cut = next((j + 1 for j, tkn in enumerate(row) if tkn in eos), len(row))
-                    answers.append(row[:cut])
-                return answers, seconds, [None] * len(ids)
-            return run_batch
+def _hf_batch_runner(hf, tok, target, **extra):
+    pad = tok.pad_token_id if tok.pad_token_id is not None else target.cfg.eos_token_id
+    eos = {tok.eos_token_id, target.cfg.eos_token_id} - {None}
 
-        if "hf" in methods:
-            runners["hf"] = hf_runner()
-        if "hf_assisted" in methods:
-            runners["hf_assisted"] = hf_runner(assistant_model=assistant)
-        if "hf_pld" in methods:
-            runners["hf_pld"] = hf_runner(prompt_lookup_num_tokens=pld_k)
-    return runners, tok, resolved
+    @torch.inference_mode()
+    def run_batch(ids, params, seeds):  # left-padded batch, as transformers generates batches
+        T = max(len(x) for x in ids)
+        x = torch.tensor([[pad] * (T - len(i)) + list(i) for i in ids])  # [B, T]
+        att = torch.tensor([[0] * (T - len(i)) + [1] * len(i) for i in ids])
+        torch.manual_seed(seeds[0])
+        t = time.perf_counter()
+        out = hf.generate(x, attention_mask=att, max_new_tokens=params["max_new_tokens"], **_hf_kw(params),
+                          pad_token_id=pad, **extra)
+        seconds = time.perf_counter() - t
+        answers = []
+        for row in out[:, T:].tolist():  # a finished row continues with padding: cut after its end
+            cut = next((j + 1 for j, tkn in enumerate(row) if tkn in eos), len(row))
+            answers.append(row[:cut])
+        return answers, seconds, [None] * len(ids)
+    return run_batch
 
 
 def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), model: str = "smollm2-135m",
@@ -192,25 +187,12 @@ def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), mo
     Returns:
         {"summary": {method: {...}}, "by_category": {category: {method: {...}}}, "rows": [...]}.
     """
-    from tqdm.auto import tqdm
-
-    from .sampling import SamplingParams
     from .tokenizer import encode_prompt
 
-    from .methods import parse_method
-
-    SamplingParams(temperature, 0, top_p)  # validate before loading anything
-    for m in methods:
-        if m not in HF_METHODS:
-            parse_method(m)  # raises on an unknown method or tree
-    if len(set(methods)) != len(methods):
-        raise ValueError(f"a method is listed twice: {methods}")
-    if not questions:
-        raise ValueError("no questions to run")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    runners, tok, resolved = _runners(methods, model, k, draft_path, pld_k, tree, drafter_path, batch_size=batch_size,
-                                      draft_vocab=draft_vocab)
+    methods = [m.strip() for m in methods]
+    specs = _check(questions, methods, temperature, top_p, batch_size)
+    runners, tok, resolved = _runners(specs, [m for m in methods if m in HF_METHODS], model, k, draft_path, pld_k, tree,
+                                      drafter_path, batch_size=batch_size, draft_vocab=draft_vocab)
     params = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     warm = encode_prompt(tok, "Hello!")
     for m in methods:  # warm-up: first calls allocate buffers and pick kernels
@@ -218,38 +200,7 @@ def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), mo
             runners[m]([warm, warm[1:]], dict(params, max_new_tokens=8), [seed, seed])
         else:
             runners[m](warm, dict(params, max_new_tokens=8), seed)
-
-    totals = {m: _Totals() for m in methods}
-    by_cat: dict[str, dict[str, _Totals]] = {}
-    rows = []
-    batches = [questions[i:i + batch_size] for i in range(0, len(questions), batch_size)]
-    bar = tqdm(total=len(questions), desc="bench" if batch_size == 1 else f"bench (batches of {batch_size})",
-               disable=not progress)
-    for i, qs in enumerate(batches):
-        ids = [encode_prompt(tok, q["prompt"]) for q in qs]
-        seeds = [seed + i * batch_size + j for j in range(len(qs))]
-        order = list(methods[i % len(methods):]) + list(methods[:i % len(methods)])  # rotate who goes first
-        if batch_size == 1:
-            results = {m: [runners[m](ids[0], params, seeds[0])] for m in order}
-            refs = [results["vanilla"][0][0] if "vanilla" in results else None]
-        else:
-            batch = {m: runners[m](ids, params, seeds) for m in order}  # (answers, seconds, stats) per method
-            results = {m: [(a, s / len(qs), st) for a, st in zip(answers, stats)]  # the batch's time, shared
-                       for m, (answers, s, stats) in batch.items()}
-            refs = [runners["_alone"](x, params, None)[0] for x in ids]
-        for q, x, ref, j in zip(qs, ids, refs, range(len(qs))):
-            cat = by_cat.setdefault(q["category"], {m: _Totals() for m in methods})
-            row = dict(question_id=q["question_id"], category=q["category"], prompt_tokens=len(x))
-            for m in methods:
-                tokens, seconds, stats = results[m][j]
-                same = ref is not None and tokens == ref
-                totals[m].add(tokens, seconds, stats, same)
-                cat[m].add(tokens, seconds, stats, same)
-                row[m] = dict(new_tokens=len(tokens), seconds=seconds, identical=same,
-                              tau=stats.tau if stats is not None else None)
-            rows.append(row)
-        bar.update(len(qs))
-    bar.close()
+    totals, by_cat, rows = _run_questions(questions, methods, runners, tok, params, seed, batch_size, progress)
 
     def summarise(t: dict[str, _Totals]) -> dict:
         def tps(m):
@@ -266,24 +217,87 @@ def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), mo
                               identical_to="each question alone, vanilla greedy" if batch_size > 1 else "vanilla"))
 
 
+def _check(questions, methods, temperature, top_p, batch_size) -> list[MethodSpec]:
+    """Every argument checked before anything loads; minispec's methods parsed (once)."""
+    from .sampling import SamplingParams
+
+    SamplingParams(temperature, 0, top_p)
+    specs = parse_methods(methods)  # raises on an unknown method or tree
+    if len(set(methods)) != len(methods):
+        raise ValueError(f"a method is listed twice: {methods}")
+    if not questions:
+        raise ValueError("no questions to run")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if batch_size > 1 and {"hf_assisted", "hf_pld"} & set(methods):
+        raise ValueError("hf_assisted and hf_pld generate one sequence at a time (transformers); bench them at "
+                         "--batch-size 1")
+    return specs
+
+
+def _run_questions(questions, methods, runners, tok, params, seed, batch_size, progress):
+    """Every method on every question (batch of questions), who goes first rotating: per-method and
+    per-category totals and one row per question."""
+    from tqdm.auto import tqdm
+
+    from .tokenizer import encode_prompt
+
+    totals = {m: _Totals() for m in methods}
+    by_cat: dict[str, dict[str, _Totals]] = {}
+    rows = []
+    batches = [questions[i:i + batch_size] for i in range(0, len(questions), batch_size)]
+    bar = tqdm(total=len(questions), desc="bench" if batch_size == 1 else f"bench (batches of {batch_size})",
+               disable=not progress)
+    for i, qs in enumerate(batches):
+        ids = [encode_prompt(tok, q["prompt"]) for q in qs]
+        seeds = [seed + i * batch_size + j for j in range(len(qs))]
+        order = list(methods[i % len(methods):]) + list(methods[:i % len(methods)])  # rotate who goes first
+        results, refs = _run_batch(runners, order, ids, params, seeds, batch_size)
+        for q, x, ref, j in zip(qs, ids, refs, range(len(qs))):
+            cat = by_cat.setdefault(q["category"], {m: _Totals() for m in methods})
+            row = dict(question_id=q["question_id"], category=q["category"], prompt_tokens=len(x))
+            for m in methods:
+                tokens, seconds, stats = results[m][j]
+                same = ref is not None and tokens == ref
+                totals[m].add(tokens, seconds, stats, same)
+                cat[m].add(tokens, seconds, stats, same)
+                row[m] = dict(new_tokens=len(tokens), seconds=seconds, identical=same,
+                              tau=stats.tau if stats is not None else None)
+            rows.append(row)
+        bar.update(len(qs))
+    bar.close()
+    return totals, by_cat, rows
+
+
+def _run_batch(runners, order, ids, params, seeds, batch_size):
+    """({method: [(answer, seconds, stats) per question]}, the reference answer of each question)."""
+    if batch_size == 1:
+        results = {m: [runners[m](ids[0], params, seeds[0])] for m in order}
+        return results, [results["vanilla"][0][0] if "vanilla" in results else None]
+    batch = {m: runners[m](ids, params, seeds) for m in order}  # (answers, seconds, stats) per method
+    results = {m: [(a, s / len(ids), st) for a, st in zip(answers, stats)]  # the batch's time, shared
+               for m, (answers, s, stats) in batch.items()}
+    return results, [runners["_alone"](x, params, None)[0] for x in ids]
+
+
+BENCH_COLUMNS = [Col("category", width=16, left=True), Col("method", width=12, left=True), Col("tok/s", ".1f", 7),
+                 Col("vs hf", width=6), Col("vs van", width=6), Col("tau", ".2f", 5), Col("identical", width=9),
+                 Col(" acceptance by position", left=True)]
+
+
 def format_table(result: dict) -> str:
     """The summary and per-category tables as text."""
     methods = result["settings"]["methods"]
-    w = max(12, *(len(m) for m in methods))
-    lines = [f"{'category':<16} {'method':<{w}} {'tok/s':>7} {'vs hf':>6} {'vs van':>6} {'tau':>5} {'identical':>9}  "
-             "acceptance by position"]
+
+    def ratio(x):
+        return f"{x:.2f}x" if x is not None else None
 
     def block(name, summ):
-        for m in methods:
-            s = summ[m]
-            acc = " ".join(f"{a:.2f}" for a in s["acceptance_by_position"])
-            sp = f"{s['speedup']:.2f}x" if s["speedup"] is not None else "-"
-            sv = f"{s['vs_vanilla']:.2f}x" if s.get("vs_vanilla") is not None else "-"
-            tau = f"{s['tau']:.2f}" if s["tau"] is not None else "-"
-            lines.append(f"{name:<16} {m:<{w}} {s['tokens_per_s']:>7.1f} {sp:>6} {sv:>6} {tau:>5} "
-                         f"{s['identical']:>4}/{s['n']:<4}  {acc}")
+        return [[name, m, s["tokens_per_s"], ratio(s["speedup"]), ratio(s.get("vs_vanilla")), s["tau"],
+                 f"{s['identical']}/{s['n']}", " " + " ".join(f"{a:.2f}" for a in s["acceptance_by_position"])]
+                for m, s in ((m, summ[m]) for m in methods)]
 
-    block("ALL", result["summary"])
+    rows = block("ALL", result["summary"])
     for c, summ in result["by_category"].items():
-        block(c, summ)
-    return "\n".join(lines)
+        rows += block(c, summ)
+    return "\n".join(text_table(BENCH_COLUMNS, rows))

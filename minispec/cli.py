@@ -31,72 +31,77 @@ def _threads(args) -> int:
 
 
 def _demo(args) -> int:
-    from . import SamplingParams, generate, load
+    from . import SamplingParams, load
+    from .dispatch import resolve
     from .methods import Methods, parse_method
 
     SamplingParams(args.temperature, args.top_k, args.top_p)  # bad parameters fail before the model loads
     if not args.prompt.strip():
         raise ValueError("the prompt is empty: give --prompt some text")
-    parse_method(args.method)
+    spec = parse_method(args.method)
     threads = _threads(args)
     model, tok = load(args.model)
     print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{model.cfg.n_layer} layers; {threads} CPU thread{'s' * (threads > 1)} (--threads N to change)", flush=True)
-    method = args.method
     methods = Methods(model, args.model, drafter_path=args.drafter, draft_vocab=args.draft_vocab)
-    if method == "auto":
-        from .dispatch import resolve_auto, tune_path
-
-        if not tune_path(args.model).exists():
-            print("calibrating 'auto' for this machine (once, about half a minute) ...", flush=True)
-        method, line = resolve_auto(model, tok, args.model, methods=methods)
-        print(line, flush=True)
+    spec = resolve(spec, methods, tok, say=lambda line: print(line, flush=True))
     print(f"prompt: {args.prompt}\n", flush=True)
-    drafter = methods.drafter(method)
+    runs = _demo_runs(args, model, tok, spec.name, methods.drafter(spec))
+    print(demo_table(list(runs.items()), sampled=args.temperature > 0))
+    return 0
+
+
+def _demo_runs(args, model, tok, method: str, drafter) -> dict:
+    """{method: [GenerationResult]}: one run on the prompt (its text printed); unless --no-compare,
+    vanilla and the method again, both warm, interleaved on the prompt and a few of minispec's own."""
+    from . import generate
+
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
               seed=args.seed)
     r = generate(model, tok, args.prompt, drafter=drafter, **kw)
     print(r.text, flush=True)
-    runs = {method: [r]}
-    if drafter is not None and not args.no_compare:
-        # the run above paid one-time costs (kernel set-up for each row count, lazy loads) that vanilla,
-        # run after it, would not: time both again, warm, interleaved prompt by prompt, on this prompt and
-        # a few of minispec's own (one short prompt alone gives a noisy ratio)
-        from .prompts import own_prompts
+    if drafter is None or args.no_compare:
+        return {method: [r]}
+    # the run above paid one-time costs (kernel set-up for each row count, lazy loads) that vanilla,
+    # run after it, would not: time both again, warm, interleaved prompt by prompt, on this prompt and
+    # a few of minispec's own (one short prompt alone gives a noisy ratio)
+    from .prompts import own_prompts
 
-        prompts = [args.prompt] + [p["prompt"] for p in own_prompts()][:args.compare_prompts]
-        print(f"\n(timing vanilla and {method} again, both warm, interleaved on {len(prompts)} prompts ...)", flush=True)
-        runs = {"vanilla": [], method: []}
-        for p in prompts:
-            runs["vanilla"].append(generate(model, tok, p, **kw))
-            runs[method].append(generate(model, tok, p, drafter=drafter, **kw))
-    print(demo_table(list(runs.items()), sampled=args.temperature > 0))
-    return 0
+    prompts = [args.prompt] + [p["prompt"] for p in own_prompts()][:args.compare_prompts]
+    print(f"\n(timing vanilla and {method} again, both warm, interleaved on {len(prompts)} prompts ...)", flush=True)
+    runs = {"vanilla": [], method: []}
+    for p in prompts:
+        runs["vanilla"].append(generate(model, tok, p, **kw))
+        runs[method].append(generate(model, tok, p, drafter=drafter, **kw))
+    return runs
 
 
 def demo_table(runs, sampled: bool) -> str:
     """method | tokens/s | speedup | tau | identical output, for (name, [GenerationResult per prompt]) pairs,
     vanilla first: tokens over the summed wall time, tau over the summed forwards."""
+    from .tables import Col, text_table
+
     def rate(rs):
         return sum(r.stats.new_tokens for r in rs) / sum(r.stats.total_s for r in rs)
 
-    base = runs[0][1] if runs[0][0] == "vanilla" else None
-    lines = [f"\n{'method':<16} {'tokens/s':>9} {'speedup':>8} {'tau':>5}  identical output"]
-    for name, rs in runs:
-        speedup = f"{rate(rs) / rate(base):.2f}x" if base is not None else "-"
-        tau = sum(r.stats.new_tokens for r in rs) / sum(r.stats.target_forwards for r in rs)
+    def same(rs):
         if rs is base or base is None:
-            same = "-"
-        elif sampled:
-            same = "- (sampled: same law, other draws)"
-        else:
-            hits = sum(r.tokens == b.tokens for r, b in zip(rs, base))
-            same = "yes" if hits == len(rs) else f"NO ({hits}/{len(rs)} prompts)"
-        lines.append(f"{name:<16} {rate(rs):>9.1f} {speedup:>8} {tau:>5.2f}  {same}")
+            return "-"
+        if sampled:
+            return "- (sampled: same law, other draws)"
+        hits = sum(r.tokens == b.tokens for r, b in zip(rs, base))
+        return "yes" if hits == len(rs) else f"NO ({hits}/{len(rs)} prompts)"
+
+    base = runs[0][1] if runs[0][0] == "vanilla" else None
+    rows = [[name, rate(rs), f"{rate(rs) / rate(base):.2f}x" if base is not None else "-",
+             sum(r.stats.new_tokens for r in rs) / sum(r.stats.target_forwards for r in rs), " " + same(rs)]
+            for name, rs in runs]
+    cols = [Col("method", width=16, left=True), Col("tokens/s", ".1f", 9), Col("speedup", width=8), Col("tau", ".2f", 5),
+            Col(" identical output", left=True)]
     rs = runs[-1][1]
-    lines.append(f"({sum(r.stats.new_tokens for r in rs)} new tokens over {len(rs)} prompt{'s' * (len(rs) > 1)}, "
-                 f"{'sampling' if sampled else 'greedy'}; tau = tokens per target forward)")
-    return "\n".join(lines)
+    return "\n".join(["", *text_table(cols, rows),
+                      f"({sum(r.stats.new_tokens for r in rs)} new tokens over {len(rs)} prompt{'s' * (len(rs) > 1)}, "
+                      f"{'sampling' if sampled else 'greedy'}; tau = tokens per target forward)"])
 
 
 def _tune(args) -> int:
@@ -147,11 +152,7 @@ DRAFT_VOCAB_HELP = ("eagle/eagle2 draft over the K most frequent tokens (FR-Spec
                     "0: the full vocabulary); verification always uses the full vocabulary")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m minispec", description="minispec: speculative decoding, chapter by chapter")
-    sub = ap.add_subparsers(dest="command", required=True)
-
-    d = sub.add_parser("demo", help="generate with SmolLM2-135M and print tokens/s")
+def _demo_flags(d) -> None:
     d.add_argument("--model", default="smollm2-135m")
     d.add_argument("--prompt", default="Explain in three sentences why speculative decoding makes LLM inference faster.")
     d.add_argument("--max-new-tokens", type=int, default=128)
@@ -167,9 +168,9 @@ def main(argv=None) -> int:
                    "auto (default: the tree dispatcher's choice, see tune)")
     d.add_argument("--drafter", default=None, help="head checkpoint for eagle/eagle2/eagle3/medusa (default: shipped)")
     d.add_argument("--draft-vocab", type=int, default=None, help=DRAFT_VOCAB_HELP)
-    d.set_defaults(func=_demo)
 
-    t = sub.add_parser("tune", help="tree dispatcher: measure costs and acceptance, choose the tree for this machine")
+
+def _tune_flags(t) -> None:
     t.add_argument("--model", default="smollm2-135m")
     t.add_argument("--questions", default=None, help="a JSONL of questions to calibrate on (default: minispec's own "
                    "calibration prompts, never a benchmark's)")
@@ -179,9 +180,9 @@ def main(argv=None) -> int:
     t.add_argument("--candidates", default=None, help="comma list of methods (default: minispec.dispatch.DEFAULT_CANDIDATES)")
     t.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     t.add_argument("--json", default=None, help="also write the full result (with device and versions) here")
-    t.set_defaults(func=_tune)
 
-    b = sub.add_parser("bench", help="Spec-Bench-style comparison of decoding methods (tokens/s, speedup, tau)")
+
+def _bench_flags(b) -> None:
     b.add_argument("--questions", default=None, help="Spec-Bench JSONL (default: ../shared/data/spec_bench.jsonl)")
     b.add_argument("--limit", type=int, default=None, help="at most this many questions, spread over categories")
     b.add_argument("--categories", default=None, help="comma list of categories")
@@ -204,56 +205,67 @@ def main(argv=None) -> int:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     b.add_argument("--json", default=None, help="write the results (with device and versions) here")
-    b.set_defaults(func=_bench)
 
-    sub.add_parser("train", help="train draft|eagle|eagle3|medusa: train a drafter for SmolLM2 (see train NAME --help)",
-                   add_help=False)
-    sub.add_parser("grade", help="grade a chapter's exercises: grade N [--impl exercises|solutions|minispec]", add_help=False)
-    sub.add_parser("export", help="write a head in the official EAGLE layout (config.json + model.safetensors) for "
-                   "vLLM / SGLang", add_help=False)
-    sub.add_parser("profile", help="where a decode step's time goes, per method, and the memory-bandwidth floor",
-                   add_help=False)
-    e = sub.add_parser("exactness", help="exact and empirical checks that every verifier is lossless", add_help=False)
-    e.set_defaults(func=None)
 
-    sub.add_parser("gpu-suite", help="every GPU measurement in ~9 minutes, one JSON each: --out DIR [--smoke]",
-                   add_help=False)
-    c = sub.add_parser("check-env", help="check that the dependencies are installed")
-    c.set_defaults(func=_check_env)
+def _here(name: str, flags, run):
+    """A command whose flags are declared here: argv -> its parser -> ``run(args)``; a ValueError or a
+    FileNotFoundError prints one line and exits 2."""
+    def command(argv: list[str]) -> int:
+        ap = argparse.ArgumentParser(prog=f"python -m minispec {name}")
+        flags(ap)
+        args = ap.parse_args(argv)
+        try:
+            return run(args)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    return command
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["train"]:  # python -m minispec train draft|eagle|eagle3|medusa [--help]
+
+def _elsewhere(module: str, func: str = "main"):
+    """A command with its own parser in ``module``: argv goes there unchanged."""
+    def command(argv: list[str]) -> int:
         import importlib
 
-        trainers = {"draft": "distill_draft", "eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa"}
-        if len(argv) < 2 or argv[1] not in trainers:
-            print(f"usage: python -m minispec train {{{','.join(trainers)}}} [--help]", file=sys.stderr)
-            return 2
-        importlib.import_module(f".train.{trainers[argv[1]]}", __package__).main(argv[2:])
-        return 0
-    if argv[:1] == ["grade"]:  # python -m minispec grade N [--impl minispec|solutions|exercises]
-        from .grading import grade_main
+        return getattr(importlib.import_module(module, __package__), func)(argv)
+    return command
 
-        return grade_main(argv[1:])
-    if argv[:1] == ["export"]:  # python -m minispec export eagle|eagle3 --out DIR
-        from .export import main as export_main
 
-        return export_main(argv[1:])
-    if argv[:1] == ["profile"]:  # python -m minispec profile --help
-        from .profile import main as profile_main
-
-        return profile_main(argv[1:])
-    if argv[:1] == ["gpu-suite"]:  # python -m minispec gpu-suite --out DIR [--smoke]
-        from .gpu_suite import main as gpu_suite_main
-
-        return gpu_suite_main(argv[1:])
-    if argv[:1] == ["exactness"]:  # its own parser: python -m minispec exactness --help
-        from .exactness_report import main as exactness_main
-
-        return exactness_main(argv[1:])
-    args = ap.parse_args(argv)
-    try:
-        return args.func(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+def _train(argv: list[str]) -> int:
+    """python -m minispec train draft|eagle|eagle3|medusa [--help]"""
+    trainers = {"draft": "distill_draft", "eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa"}
+    if not argv or argv[0] not in trainers:
+        print(f"usage: python -m minispec train {{{','.join(trainers)}}} [--help]", file=sys.stderr)
         return 2
+    _elsewhere(f".train.{trainers[argv[0]]}")(argv[1:])
+    return 0
+
+
+COMMANDS = {  # name -> (the line ``python -m minispec --help`` shows, argv -> exit status)
+    "demo": ("generate with SmolLM2-135M and print tokens/s", _here("demo", _demo_flags, _demo)),
+    "tune": ("tree dispatcher: measure costs and acceptance, choose the tree for this machine",
+             _here("tune", _tune_flags, _tune)),
+    "bench": ("Spec-Bench-style comparison of decoding methods (tokens/s, speedup, tau)",
+              _here("bench", _bench_flags, _bench)),
+    "train": ("train draft|eagle|eagle3|medusa: train a drafter for SmolLM2 (see train NAME --help)", _train),
+    "grade": ("grade a chapter's exercises: grade N [--impl exercises|solutions|minispec]",
+              _elsewhere(".grading", "grade_main")),
+    "export": ("write a head in the official EAGLE layout (config.json + model.safetensors) for vLLM / SGLang",
+               _elsewhere(".export")),
+    "profile": ("where a decode step's time goes, per method, and the memory-bandwidth floor", _elsewhere(".profile")),
+    "exactness": ("exact and empirical checks that every verifier is lossless", _elsewhere(".exactness_report")),
+    "gpu-suite": ("every GPU measurement in ~9 minutes, one JSON each: --out DIR [--smoke]", _elsewhere(".gpu_suite")),
+    "check-env": ("check that the dependencies are installed", _here("check-env", lambda ap: None, _check_env)),
+}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]][1](argv[1:])
+    ap = argparse.ArgumentParser(prog="python -m minispec", description="minispec: speculative decoding, chapter by chapter")
+    sub = ap.add_subparsers(dest="command", required=True)
+    for name, (line, _) in COMMANDS.items():
+        sub.add_parser(name, help=line, add_help=False)
+    ap.parse_args(argv)  # no command, or an unknown one: argparse says so (or prints --help) and exits
+    return 2

@@ -38,11 +38,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .drafters.registry import DEFAULT_AUTO, DEFAULT_CANDIDATES, QUICK_CANDIDATES  # noqa: F401  (the table's)
 from .kv import KVCache
+from .methods import MethodSpec, Methods, parse_method
+from .tables import Col, text_table
 from .tree import Tree
 
-DEFAULT_CANDIDATES = ("vanilla", "pld", "copy", "sps", "sps@eagle", "sps@4/4/12", "eagle", "eagle@chain:3", "eagle2@4/4/12",
-                      "eagle2@5/8/32", "eagle2", "eagle3", "eagle3@5/8/32", "medusa")
 DEFAULT_SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
@@ -155,31 +156,42 @@ def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", cand
     Returns:
         TuneResult with the cost curve, one row per candidate and the choice.
     """
-    from tqdm.auto import tqdm
-
-    from .generate import generate
-    from .methods import Methods
-
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not prompts:
         raise ValueError("tune needs at least one calibration prompt")
     methods = methods or Methods(target, model_name)
-    batches = sorted({1, batch_size})
-    curve = verify_cost_curve(target, sizes, batches, context)
+    curve = verify_cost_curve(target, sizes, sorted({1, batch_size}), context)
     result = TuneResult(model_name, batch_size, context, curve)
+    drafters = _build(methods, ["vanilla"] + [c for c in candidates if c != "vanilla"], result.skipped)
+    runs = _calibrate(target, tok, prompts, drafters, max_new_tokens, progress)
+    result.candidates = [_candidate(c, m, curve[batch_size], len(prompts)) for c, m in runs.items()]
+    result.choice = max(result.candidates, key=lambda r: r.predicted_tok_s).method
+    return result
+
+
+def _build(methods, candidates, skipped: dict) -> dict:
+    """{candidate: drafter} for those that load; the others go to ``skipped`` with the reason."""
     drafters = {}
-    for c in ["vanilla"] + [c for c in candidates if c != "vanilla"]:
+    for c in candidates:
         try:
-            inner = methods.drafter(c)
+            drafters[c] = methods.drafter(c)
         except (FileNotFoundError, ValueError, ImportError) as e:
-            result.skipped[c] = f"{type(e).__name__}: {e}"
-            continue
-        drafters[c] = inner
+            skipped[c] = f"{type(e).__name__}: {e}"
+    return drafters
+
+
+def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progress: bool) -> dict:
+    """Greedy generations, interleaved (every candidate on a prompt, then the next prompt): per
+    candidate the summed decode-step tokens, forwards, phase times and tree sizes."""
+    from tqdm.auto import tqdm
+
+    from .generate import generate
+
     runs = {c: dict(tokens=0, forwards=0, decode_s=0.0, total_s=0.0, draft_s=0.0, target_s=0.0, nodes=[])
             for c in drafters}
     bar = tqdm(total=len(prompts) * len(drafters), desc="tune", disable=not progress)
-    for p in prompts:  # interleaved: every candidate on this prompt, then the next prompt
+    for p in prompts:
         for c, d in drafters.items():
             s = generate(target, tok, p, drafter=d, max_new_tokens=max_new_tokens).stats
             m = runs[c]
@@ -192,37 +204,38 @@ def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", cand
             m["nodes"] += s.nodes
             bar.update()
     bar.close()
-    n = len(prompts)
-    for c, m in runs.items():
-        steps = max(m["forwards"], 1)
-        sizes_ = m["nodes"] or [0]
-        draft_s = m["draft_s"] / steps
-        vb = sum(interpolate(curve[batch_size], k) for k in sizes_) / len(sizes_)
-        loop_s = (m["decode_s"] - m["draft_s"] - m["target_s"]) / steps  # the measured phases (module docstring)
-        step_tokens = m["tokens"] / steps
-        result.candidates.append(CandidateResult(
-            c, round(sum(sizes_) / len(sizes_)), (m["tokens"] + n) / (m["forwards"] + n), step_tokens, draft_s, vb,
-            loop_s, predicted_tokens_per_s(step_tokens, vb, draft_s, loop_s), (m["tokens"] + n) / m["total_s"]))
-    result.choice = max(result.candidates, key=lambda r: r.predicted_tok_s).method
-    return result
+    return runs
+
+
+def _candidate(c: str, m: dict, curve_b: dict, n: int) -> CandidateResult:
+    """One candidate's row from its calibration sums ``m`` over ``n`` prompts and the cost curve."""
+    steps = max(m["forwards"], 1)
+    sizes = m["nodes"] or [0]
+    draft_s = m["draft_s"] / steps
+    verify_s = sum(interpolate(curve_b, k) for k in sizes) / len(sizes)
+    loop_s = (m["decode_s"] - m["draft_s"] - m["target_s"]) / steps  # the measured phases (module docstring)
+    step_tokens = m["tokens"] / steps
+    return CandidateResult(c, round(sum(sizes) / len(sizes)), (m["tokens"] + n) / (m["forwards"] + n), step_tokens,
+                           draft_s, verify_s, loop_s, predicted_tokens_per_s(step_tokens, verify_s, draft_s, loop_s),
+                           (m["tokens"] + n) / m["total_s"])
+
+
+TUNE_COLUMNS = [Col("method", width=16, left=True), Col("N", "d", 3), Col("tau", ".2f", 5), Col("tok/step", ".2f"),
+                Col("draft ms", ".1f"), Col("verify ms", ".1f"), Col("loop ms", ".1f"), Col("predicted tok/s", ".1f"),
+                Col("calibration tok/s", ".1f"), Col("", left=True)]
 
 
 def format_tune(r: TuneResult) -> str:
     """The cost curve, the candidate table and the choice as text."""
-    lines = [f"verify cost: one target forward of N+1 tokens after {r.context} cached tokens (ms)"]
     sizes = sorted(next(iter(r.cost_curve.values())))
-    lines.append("  batch " + "".join(f"{'N=' + str(n):>8}" for n in sizes))
-    for b, c in r.cost_curve.items():
-        lines.append(f"  {b:>5} " + "".join(f"{c[n] * 1e3:>8.1f}" for n in sizes))
-    lines.append("")
-    lines.append(f"candidates at batch {r.batch_size}:")
-    lines.append(f"  {'method':<16} {'N':>3} {'tau':>5} {'tok/step':>8} {'draft ms':>9} {'verify ms':>10} {'loop ms':>8} "
-                 f"{'predicted tok/s':>16} {'calibration tok/s':>18}")
-    for c in sorted(r.candidates, key=lambda c: -c.predicted_tok_s):
-        mark = "  <- choice" if c.method == r.choice else ""
-        lines.append(f"  {c.method:<16} {c.nodes:>3} {c.tau:>5.2f} {c.step_tokens:>8.2f} {c.draft_s * 1e3:>9.1f} "
-                     f"{c.verify_s * 1e3:>10.1f} {c.loop_s * 1e3:>8.1f} {c.predicted_tok_s:>16.1f} "
-                     f"{c.calibration_tok_s:>18.1f}{mark}")
+    lines = [f"verify cost: one target forward of N+1 tokens after {r.context} cached tokens (ms)"]
+    lines += text_table([Col("batch", "d")] + [Col(f"N={n}", ".1f", 7) for n in sizes],
+                        [[b] + [c[n] * 1e3 for n in sizes] for b, c in r.cost_curve.items()], indent="  ")
+    lines += ["", f"candidates at batch {r.batch_size}:"]
+    rows = [[c.method, c.nodes, c.tau, c.step_tokens, c.draft_s * 1e3, c.verify_s * 1e3, c.loop_s * 1e3, c.predicted_tok_s,
+             c.calibration_tok_s, " <- choice" if c.method == r.choice else ""]
+            for c in sorted(r.candidates, key=lambda c: -c.predicted_tok_s)]
+    lines += text_table(TUNE_COLUMNS, rows, indent="  ")
     lines.append("  (tau: tokens per target forward, prefill included; tok/step: per decode step, the model's tau)")
     for m, why in r.skipped.items():
         lines.append(f"  {m:<16} skipped: {why}")
@@ -260,10 +273,8 @@ def save_choice(r: TuneResult):
 
 def auto_method(model_name: str = "smollm2-135m", batch_size: int = 1, strict: bool = False) -> str:
     """The method ``tune`` (or ``resolve_auto``'s quick calibration) chose on this machine; without a
-    saved result, ``methods.DEFAULT_AUTO``. Nothing is measured here. ``strict``: raise
+    saved result, ``DEFAULT_AUTO`` (the method table's). Nothing is measured here. ``strict``: raise
     FileNotFoundError instead of falling back to the default."""
-    from .methods import DEFAULT_AUTO
-
     path = tune_path(model_name, batch_size)
     if not path.exists():
         if strict:
@@ -273,20 +284,20 @@ def auto_method(model_name: str = "smollm2-135m", batch_size: int = 1, strict: b
     return json.loads(path.read_text())["choice"]
 
 
-QUICK_CANDIDATES = ("eagle@chain:2", "eagle@chain:3", "copy@chain:2", "copy", "eagle2@4/4/12")
 QUICK_SIZES = (0, 1, 2, 3, 4, 5, 8, 12)
 
 
-def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=QUICK_CANDIDATES, prompts: int = 3,
+def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=None, prompts: int = 3,
                max_new_tokens: int = 32, methods=None, progress: bool = False) -> TuneResult:
     """``tune`` in about half a minute on a 2-core CPU: the verify-cost curve over a few tree sizes and
     the candidates (and vanilla) on ``prompts`` of minispec's own prompts, one in three a request that
-    reuses its input (``prompts.calibration_set``; never a benchmark's)."""
+    reuses its input (``prompts.calibration_set``; never a benchmark's). candidates: default
+    ``QUICK_CANDIDATES``."""
     from .prompts import calibration_set
 
     calib = calibration_set(prompts)
     t0 = time.perf_counter()
-    r = tune(target, tok, calib, model_name, candidates, max_new_tokens=max_new_tokens, context=128,
+    r = tune(target, tok, calib, model_name, QUICK_CANDIDATES if candidates is None else candidates, max_new_tokens=max_new_tokens, context=128,
              sizes=QUICK_SIZES, methods=methods, progress=progress)
     r.calibration_s = time.perf_counter() - t0
     return r
@@ -306,8 +317,6 @@ def resolve_auto(target, tok, model_name: str = "smollm2-135m", batch_size: int 
             "chosen by python -m minispec tune on this machine"
         return saved["choice"], f"auto = {saved['choice']} ({how}; {path})"
     if batch_size != 1:
-        from .methods import DEFAULT_AUTO
-
         return DEFAULT_AUTO, (f"auto = {DEFAULT_AUTO} (minispec's default: run python -m minispec tune --batch-size "
                               f"{batch_size} to measure this batch size)")
     r = quick_tune(target, tok, model_name, methods=methods)
@@ -316,6 +325,19 @@ def resolve_auto(target, tok, model_name: str = "smollm2-135m", batch_size: int 
     base = next(c for c in r.candidates if c.method == "vanilla")
     return r.choice, (f"auto = {r.choice} (calibrated now on this machine in {r.calibration_s:.0f} s: predicted "
                       f"{best.predicted_tok_s / base.predicted_tok_s:.2f}x vanilla; saved to {path})")
+
+
+def resolve(spec: "str | MethodSpec", methods: Methods, tok, batch_size: int = 1, say=print) -> MethodSpec:
+    """The one resolution of a method that ``demo`` and ``bench`` share: a parsed method as it is,
+    ``auto`` as this machine's choice (``resolve_auto``; ``say`` announces a calibration and the choice)."""
+    spec = parse_method(spec)
+    if spec.base != "auto":
+        return spec
+    if batch_size == 1 and not tune_path(methods.model_name).exists():
+        say("calibrating 'auto' for this machine (once, about half a minute) ...")
+    name, line = resolve_auto(methods.target, tok, methods.model_name, batch_size, methods=methods)
+    say(line)
+    return parse_method(name)
 
 
 def calibration_prompts(limit: int, path=None) -> list[str]:

@@ -15,43 +15,65 @@
 
 A branching method takes another tree as ``NAME@TREE``: ``sps@eagle`` (the EAGLE static tree),
 ``eagle2@5/8/32`` (a dynamic tree; '/' keeps commas free for method lists), ``eagle@chain:4``.
+
+The table itself (head, default tree, draft vocabulary, Medusa's default, ``auto``'s candidates)
+is ``TABLE`` in ``drafters/registry.py``, re-exported here: it sits below the drafters, which read
+their default trees from it. A name is parsed once (``parse_method``) into a ``MethodSpec`` that
+goes unchanged to ``Methods.drafter``; ``auto`` is resolved by ``minispec.dispatch.resolve``.
 """
 
 from __future__ import annotations
 
-from importlib import resources
+from dataclasses import dataclass
 
-from .drafters import DraftModel, PromptLookup, TreeSpec
+from .drafters import DraftModel, PromptLookup, TreeSpec, load_drafter
 from .drafters.copying import CopyingDrafter
-from .drafters.registry import DEFAULT_TREES  # noqa: F401  (re-exported: the one table of default trees)
+from .drafters.draft_checkpoint import load_draft_model
+from .drafters.registry import (DEFAULT_AUTO, DEFAULT_TREES, HF_METHODS, TABLE, Row, shipped_head)  # noqa: F401  (re-exported)
 
-# methods that draft through the target's LM head over a frequency-ranked draft vocabulary (FR-Spec,
-# minispec.drafters.vocab) unless told otherwise: K tokens
-DRAFT_VOCAB = {"eagle": 8192, "eagle2": 8192, "copy": 8192}
-# what ``auto`` means on a machine where ``python -m minispec tune`` has not run (minispec.dispatch.auto_method)
-DEFAULT_AUTO = "eagle@chain:2"
-PLAIN = ("vanilla", "pld")
-METHOD_NAMES = PLAIN + tuple(DEFAULT_TREES) + ("auto",)
-HEADS = {"eagle": "eagle", "eagle2": "eagle", "eagle3": "eagle3", "medusa": "medusa", "copy": "eagle"}  # method -> head
+# methods that draft through the target's LM head over a frequency-ranked draft vocabulary (FR-Spec)
+DRAFT_VOCAB = {m: r.draft_vocab for m, r in TABLE.items() if r.draft_vocab}
+PLAIN = tuple(m for m, r in TABLE.items() if r.tree is None and m != "auto")
+METHOD_NAMES = tuple(TABLE)
+HEADS = {m: r.head for m, r in TABLE.items() if r.head not in (None, "draft")}  # method -> head checkpoint kind
 
 
-def parse_method(method: str) -> tuple[str, str | None]:
-    """'eagle2@5/8/32' -> ('eagle2', '5/8/32'); raises ValueError on an unknown name or a tree on a
-    method that cannot branch."""
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method as asked for, parsed once.
+
+    name: as given, e.g. 'eagle2@5/8/32' (tables and the drafter cache key on it).
+    base: its row of ``TABLE``, e.g. 'eagle2'.
+    tree: the tree given with ``@TREE``; None: the default one (``Methods.tree_of``).
+    """
+
+    name: str
+    base: str
+    tree: TreeSpec | None = None
+
+    @property
+    def row(self) -> Row:
+        return TABLE[self.base]
+
+
+def parse_method(method: "str | MethodSpec") -> MethodSpec:
+    """'eagle2@5/8/32' -> MethodSpec('eagle2@5/8/32', 'eagle2', the 5/8/32 tree); raises ValueError on an
+    unknown name, an unknown tree or a tree on a method that cannot branch."""
+    if isinstance(method, MethodSpec):
+        return method
     base, _, tree = method.strip().partition("@")
-    if base not in METHOD_NAMES:
+    if base not in TABLE:
         raise ValueError(f"unknown method {base!r}; choose from {', '.join(METHOD_NAMES)} (with @TREE for "
                          f"{', '.join(DEFAULT_TREES)})")
     if tree and base not in DEFAULT_TREES:
         raise ValueError(f"method {base!r} does not draft trees; @{tree} applies to {', '.join(DEFAULT_TREES)}")
-    if tree:
-        TreeSpec.parse(tree)  # validates
-    return base, tree or None
+    return MethodSpec(method.strip(), base, TreeSpec.parse(tree) if tree else None)
 
 
-def shipped_head(kind: str, model_name: str = "smollm2-135m"):
-    """Path of the head shipped in minispec/checkpoints for ``kind`` (eagle, eagle3, medusa)."""
-    return resources.files("minispec").joinpath("checkpoints", f"{model_name}-{kind}.safetensors")
+def parse_methods(methods) -> list[MethodSpec]:
+    """A comma list (or a sequence) of names, each parsed once; ``HF_METHODS`` are left to ``bench``."""
+    names = [m.strip() for m in methods.split(",")] if isinstance(methods, str) else list(methods)
+    return [parse_method(m) for m in names if m and m not in HF_METHODS]
 
 
 class Methods:
@@ -80,38 +102,42 @@ class Methods:
         self.draft_vocab = draft_vocab
         self._heads: dict[str, object] = {}  # method -> drafter (its prefill resets it for each generation)
 
-    def tree_of(self, method: str) -> TreeSpec | None:
-        base, tree = parse_method(method)
-        if base not in DEFAULT_TREES:
+    def tree_of(self, method: "str | MethodSpec") -> TreeSpec | None:
+        """The tree ``method`` drafts: its ``@TREE``, else this builder's ``tree``, else the table's
+        (``sps``: a chain of ``k``); None for a method that does not branch."""
+        spec = parse_method(method)
+        if spec.base not in DEFAULT_TREES:
             return None
-        if tree is not None:
-            return TreeSpec.parse(tree)
+        if spec.tree is not None:
+            return spec.tree
         if self.tree is not None:
             return self.tree
-        return TreeSpec.parse(self.k if base == "sps" else DEFAULT_TREES[base])
+        return TreeSpec.parse(self.k if spec.base == "sps" else spec.row.tree)
 
-    def drafter(self, method: str):
+    def drafter(self, method: "str | MethodSpec"):
         """The drafter of ``method`` (None for vanilla); heads are loaded once and reused."""
-        base, _ = parse_method(method)
-        if base == "auto":
-            raise ValueError("resolve 'auto' with minispec.dispatch.auto_method first")
-        if base == "vanilla":
+        spec = parse_method(method)
+        if spec.base == "auto":
+            raise ValueError("resolve 'auto' with minispec.dispatch.resolve first")
+        if spec.base == "vanilla":
             return None
-        if base == "pld":
+        if spec.base == "pld":
             return PromptLookup(k=self.pld_k)
-        spec = self.tree_of(method)
-        if base == "sps":
+        if spec.base == "sps":
             if self._draft is None:
-                from .drafters.draft_checkpoint import load_draft_model
-
                 self._draft = load_draft_model(self.target, self.draft_path)
-            return DraftModel(self._draft, tree=spec)
-        if method not in self._heads:
-            from .drafters.loader import load_drafter
+            return DraftModel(self._draft, tree=self.tree_of(spec))
+        if spec.name not in self._heads:
+            self._heads[spec.name] = self._load_head(spec)
+        return self._heads[spec.name]
 
-            path = self.drafter_path or shipped_head(HEADS[base], self.model_name)
-            vocab = DRAFT_VOCAB.get(base) if self.draft_vocab is None else self.draft_vocab
-            vocab = vocab if base in DRAFT_VOCAB and vocab and vocab < self.target.cfg.vocab_size else None
-            head = load_drafter(str(path), self.target, tree=spec, verbose=False, draft_vocab=vocab)
-            self._heads[method] = CopyingDrafter(head, k=self.pld_k) if base == "copy" else head
-        return self._heads[method]
+    def _vocab(self, spec: MethodSpec) -> int | None:
+        """The draft vocabulary of a head method: this builder's, else the table's; None when the
+        method drafts over the full vocabulary (or K would not reduce it)."""
+        vocab = spec.row.draft_vocab if self.draft_vocab is None else self.draft_vocab
+        return vocab if spec.row.draft_vocab and vocab and vocab < self.target.cfg.vocab_size else None
+
+    def _load_head(self, spec: MethodSpec):
+        path = self.drafter_path or shipped_head(spec.row.head, self.model_name)
+        head = load_drafter(str(path), self.target, tree=self.tree_of(spec), verbose=False, draft_vocab=self._vocab(spec))
+        return CopyingDrafter(head, k=self.pld_k) if spec.base == "copy" else head

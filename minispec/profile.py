@@ -29,6 +29,7 @@ import time
 import torch
 
 from .generate import PHASES
+from .tables import Col, text_table
 
 
 def copy_bandwidth(mib: int = 256, reps: int = 5, device=None) -> float:
@@ -145,14 +146,12 @@ def format_profile(r: dict) -> str:
              "extra rows run at " + ", ".join(f"N={n} {g:.0f} GFLOP/s" for n, g in r["extra_rows_gflop_s"].items()),
              "target forward over N + 1 tokens (context %d): " % r["context"] + ", ".join(
                  f"N={n} {ms:.1f} ms ({r['verify_ratio'][n]:.2f}x)" for n, ms in r["verify_ms"].items()),
-             "",
-             f"{'method':<16} {'nodes':>5} {'tau':>5} {'step ms':>8} " + " ".join(f"{p:>8}" for p in PHASES)
-             + f" {'ms/token':>8} {'vs vanilla':>10}"]
-    for m, x in r["methods"].items():
-        sp = f"{x['speedup_vs_vanilla']:.2f}x" if "speedup_vs_vanilla" in x else "-"
-        lines.append(f"{m:<16} {x['mean_nodes']:>5.1f} {x['tau']:>5.2f} {x['step_ms']:>8.1f} "
-                     + " ".join(f"{x['phase_ms'][p]:>8.2f}" for p in PHASES) + f" {x['ms_per_token']:>8.1f} {sp:>10}")
-    return "\n".join(lines)
+             ""]
+    cols = [Col("method", width=16, left=True), Col("nodes", ".1f", 5), Col("tau", ".2f", 5), Col("step ms", ".1f", 8),
+            *(Col(p, ".2f", 8) for p in PHASES), Col("ms/token", ".1f", 8), Col("vs vanilla", width=10)]
+    rows = [[m, x["mean_nodes"], x["tau"], x["step_ms"], *(x["phase_ms"][p] for p in PHASES), x["ms_per_token"],
+             f"{x['speedup_vs_vanilla']:.2f}x" if "speedup_vs_vanilla" in x else None] for m, x in r["methods"].items()]
+    return "\n".join(lines + text_table(cols, rows))
 
 
 def main(argv=None) -> int:

@@ -341,31 +341,8 @@ def oracle_speedup(model, prompt_len: int, max_new_tokens: int, p_corrupt: float
     generate(model, tok, prompt, max_new_tokens=4, chat=False, stop_at_eos=False)  # warm-up
     ref = generate(model, tok, prompt, max_new_tokens=max_new_tokens + depth_max, chat=False, stop_at_eos=False)
     stream = ref.prompt_tokens + ref.tokens
-    out = {}
-    for method, (depth, nodes) in methods.items():
-        drafter = None if nodes == 0 else OracleDrafter(stream, k=depth, p_corrupt=p_corrupt, seed=seed,
-                                                        tree_nodes=nodes, vocab_size=model.cfg.vocab_size,
-                                                        target=model if reanchor else None)
-        if drafter is not None:  # warm-up: kernels for this tree size
-            generate(model, tok, prompt, drafter=drafter, max_new_tokens=2 * depth + 2, chat=False, stop_at_eos=False)
-        r = generate(model, tok, prompt, drafter=drafter, max_new_tokens=max_new_tokens, chat=False, stop_at_eos=False)
-        s = r.stats
-        steps = len(s.nodes)
-        re_s = getattr(drafter, "reanchor_s", 0.0)
-        phase = dict(s.phase_s, draft=s.phase_s["draft"] - re_s)
-        decode_s = s.decode_s - re_s
-        first = next((i for i, (a, b) in enumerate(zip(r.tokens, ref.tokens)) if a != b), None)
-        check = tau_check(s.tokens_per_step, depth, p_corrupt if nodes else 1.0, max_new_tokens, tau_z)
-        out[method] = dict(depth=depth, nodes=nodes, identical=r.tokens == ref.tokens[:max_new_tokens],
-                           first_difference=first, off_stream=getattr(drafter, "off_stream", 0),
-                           reanchors=getattr(drafter, "reanchors", 0), reanchor_s=re_s,
-                           diverged_at=list(getattr(drafter, "diverged_at", [])),
-                           tau_expected=expected_tau(p_corrupt, depth) if nodes else 1.0,
-                           tau_step=(s.new_tokens - 1) / steps, tau_full=check["tau_full"],
-                           full_steps=check["full_steps"], tau_tolerance=check["tolerance"], tau_ok=check["ok"],
-                           steps=steps, decode_tokens_per_s=(s.new_tokens - 1) / decode_s,
-                           draft_s=phase["draft"] / steps, target_s=phase["target"] / steps,
-                           step_s=decode_s / steps, phase_s_per_step={k: v / steps for k, v in phase.items()})
+    out = {method: _oracle_run(model, tok, prompt, ref, stream, depth, nodes, p_corrupt, max_new_tokens, seed, reanchor,
+                               tau_z) for method, (depth, nodes) in methods.items()}
     base = out["vanilla"]
     base_pred = predicted_tokens_per_s(1.0, base["target_s"], 0.0)
     for r in out.values():
@@ -381,3 +358,32 @@ def oracle_speedup(model, prompt_len: int, max_new_tokens: int, p_corrupt: float
     return dict(prompt_tokens=prompt_len, max_new_tokens=max_new_tokens, p_corrupt=p_corrupt, methods=out,
                 identical_all=all(r["identical"] for r in out.values()),
                 tau_ok_all=all(r["tau_ok"] is not False for r in out.values()))
+
+
+def _oracle_run(model, tok, prompt, ref, stream, depth, nodes, p_corrupt, max_new_tokens, seed, reanchor, tau_z) -> dict:
+    """One method of ``oracle_speedup`` (nodes 0: vanilla): warm-up, one timed generation, its row."""
+    from .generate import generate
+
+    drafter = None if nodes == 0 else OracleDrafter(stream, k=depth, p_corrupt=p_corrupt, seed=seed,
+                                                    tree_nodes=nodes, vocab_size=model.cfg.vocab_size,
+                                                    target=model if reanchor else None)
+    if drafter is not None:  # warm-up: kernels for this tree size
+        generate(model, tok, prompt, drafter=drafter, max_new_tokens=2 * depth + 2, chat=False, stop_at_eos=False)
+    r = generate(model, tok, prompt, drafter=drafter, max_new_tokens=max_new_tokens, chat=False, stop_at_eos=False)
+    s = r.stats
+    steps = len(s.nodes)
+    re_s = getattr(drafter, "reanchor_s", 0.0)
+    phase = dict(s.phase_s, draft=s.phase_s["draft"] - re_s)
+    decode_s = s.decode_s - re_s
+    first = next((i for i, (a, b) in enumerate(zip(r.tokens, ref.tokens)) if a != b), None)
+    check = tau_check(s.tokens_per_step, depth, p_corrupt if nodes else 1.0, max_new_tokens, tau_z)
+    return dict(depth=depth, nodes=nodes, identical=r.tokens == ref.tokens[:max_new_tokens],
+                first_difference=first, off_stream=getattr(drafter, "off_stream", 0),
+                reanchors=getattr(drafter, "reanchors", 0), reanchor_s=re_s,
+                diverged_at=list(getattr(drafter, "diverged_at", [])),
+                tau_expected=expected_tau(p_corrupt, depth) if nodes else 1.0,
+                tau_step=(s.new_tokens - 1) / steps, tau_full=check["tau_full"],
+                full_steps=check["full_steps"], tau_tolerance=check["tolerance"], tau_ok=check["ok"],
+                steps=steps, decode_tokens_per_s=(s.new_tokens - 1) / decode_s,
+                draft_s=phase["draft"] / steps, target_s=phase["target"] / steps,
+                step_s=decode_s / steps, phase_s_per_step={k: v / steps for k, v in phase.items()})

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from minispec import dispatch, load
-from minispec.methods import DEFAULT_AUTO, Methods, parse_method
+from minispec.drafters import TreeSpec
+from minispec.methods import DEFAULT_AUTO, MethodSpec, Methods, parse_method
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +31,10 @@ def test_cost_model_and_interpolation():
 
 
 def test_method_names():
-    assert parse_method("eagle2@5/8/32") == ("eagle2", "5/8/32")
-    assert parse_method("sps") == ("sps", None)
+    spec = parse_method("eagle2@5/8/32")  # parsed once: name, row of the table, tree
+    assert (spec.name, spec.base, spec.tree) == ("eagle2@5/8/32", "eagle2", TreeSpec.dynamic(5, 8, 32))
+    assert parse_method(spec) is spec and spec.row.head == "eagle"
+    assert parse_method(" sps ") == MethodSpec("sps", "sps", None)
     with pytest.raises(ValueError, match="unknown method"):
         parse_method("magic")
     with pytest.raises(ValueError, match="does not draft trees"):

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..model import ModelConfig, Transformer
+from .registry import shipped
 
 FORMAT = "minispec-draft-v1"
 DEFAULT_NAME = "smollm2-135m-draft"
@@ -70,8 +71,7 @@ def load_draft_model(target: Transformer, path: str | Path | None = None) -> Tra
 
     with ExitStack() as stack:
         if path is None:
-            ref = resources.files("minispec").joinpath("checkpoints", DEFAULT_NAME + ".safetensors")
-            path = stack.enter_context(resources.as_file(ref))
+            path = stack.enter_context(resources.as_file(shipped(DEFAULT_NAME)))
         path = Path(path)
         meta_path = path.with_suffix(".json")
         if not path.exists() or not meta_path.exists():

@@ -47,7 +47,8 @@ from ..linear import Linear, prepack
 from ..model import RMSNorm, apply_rope, rope_cos_sin
 from .base import Features
 from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
-from .registry import default_tree
+from .layouts import check_embed, fit, load_strict, read_checkpoint
+from .registry import default_tree, shipped
 from .vocab import ReducedLMHead, load_counts, top_tokens
 
 DEFAULT_NAME = "smollm2-135m-eagle"
@@ -294,23 +295,35 @@ def load_eagle(path: str | Path | None, target, tree: "TreeSpec | str | int | No
             Llama-style head config), or an official EAGLE-1/2 directory (``config.json`` +
             ``model.safetensors``); None: the head shipped for SmolLM2-135M.
         target: the minispec Transformer the head was trained on.
-        tree, kw: passed to ``EagleDrafter``. The one loader of every layout, ``load_drafter``,
-            reads the checkpoint; this checks that it is an EAGLE-1/2 head.
+        tree, kw: passed to ``EagleDrafter``. The checkpoint is read as ``load_drafter`` reads
+            every layout (``layouts.read_checkpoint``); this checks that it is an EAGLE-1/2 head.
     Returns:
         The drafter; the head on the target's device and dtype.
     Raises:
         FileNotFoundError, ValueError (the head does not fit the target or its own config).
     """
-    from .loader import load_drafter
-
     with ExitStack() as stack:
         if path is None:
-            ref = resources.files("minispec").joinpath("checkpoints", DEFAULT_NAME + ".safetensors")
-            path = stack.enter_context(resources.as_file(ref))
-        drafter = load_drafter(str(path), target, tree=tree, verbose=False, draft_vocab=kw.pop("draft_vocab", None))
-    if not isinstance(drafter, EagleDrafter):
-        raise ValueError(f"{path} holds a {type(drafter).__name__}'s checkpoint, not an EAGLE-1/2 head "
-                         "(minispec.drafters.load_drafter reads every layout)")
-    if kw:  # capacity, token_counts: rebuild around the loaded head
-        drafter = EagleDrafter(target, drafter.head, tree=drafter.spec, draft_vocab=drafter.draft_vocab, **kw)
+            path = stack.enter_context(resources.as_file(shipped(DEFAULT_NAME)))
+        weights, state, meta, kind = read_checkpoint(path)
+        if kind != "eagle":
+            raise ValueError(f"{path} holds a {kind} checkpoint, not an EAGLE-1/2 head "
+                             "(minispec.drafters.load_drafter reads every layout)")
+        drafter, _ = eagle_from_state(state, meta, target, weights, tree=tree, **kw)
     return drafter
+
+
+def eagle_from_state(state: dict, meta: dict, target, weights: Path, tree=None, **kw) -> tuple[EagleDrafter, str]:
+    """An ``EagleDrafter`` from a checkpoint's tensors and config (``layouts.read_checkpoint``), and one
+    line on what was inferred; the EAGLE-1/2 builder of ``load_drafter`` and of ``load_eagle``.
+    kw: ``EagleDrafter``'s draft_vocab, capacity, token_counts."""
+    cfg = meta.get("config", meta)
+    H, V = state["fc.weight"].shape[0], cfg.get("vocab_size", -1)
+    fit("EAGLE-1/2", H, V, target)
+    check_embed(state, target, weights)
+    bias = "fc.bias" in state  # the tensors decide; the config's "bias" (absent = True) may be missing
+    head = EagleHead(EagleConfig.from_dict({**cfg, "bias": bias}))
+    load_strict(head, state, weights)
+    head = head.to(device=target.device, dtype=target.dtype).eval()
+    drafter = EagleDrafter(target, head, tree=tree if tree is not None else default_tree("eagle"), **kw)
+    return drafter, f"EAGLE-1/2 head (hidden {H}, 1 layer, vocab {V}, fc bias {bias}"

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from ..linear import Linear
+from .registry import shipped
 
 DEFAULT_COUNTS = "smollm2-135m-token-counts"
 
@@ -40,8 +41,7 @@ def load_counts(path: str | Path | None = None) -> torch.Tensor:
     from safetensors.torch import load_file
 
     if path is None:
-        ref = resources.files("minispec").joinpath("checkpoints", DEFAULT_COUNTS + ".safetensors")
-        with resources.as_file(ref) as p:
+        with resources.as_file(shipped(DEFAULT_COUNTS)) as p:
             return load_file(str(p))["counts"].long()
     return load_file(str(path))["counts"].long()
 

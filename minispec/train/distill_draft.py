@@ -56,12 +56,13 @@ import torch
 from . import bf16_help, ddp, loop, native_bf16
 from ..config import cache_dir
 from ..drafters.draft_checkpoint import FORMAT, SHARED, check_fits, load_draft_model, own_keys
+from ..drafters.registry import shipped_head
 from ..model import ModelConfig, Transformer
 from ..tokenizer import encode_prompt
 from .sharegpt import sharegpt_prompts  # selfdistill.prompt_order reads it from here
 
 TARGET = "smollm2-135m"
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-135m-draft.safetensors"
+DEFAULT_OUT = Path(str(shipped_head("draft")))  # minispec/checkpoints/smollm2-135m-draft.safetensors
 
 
 # --------------------------------------------------------------------------- (a) data

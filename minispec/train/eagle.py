@@ -44,13 +44,14 @@ import torch.nn.functional as F
 
 from ..drafters.base import Features
 from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
+from ..drafters.registry import shipped_head
 from ..sampling import GREEDY
 from . import ddp, loop
 from .data import TARGET, FeatureData, feature_data, selfdistill_data
 from .measure import record_measurement
 
 FORMAT = "minispec-eagle-v1"
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-135m-eagle.safetensors"
+DEFAULT_OUT = Path(str(shipped_head("eagle")))  # minispec/checkpoints/smollm2-135m-eagle.safetensors
 
 
 def make_batch(seqs, feats, idx: list[int]):

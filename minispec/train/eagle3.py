@@ -36,12 +36,13 @@ import torch
 import torch.nn.functional as F
 
 from ..drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
+from ..drafters.registry import shipped_head
 from . import bf16_help, ddp, loop, native_bf16
 from .data import TARGET, FeatureData, feature_data
 from .measure import record_measurement
 
 FORMAT = "minispec-eagle3-v1"
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-135m-eagle3.safetensors"
+DEFAULT_OUT = Path(str(shipped_head("eagle3")))  # minispec/checkpoints/smollm2-135m-eagle3.safetensors
 
 
 # --------------------------------------------------------------------------- the unrolled head

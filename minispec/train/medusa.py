@@ -28,12 +28,13 @@ from pathlib import Path
 import torch
 
 from ..drafters.medusa import MedusaDrafter, MedusaHeads
+from ..drafters.registry import shipped_head
 from . import bf16_help, ddp, loop, native_bf16
 from .data import TARGET, FeatureData, feature_data
 from .measure import record_measurement
 
 FORMAT = "minispec-medusa-v1"
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-135m-medusa.safetensors"
+DEFAULT_OUT = Path(str(shipped_head("medusa")))  # minispec/checkpoints/smollm2-135m-medusa.safetensors
 
 
 def medusa_loss(heads: MedusaHeads, lm_head: torch.Tensor, hidden, top_idx, top_logp, rows, decay: float = 0.8,

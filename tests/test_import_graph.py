@@ -1,0 +1,102 @@
+"""The imports among minispec's modules form no circle: walked with ``ast``, every ``import`` counted,
+the ones inside functions too (a lazy import hides a circle from Python, not from a reader)."""
+
+import ast
+from pathlib import Path
+
+import minispec
+
+ROOT = Path(minispec.__file__).resolve().parent
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _known() -> dict[str, Path]:
+    return {_module(p): p for p in ROOT.rglob("*.py")}
+
+
+def imports(path: Path, known) -> set[str]:
+    """The minispec modules ``path`` imports, anywhere in it; ``from pkg import name`` counts as an
+    import of ``pkg.name`` when that is a module, else of ``pkg``."""
+    name = _module(path)
+    pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(pkg[:len(pkg) - node.level + 1] + ([node.module] if node.module else [])) if node.level \
+                else node.module
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known and "." in t:  # `import minispec.drafters.eagle.X` -> the module part
+                t = t.rsplit(".", 1)[0]
+            if t in known and t != name:
+                found.add(t)
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle per strongly connected component of more than one module (Tarjan), as a path."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = _known()
+    return {m: imports(p, known) for m, p in known.items()}
+
+
+# a circle this test found outside the method table's work (issue 26): train.data imports
+# distill_draft / selfdistill for their data helpers, and distill_draft imports train.loop, which
+# imports train.data back (the training loop of issue 26 item 4 is to take it apart)
+KNOWN = [["minispec.train.data", "minispec.train.distill_draft", "minispec.train.loop", "minispec.train.selfdistill"]]
+
+
+def test_no_import_circle_among_minispec_modules():
+    found = [c for c in cycles(import_graph()) if c not in KNOWN]
+    assert not found, "import circles (strongly connected modules): " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_walk_sees_lazy_relative_and_package_imports():
+    g = import_graph()
+    assert "minispec.dispatch" in g["minispec.cli"]  # inside a function: `from .dispatch import ...`
+    assert "minispec.drafters.registry" in g["minispec.drafters.eagle"]  # `from .registry import ...`
+    assert "minispec.drafters.loader" in g["minispec.drafters"]  # the package's __init__
+    assert "minispec.train.loop" in g["minispec.train.eagle"]  # `from . import ddp, loop`
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
