@@ -185,16 +185,11 @@ def init_head(target, d2t: torch.Tensor, t2d: torch.Tensor, seed: int = 0) -> Ea
         head.norm.weight.copy_(target.norm.weight)
         head.fc.weight.zero_()
         head.fc.weight[:, 2 * H:] = torch.eye(H)
-        hq, hk = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-        wq, wk, wv = last.attn.wqkv.weight.split([hq, hk, hk])
-        a = head.midlayer.self_attn
-        for proj, w in ((a.q_proj, wq), (a.k_proj, wk), (a.v_proj, wv)):
-            proj.weight[:, :H].mul_(0.1)  # the embedding half: small random
-            proj.weight[:, H:] = w
-        a.o_proj.weight.copy_(last.attn.wo.weight)
-        gate, up = last.mlp.gate_up.weight.chunk(2)
         m = head.midlayer
-        m.mlp.gate_proj.weight.copy_(gate), m.mlp.up_proj.weight.copy_(up), m.mlp.down_proj.weight.copy_(last.mlp.down.weight)
+        m.self_attn.wqkv.weight[:, :H].mul_(0.1)  # q, k, v of the embedding half: small random
+        m.self_attn.wqkv.weight[:, H:] = last.attn.wqkv.weight  # of the hidden half: the target's
+        m.self_attn.wo.weight.copy_(last.attn.wo.weight)
+        m.mlp.gate_up.weight.copy_(last.mlp.gate_up.weight), m.mlp.down.weight.copy_(last.mlp.down.weight)
         m.hidden_norm.weight.copy_(last.attn_norm.weight)
         m.post_attention_layernorm.weight.copy_(last.mlp_norm.weight)
     return head
