@@ -178,7 +178,7 @@ def init_head(target, d2t: torch.Tensor, t2d: torch.Tensor, seed: int = 0) -> Ea
     last layer, fc = [0, 0, I] (the high layer's features passed through)."""
     torch.manual_seed(seed)
     head = Eagle3Head(Eagle3Config.for_target(target, len(d2t)))
-    c, last, H = head.config, target.blocks[-1], head.config.hidden_size
+    last, H = target.blocks[-1], head.config.hidden_size
     with torch.no_grad():
         head.d2t.copy_(d2t), head.t2d.copy_(t2d)
         head.lm_head.weight.copy_(target.lm_head.weight[torch.arange(len(d2t)) + d2t])
