@@ -35,6 +35,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from .attention.plan import prepare_ragged
 from .drafters.base import Drafter
 from .generate import Decoder, GenerationResult, GenerationStats, _eos_ids, encode_checked
 from .kv import PagedKVCache
@@ -94,10 +95,12 @@ class BatchDecoder:
         tokens = torch.zeros(len(rows), T, dtype=torch.long)  # [R, T]
         for r, t in enumerate(rows.values()):
             tokens[r, :len(t)] = torch.tensor(t)
-        dev = self.target.device
-        return self.target(tokens.to(dev), positions=None if positions is None else positions.to(dev),
-                           mask=masks, kv=self.kv, hidden_layers=self.layers, last_logits_only=last_logits_only,
-                           ragged={b: len(t) for b, t in rows.items()})
+        dev, cfg = self.target.device, self.target.cfg
+        plan = prepare_ragged(len(rows), T, dev, self.kv, {b: len(t) for b, t in rows.items()},
+                              None if positions is None else positions.to(dev), masks, self.target.attention,
+                              cfg.max_seq_len)  # each row attends over its own sequence's prefix
+        return self.target(tokens.to(dev), kv=self.kv, plan=plan, hidden_layers=self.layers,
+                           last_logits_only=last_logits_only)
 
     def prefill(self) -> None:
         """Every prompt in one forward; each sequence's first token and its drafter's prefill."""

@@ -12,16 +12,19 @@ launch. Capture freezes every shape and every address, so
   - nothing inside a step may synchronise with the host (``.item()``, ``int(tensor)``, a
     device-to-host copy, a shape that depends on a tensor's value).
 
-What cannot be captured today, and what this module does instead:
-  ``Transformer.forward`` reads ``int(positions.max())`` (a host sync) and the contiguous
-  ``KVCache`` keeps its length as a Python int: ``write`` slices ``k[..., :length + T]``, so the
-  key count S, and with it every attention shape, changes each step. Here ``static_forward``
-  runs the model's own modules (embedding, ``model.blocks``, norm, LM head) over a
-  ``StaticKVCache`` whose committed lengths live in a device tensor [B]:
+What cannot be captured, and what this module does instead:
+  preparing an eager forward's attention plan (``minispec.attention.plan.prepare``) reads
+  ``int(positions.max())`` (a host sync), and the contiguous ``KVCache`` keeps its length as a
+  Python int: ``write`` slices ``k[..., :length + T]``, so the key count S, and with it every
+  attention shape, changes each step. The forward itself has neither: ``Transformer.forward``
+  runs whatever plan it is given. So ``static_forward`` is the model's own forward on another
+  plan, ``static_plan``, built on the device over a ``StaticKVCache`` whose committed lengths
+  live in a device tensor [B]:
       write slots   length[b] + arange(T_b), computed on the device;
       keys          the cache's whole capacity C, every step;
       mask          [B_b, 1, T_b, C]: committed keys (< length[b]) plus the new tokens' own slots
                     as the tree mask allows, built on the device.
+  The host's share (``StaticKVCache.begin``: room, pending entries) runs before the replay.
   Attending over the whole capacity with a mask is what gpt-fast does; it costs attention over
   C keys instead of length + T (size the cache to the request, not the model's context). The
   split attention backends need the prefix length as a Python int and so run in eager mode
@@ -30,14 +33,15 @@ What cannot be captured today, and what this module does instead:
   length (never committed, overwritten later), real tokens never see them, and padded rows see
   only their own token (no all-masked softmax row).
 
-On a CPU, or with ``enabled=False``, ``GraphedForward`` runs the very same bookkeeping (buckets,
-padding, inputs copied into the bucket's static buffers, one "replay" per call) with the capture
-replaced by a direct call of ``static_forward`` on those buffers: ``capture`` is the one function
-that needs CUDA. With minispec's row-invariant attention and linear plans (``minispec.invariance``)
-the CPU path gives the eager forward's logits bit for bit, padded or not, over the whole
-capacity or not: that is what CI proves. What only a GPU can show: that a replay launches the
-same kernels as the eager padded forward (bitwise equal there too), that it never synchronises
-with the host, and how much launch time it saves (``gpu-suite``).
+On a CPU, or with ``enabled=False``, ``GraphedForward`` runs the very same steps (buckets, padding,
+inputs copied into the bucket's static buffers, ``begin``, the plan, the model's forward, one
+"replay" per call) with the capture replaced by a direct call of ``static_forward`` on those
+buffers: ``capture`` is the one function that needs CUDA. With minispec's row-invariant attention
+and linear plans (``minispec.invariance``) the CPU path gives the eager forward's logits bit for
+bit, padded or not, over the whole capacity or not: that is what CI proves. What only a GPU can
+show: that capture succeeds (no host synchronisation, no allocation outside the graph's pool),
+that a replay launches the same kernels as the eager padded forward (bitwise equal there too),
+and how much launch time it saves (``gpu-suite``; ``tests/test_cuda_graphs.py``'s CUDA tests).
 
 The decode loop runs on it with ``generate(..., cuda_graphs=True)`` / ``Decoder(graphs=True)``:
 the target's verify forwards (vanilla, chain, tree) go through one ``GraphedForward`` over a
@@ -59,9 +63,10 @@ from typing import Callable, Sequence
 
 import torch
 
+from .attention.plan import Plan
 from .kv import KVCacheOverflow
 from .kv.contiguous import zeros_keys_last
-from .model import ModelOutput, rope_cos_sin
+from .model import ModelOutput
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -111,6 +116,15 @@ class StaticKVCache:
         self.k[layer][rows, :, self.write_pos] = k.transpose(1, 2)  # indexed view [b, T, Hkv, hd]
         self.v[layer][rows, :, self.write_pos] = v.transpose(1, 2)
         return self.k[layer, :b], self.v[layer, :b]
+
+    def begin(self, batch_size: int, n_new: int) -> None:
+        """Declare the next forward's rows 0..batch_size-1 and n_new tokens each (host bookkeeping,
+        outside any graph; ``static_plan`` sets the slots on the device); raises without changing
+        anything when entries are pending or the rows lack room."""
+        if self.pending != (0, 0):
+            raise RuntimeError("the last forward's KV entries are pending: call kv.commit() or kv.discard() first")
+        self.check_room(batch_size, n_new)
+        self.pending = (batch_size, n_new)
 
     def check_room(self, rows: int, tokens: int) -> None:
         """Raise KVCacheOverflow unless rows 0..rows-1 can take ``tokens`` more slots each."""
@@ -195,28 +209,24 @@ class StaticKVCache:
         self.pending = (0, 0)
 
 
-def static_forward(model, kv: StaticKVCache, tokens: torch.Tensor, positions: torch.Tensor,
-                   tree_mask: torch.Tensor | None = None, slot_mask: torch.Tensor | None = None,
-                   hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False) -> ModelOutput:
-    """One forward of ``model`` over new tokens, written to ``kv``: the body a CUDA graph captures.
-
-    No host synchronisation and no value-dependent shape: every shape follows from the inputs'.
+def static_plan(kv: StaticKVCache, positions: torch.Tensor, tree_mask: torch.Tensor | None = None,
+                slot_mask: torch.Tensor | None = None) -> Plan:
+    """The attention plan of a forward on ``kv``, built on the device: capturable, unlike ``prepare``
+    (no host synchronisation, no value-dependent shape; the pending slots are reserved by the caller,
+    ``kv.begin``, outside any graph).
 
     Args:
-        model: a minispec Transformer (its blocks are called with ``kv`` as their cache).
-        tokens: [B, T] ids; positions: [B, T] position ids (< the model's context: not checked here).
+        positions: [B, T] position ids of the new tokens (< the model's context: not checked here).
         tree_mask: bool [B, T, T], True where new token i may see new token j; every committed slot is
             visible. Or instead ``slot_mask``: bool [B, T, C] over the cache's slots (the new tokens sit
             at slots length[b] + j), for drafts that see only part of what is cached (a draft tree's
             earlier levels).
-        hidden_layers: layer indices whose input hidden states to return (EAGLE-3).
-        last_logits_only: the LM head for the last token only (a prefill).
     Returns:
-        ModelOutput(logits [B, T or 1, V], hidden [B, T, D], layer_inputs {i: [B, T, D]}).
+        ``Plan(positions, mask [B, 1, T, C])``: dense attention over the cache's whole capacity; the
+        new tokens' slots length[b] + arange(T) are set in ``kv.write_pos`` [B, T].
     """
-    cfg = model.cfg
-    B, T = tokens.shape
-    dev = tokens.device
+    B, T = positions.shape
+    dev = positions.device
     lengths = kv.lengths[:B]  # [B]
     kv.write_pos = lengths[:, None] + torch.arange(T, device=dev)  # [B, T] slots of the new tokens
     if slot_mask is None:
@@ -225,18 +235,27 @@ def static_forward(model, kv: StaticKVCache, tokens: torch.Tensor, positions: to
         mask.scatter_(2, kv.write_pos[:, None, :].expand(B, T, T), tree_mask)  # [b, i, slot_j] = tree_mask[b, i, j]
     else:
         mask = slot_mask  # [B, T, C]
-    x = model.tok_emb(tokens)  # [B, T, D]
-    if cfg.arch == "gpt2":
-        x, rope = x + model.pos_emb(positions), None
-    else:
-        rope = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)  # [B, 1, T, hd] each
-    layer_inputs = {}
-    for i, block in enumerate(model.blocks):
-        if i in hidden_layers:
-            layer_inputs[i] = x
-        x = block(x, rope, mask[:, None], kv)  # mask [B, 1, T, C]: dense attention over the whole capacity
-    h = model.norm(x)
-    return ModelOutput(logits=model.lm_head(h[:, -1:] if last_logits_only else h), hidden=h, layer_inputs=layer_inputs)
+    return Plan(positions, mask=mask[:, None])  # [B, 1, T, C]
+
+
+def static_forward(model, kv: StaticKVCache, tokens: torch.Tensor, positions: torch.Tensor,
+                   tree_mask: torch.Tensor | None = None, slot_mask: torch.Tensor | None = None,
+                   hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False) -> ModelOutput:
+    """One forward of ``model`` over new tokens, written to ``kv``: the body a CUDA graph captures.
+
+    The model's own ``forward`` on the plan ``static_plan`` builds: no host synchronisation and no
+    value-dependent shape, every shape follows from the inputs'.
+
+    Args:
+        model: a minispec Transformer.
+        tokens: [B, T] ids; positions, tree_mask, slot_mask: as ``static_plan`` takes them.
+        hidden_layers: layer indices whose input hidden states to return (EAGLE-3).
+        last_logits_only: the LM head for the last token only (a prefill).
+    Returns:
+        ModelOutput(logits [B, T or 1, V], hidden [B, T, D], layer_inputs {i: [B, T, D]}).
+    """
+    plan = static_plan(kv, positions, tree_mask, slot_mask)
+    return model(tokens, kv=kv, plan=plan, hidden_layers=hidden_layers, last_logits_only=last_logits_only)
 
 
 def static_prefill(model, kv: StaticKVCache, tokens: torch.Tensor, hidden_layers: tuple[int, ...] = (),
@@ -247,12 +266,9 @@ def static_prefill(model, kv: StaticKVCache, tokens: torch.Tensor, hidden_layers
     dev = tokens.device
     pos = kv.lengths[:B, None] + torch.arange(P, device=dev)  # [B, P]
     causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril().expand(B, P, P)
-    if kv.pending != (0, 0):
-        raise RuntimeError("the last forward's KV entries are pending: call kv.commit() or kv.discard() first")
-    kv.check_room(B, P)
-    out = static_forward(model, kv, tokens, pos, causal, hidden_layers=hidden_layers, last_logits_only=last_logits_only)
-    kv.pending = (B, P)
-    return out
+    kv.begin(B, P)
+    return static_forward(model, kv, tokens, pos, causal, hidden_layers=hidden_layers,
+                          last_logits_only=last_logits_only)
 
 
 def token_buckets(max_tokens: int, buckets: Sequence[int] = TOKEN_BUCKETS) -> tuple[int, ...]:
@@ -368,36 +384,46 @@ class GraphedForward:
         [T, T] or [B, T, T], default causal; or, with ``slot_masks``, slot_mask bool [B, T, C]); the
         entries stay pending in the cache until ``kv.commit``."""
         B, T = tokens.shape
-        dev = self.model.device
         if (slot_mask is not None) != self.slot_masks:
             raise ValueError("this GraphedForward takes " + ("a slot_mask [B, T, C]" if self.slot_masks else
                                                                "a tree_mask, not a slot_mask"))
-        if positions is None:
-            positions = self.kv.lengths[:B, None] + torch.arange(T, device=dev)  # [B, T]
         B_b, T_b = self.bucket(B, T) if self.pad else (B, T)
-        self.kv.check_room(B_b, T_b)
-        if self.kv.pending != (0, 0):
-            raise RuntimeError("the last forward's KV entries are pending: call kv.commit() or kv.discard() first")
-        if self.kv.generation != self._generation:  # the cache grew: its buffers moved
-            self.graphs, self.pool, self._generation = {}, None, self.kv.generation
-        if self.slot_masks:
-            mask_in = ("slot_mask", pad_slot_mask(slot_mask, self.kv.lengths, B_b, T_b))
-            tokens, positions, _ = pad_inputs(tokens, positions, torch.ones(B, T, T, dtype=torch.bool, device=dev),
-                                              B_b, T_b)
-        else:
-            if tree_mask is None:
-                tree_mask = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
-            tokens, positions, m = pad_inputs(tokens, positions, tree_mask.expand(B, T, T), B_b, T_b)
-            mask_in = ("tree_mask", m)
-        replay, static = self.graphs.get((B_b, T_b)) or self._capture(B_b, T_b)
-        static["tokens"].copy_(tokens)  # into the captured addresses
-        static["positions"].copy_(positions)
-        static[mask_in[0]].copy_(mask_in[1])
-        out = replay()
-        self.replays[(B_b, T_b)] = self.replays.get((B_b, T_b), 0) + 1
-        self.kv.pending = (B, T)
+        self.kv.check_room(B_b, T_b)  # the padded rows and tokens write too
+        self.kv.begin(B, T)  # host bookkeeping (raises while entries are pending); the plan sets the slots
+        try:
+            out = self._replay(B_b, T_b, self._padded(tokens, positions, tree_mask, slot_mask, B_b, T_b))
+        except BaseException:
+            self.kv.discard()
+            raise
         return ModelOutput(logits=out.logits[:B, :T], hidden=out.hidden[:B, :T],
                            layer_inputs={i: h[:B, :T] for i, h in out.layer_inputs.items()})
+
+    def _padded(self, tokens, positions, tree_mask, slot_mask, B_b: int, T_b: int) -> dict[str, torch.Tensor]:
+        """A call's inputs padded to the bucket [B_b, T_b], under the names of the static buffers."""
+        B, T = tokens.shape
+        dev = self.model.device
+        if positions is None:
+            positions = self.kv.lengths[:B, None] + torch.arange(T, device=dev)  # [B, T]
+        if self.slot_masks:
+            ones = torch.ones(B, T, T, dtype=torch.bool, device=dev)
+            tokens, positions, _ = pad_inputs(tokens, positions, ones, B_b, T_b)
+            return dict(tokens=tokens, positions=positions,
+                        slot_mask=pad_slot_mask(slot_mask, self.kv.lengths, B_b, T_b))
+        if tree_mask is None:
+            tree_mask = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
+        tokens, positions, m = pad_inputs(tokens, positions, tree_mask.expand(B, T, T), B_b, T_b)
+        return dict(tokens=tokens, positions=positions, tree_mask=m)
+
+    def _replay(self, B_b: int, T_b: int, inputs: dict[str, torch.Tensor]) -> ModelOutput:
+        """The bucket's graph (captured on first use) replayed on ``inputs`` copied into its static buffers."""
+        if self.kv.generation != self._generation:  # the cache grew: its buffers moved
+            self.graphs, self.pool, self._generation = {}, None, self.kv.generation
+        replay, static = self.graphs.get((B_b, T_b)) or self._capture(B_b, T_b)
+        for name, x in inputs.items():
+            static[name].copy_(x)  # into the captured addresses
+        out = replay()
+        self.replays[(B_b, T_b)] = self.replays.get((B_b, T_b), 0) + 1
+        return out
 
     def _capture(self, B_b: int, T_b: int):
         dev = self.model.device

@@ -7,7 +7,11 @@ One config class covers both:
 
 ``forward(tokens, positions, mask, kv)`` takes a general boolean attention mask, so draft
 trees (chapter 4) run through the same model: each new token attends to the whole committed
-prefix in the KV cache plus whichever new tokens its mask row allows.
+prefix in the KV cache plus whichever new tokens its mask row allows. Positions and masks become
+an attention plan (``minispec.attention.plan``) before the forward; a ragged batch (chapter 7) or
+a static cache for CUDA graphs (chapter 8) builds its own plan and passes it in, so the forward
+itself reads the same for all: embed, blocks, norm, LM head. The cache is any
+``minispec.kv.KVCacheProtocol``.
 
 Shapes: B batch, T new tokens, S = prefix + T keys, D model width, H query heads,
 Hkv key/value heads, hd head dim, V vocab.
@@ -21,8 +25,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import attend, causal_mask, check_backend
-from .kv import PagedKVCache
+from .attention import check_backend
+from .attention.plan import Plan, prepare
+from .kv.protocol import KVCacheProtocol
 from .linear import Linear
 
 @dataclass
@@ -59,13 +64,6 @@ class ModelOutput:
     layer_inputs: dict[int, torch.Tensor]  # layer index -> [B, T, D] hidden entering that layer
 
 
-@dataclass
-class Ragged:
-    """A ragged batch's attention plan: per forward row (sequence in the paged cache, its new
-    tokens n, tree mask, full mask), each as that sequence's forward alone would build them."""
-    rows: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]]
-
-
 class RMSNorm(nn.Module):
     def __init__(self, d: int, eps: float):
         super().__init__()
@@ -97,49 +95,63 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    """Self-attention with RoPE and grouped-query heads (H query heads share Hkv key/value heads,
+    never repeated in memory), one fused q / k / v projection. The target's layers and the EAGLE
+    heads use it alike; where the new keys go and which keys a query sees is the plan's business
+    (``minispec.attention.plan``).
+
+    Args: the model width D, H, Hkv and hd; ``layer`` its index in the KV cache; ``bias`` (GPT-2);
+    ``d_in`` the input width when it is not D (EAGLE-3 attends from [embedding, hidden], 2D).
+    """
+
+    def __init__(self, d_model: int, n_head: int, n_kv_head: int, head_dim: int, layer: int = 0, bias: bool = False,
+                 d_in: int | None = None):
         super().__init__()
-        self.cfg, self.layer = cfg, layer
-        bias = cfg.arch == "gpt2"
-        H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        self.wqkv = Linear(cfg.d_model, (H + 2 * Hkv) * hd, bias=bias)  # fused q, k, v
-        self.wo = Linear(H * hd, cfg.d_model, bias=bias)
+        self.layer, self.n_head, self.n_kv_head, self.head_dim = layer, n_head, n_kv_head, head_dim
+        self.wqkv = Linear(d_in or d_model, (n_head + 2 * n_kv_head) * head_dim, bias=bias)  # fused q, k, v
+        self.wo = Linear(n_head * head_dim, d_model, bias=bias)
         self.backend = "dense"  # attention backend (chapter 6), set by Transformer.set_attention
 
-    def forward(self, x, rope, mask, kv, tree_mask=None):
-        cfg = self.cfg
+    def qkv(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, d_in] -> q [B, H, T, hd], k, v [B, Hkv, T, hd]; q and k rotated by ``rope`` (None: GPT-2)."""
         B, T, _ = x.shape
-        H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        H, Hkv, hd = self.n_head, self.n_kv_head, self.head_dim
         qkv = self.wqkv(x)  # [B, T, (H + 2 Hkv) * hd]
         qk = qkv[..., :(H + Hkv) * hd].view(B, T, H + Hkv, hd).transpose(1, 2)  # [B, H + Hkv, T, hd]
         v = qkv[..., (H + Hkv) * hd:].view(B, T, Hkv, hd).transpose(1, 2)  # [B, Hkv, T, hd]
         if rope is not None:  # q and k rotate by the same angles: one call for both
             qk = apply_rope(qk, *rope)
         q, k = qk.split([H, Hkv], dim=1)  # [B, H, T, hd], [B, Hkv, T, hd]
-        if isinstance(mask, Ragged):  # chapter 7: each sequence attends over its own prefix, as if alone
-            kv.store(self.layer, k, v)
-            out = torch.zeros_like(q)  # [B, H, T, hd]; a row's padding stays 0
-            for r, (seq, n, tree_r, mask_r) in enumerate(mask.rows):
-                k_r, v_r = kv.read(self.layer, seq)  # [1, Hkv, prefix_r + n, hd]
-                out[r, :, :n] = attend(self.backend, q[r:r + 1, :, :n], k_r, v_r, k_r.shape[2] - n, tree_r, mask_r)[0]
-            return self.wo(out.transpose(1, 2).reshape(B, T, H * hd))
-        if kv is not None:
-            k, v = kv.write(self.layer, k, v)  # [B, Hkv, S, hd] committed prefix + new
-        # dense: SDPA with the full mask; split_*: mask-free prefix + masked tree, merged by log-sum-exp
-        out = attend(self.backend, q, k, v, k.shape[2] - T, tree_mask, mask)  # [B, H, T, hd]
-        return self.wo(out.transpose(1, 2).reshape(B, T, H * hd))
+        return q, k, v
+
+    def out(self, attn: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs [B, H, T, hd] -> [B, T, D]."""
+        B, _, T, _ = attn.shape
+        return self.wo(attn.transpose(1, 2).reshape(B, T, -1))
+
+    def forward(self, x, rope, plan: Plan, kv: KVCacheProtocol | None):
+        q, k, v = self.qkv(x, rope)
+        return self.out(plan.attend(self.backend, self.layer, q, k, v, kv))  # [B, T, D]
+
+    def parts(self) -> dict[str, list[tuple[str, int]]]:
+        """The fused weights' parts under their Hugging Face names, with their output rows (``hf_names``)."""
+        H, Hkv, hd = self.n_head, self.n_kv_head, self.head_dim
+        return {"wqkv": [("q_proj", H * hd), ("k_proj", Hkv * hd), ("v_proj", Hkv * hd)],
+                "wo": [("o_proj", self.wo.out_features)]}
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """GPT-2's GELU MLP, or Llama's SwiGLU with its gate and up projections fused (target and EAGLE heads)."""
+
+    def __init__(self, d_model: int, d_ff: int, gpt2: bool = False):
         super().__init__()
-        self.gpt2 = cfg.arch == "gpt2"
+        self.gpt2 = gpt2
         if self.gpt2:
-            self.fc = Linear(cfg.d_model, cfg.d_ff)
-            self.proj = Linear(cfg.d_ff, cfg.d_model)
+            self.fc = Linear(d_model, d_ff)
+            self.proj = Linear(d_ff, d_model)
         else:
-            self.gate_up = Linear(cfg.d_model, 2 * cfg.d_ff, bias=False)  # fused SwiGLU gate, up
-            self.down = Linear(cfg.d_ff, cfg.d_model, bias=False)
+            self.gate_up = Linear(d_model, 2 * d_ff, bias=False)  # fused SwiGLU gate, up
+            self.down = Linear(d_ff, d_model, bias=False)
 
     def forward(self, x):
         if self.gpt2:
@@ -147,16 +159,49 @@ class MLP(nn.Module):
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(F.silu(gate) * up)
 
+    def parts(self) -> dict[str, list[tuple[str, int]]]:
+        d_ff = self.down.in_features
+        return {"gate_up": [("gate_proj", d_ff), ("up_proj", d_ff)], "down": [("down_proj", self.down.out_features)]}
+
+
+def hf_names(module: Attention | MLP) -> Attention | MLP:
+    """Save and load ``module``'s fused projections under their Hugging Face (Llama) names, those of
+    the official EAGLE checkpoints: wqkv as q_proj, k_proj, v_proj; wo as o_proj; gate_up as gate_proj,
+    up_proj; down as down_proj (the one place these names are mapped for a module). Returns ``module``."""
+
+    def save(mod, state: dict, prefix: str, local_metadata) -> None:
+        for fused, parts in mod.parts().items():
+            for kind in ("weight", "bias"):
+                t = state.pop(f"{prefix}{fused}.{kind}", None)
+                if t is not None:
+                    state.update({f"{prefix}{name}.{kind}": p for (name, _), p in
+                                  zip(parts, t.split([n for _, n in parts]))})
+
+    def load(mod, state: dict, prefix: str, local_metadata, strict, missing, unexpected, error_msgs) -> None:
+        for fused, parts in mod.parts().items():
+            for kind in ("weight", "bias"):
+                names = [f"{prefix}{name}.{kind}" for name, _ in parts]
+                if all(n in state for n in names):
+                    state[f"{prefix}{fused}.{kind}"] = torch.cat([state.pop(n) for n in names])
+                elif any(n in state for n in names):
+                    missing += [n for n in names if n not in state]
+
+    module.register_state_dict_post_hook(save)
+    module.register_load_state_dict_pre_hook(load)
+    return module
+
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         Norm = (lambda d: nn.LayerNorm(d, eps=cfg.norm_eps)) if cfg.arch == "gpt2" else (lambda d: RMSNorm(d, cfg.norm_eps))
-        self.attn_norm, self.attn = Norm(cfg.d_model), Attention(cfg, layer)
-        self.mlp_norm, self.mlp = Norm(cfg.d_model), MLP(cfg)
+        gpt2 = cfg.arch == "gpt2"
+        self.attn_norm = Norm(cfg.d_model)
+        self.attn = Attention(cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim, layer, bias=gpt2)
+        self.mlp_norm, self.mlp = Norm(cfg.d_model), MLP(cfg.d_model, cfg.d_ff, gpt2)
 
-    def forward(self, x, rope, mask, kv, tree_mask=None):
-        x = x + self.attn(self.attn_norm(x), rope, mask, kv, tree_mask)
+    def forward(self, x, rope, plan: Plan, kv: KVCacheProtocol | None):
+        x = x + self.attn(self.attn_norm(x), rope, plan, kv)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -199,107 +244,61 @@ class Transformer(nn.Module):
         return self.tok_emb.weight.dtype
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                kv=None, hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False,
-                ragged: dict[int, int] | None = None) -> ModelOutput:
+                kv: KVCacheProtocol | None = None, hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False,
+                plan: Plan | None = None) -> ModelOutput:
         """Run the model on T new tokens.
 
         Args:
             tokens: [B, T] or [T] token ids.
-            positions: [B, T] or [T] position ids; default prefix_len + arange(T).
-            mask: None for causal, or a boolean mask (True = may attend) of shape [T, T] / [B, T, T]
-                among the new tokens (the committed prefix is always visible), or [T, S] /
-                [B, T, S] over prefix + new keys. The split attention backends (``self.attention``)
-                run for None and the [T, T] / [B, T, T] forms; a [T, S] mask falls back to dense.
-            kv: optional KVCache; the new keys/values are written as *pending* entries that the
-                caller keeps with ``kv.commit(...)`` or drops with ``kv.discard()``.
+            positions, mask: what ``plan`` is built from when it is not given (``prepare``):
+                positions [B, T] or [T], default prefix_len + arange(T); mask None for causal, or
+                a boolean mask (True = may attend) of shape [T, T] / [B, T, T] among the new tokens
+                (the committed prefix is always visible), or [T, S] / [B, T, S] over prefix + new
+                keys. The split attention backends (``self.attention``) run for None and the
+                [T, T] / [B, T, T] forms; a [T, S] mask falls back to dense.
+            kv: optional KV cache (``minispec.kv.KVCacheProtocol``); the new keys/values are written
+                as *pending* entries that the caller keeps with ``kv.commit(...)`` or drops with
+                ``kv.discard()`` (a forward that raises discards them).
             hidden_layers: layer indices whose input hidden states to return (EAGLE-3 fusion).
-            last_logits_only: compute the LM head for the last token only (prefill).
-            ragged: a batch of sequences of different lengths on a paged KV cache (chapter 7):
-                ``{sequence in kv: its n new tokens}`` in row order, tokens right-padded to T. Row r's
-                first n tokens are its new ones; ``mask`` is None (causal) or one entry per row, None
-                or a bool [n, n] tree mask; ``positions`` default to each sequence's length + arange.
-                Every row computes what its sequence's forward alone computes, bit for bit (the
-                linear layers are row-invariant, ``minispec.linear``, and attention runs per row);
-                the padding rows' outputs are meaningless; last_logits_only takes each row's n-th.
+            last_logits_only: compute the LM head for each row's last token only (prefill).
+            plan: the attention plan (``minispec.attention.plan``), built before the forward: a
+                ragged batch's (``prepare_ragged``, chapter 7) or a static cache's
+                (``cuda_graphs.static_plan``, chapter 8); its slots already reserved in ``kv``.
         Returns:
             ModelOutput(logits [B, T, V], hidden [B, T, D], layer_inputs {i: [B, T, D]}).
         """
-        cfg = self.cfg
-        if tokens.dim() == 1:
-            tokens = tokens[None]
-        B, T = tokens.shape
-        if ragged is not None:
-            positions, mask = self._ragged_plan(ragged, tokens, positions, mask, kv)
-            tree = None
-        else:
-            prefix = kv.length if kv is not None else 0
-            if positions is None:
-                positions = torch.arange(prefix, prefix + T, device=tokens.device)
-            tree, mask = self._masks(mask, B, T, prefix, tokens.device)
-        positions = positions.expand(B, T) if positions.dim() == 1 else positions
-        if int(positions.max()) >= cfg.max_seq_len:
-            raise ValueError(f"position {int(positions.max())} is beyond the model's context of {cfg.max_seq_len} tokens")
-        if kv is not None:
-            kv.begin(B, T if ragged is None else ragged)  # raises on overflow before anything is written
+        tokens = tokens if tokens.dim() == 2 else tokens[None]  # [B, T]
+        if plan is None:
+            plan = self.plan(tokens, positions, mask, kv)
+        elif positions is not None or mask is not None:
+            raise ValueError("give positions and mask to the plan, not beside it")
         try:
-            x = self.tok_emb(tokens)  # [B, T, D]
-            if cfg.arch == "gpt2":
-                x = x + self.pos_emb(positions)
-                rope = None
-            else:
-                rope = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
-            layer_inputs = {}
-            for i, block in enumerate(self.blocks):
-                if i in hidden_layers:
-                    layer_inputs[i] = x
-                x = block(x, rope, mask, kv, tree)
-            h = self.norm(x)  # [B, T, D]
+            h, layer_inputs = self.run(tokens, plan, kv, hidden_layers)  # [B, T, D]
         except BaseException:
             if kv is not None:
                 kv.discard()
             raise
-        if last_logits_only:
-            h_last = h[:, -1:] if ragged is None else h[torch.arange(B), torch.tensor(list(ragged.values())) - 1][:, None]
-        logits = self.lm_head(h_last if last_logits_only else h)  # [B, T or 1, V]
+        logits = self.lm_head(plan.last(h) if last_logits_only else h)  # [B, T or 1, V]
         return ModelOutput(logits=logits, hidden=h, layer_inputs=layer_inputs)
 
-    def _masks(self, mask, B: int, T: int, prefix: int, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(tree, mask): the split backends' [B or 1, T, T] suffix mask when the whole prefix is
-        visible (else None), and the dense [B, 1, T, S] mask (None: plain causal)."""
-        tree = None
-        if mask is None and T > 1 and prefix and self.attention == "dense":
-            mask = causal_mask(T, prefix + T, device)  # [T, S] built once, not in every layer
-        if mask is not None:
-            tree = (mask if mask.dim() == 3 else mask[None]) if mask.shape[-1] == T else None
-            mask = self._full_mask(mask, B, T, prefix)
-        return tree, mask
-
-    def _ragged_plan(self, ragged: dict[int, int], tokens, positions, mask, kv) -> tuple[torch.Tensor, Ragged]:
-        """Positions [B, T] and the per-row attention plan of a ragged batch (see ``forward``)."""
+    def plan(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+             kv: KVCacheProtocol | None = None) -> Plan:
+        """The plan of a forward of ``tokens`` [B, T] after ``kv``'s prefix, for this model's backend and context
+        (``minispec.attention.plan.prepare``); the cache's pending slots are reserved."""
         B, T = tokens.shape
-        seqs, ns = list(ragged), [int(n) for n in ragged.values()]
-        if not isinstance(kv, PagedKVCache):
-            raise TypeError("a ragged batch needs a paged KV cache (minispec.kv.PagedKVCache)")
-        if len(seqs) != B or not all(1 <= n <= T for n in ns):
-            raise ValueError(f"ragged={ragged} must give 1..{T} new tokens for each of the {B} rows")
-        masks = [None] * B if mask is None else list(mask)
-        if len(masks) != B:
-            raise ValueError(f"a ragged batch takes one mask (or None) per row, got {len(masks)} for {B} rows")
-        prefix = [kv.lengths[s] for s in seqs]
-        if positions is None:
-            positions = torch.tensor(prefix, device=tokens.device)[:, None] + torch.arange(T, device=tokens.device)
-        return positions, Ragged([(s, n, *self._masks(m, 1, n, p, tokens.device))
-                                  for s, n, m, p in zip(seqs, ns, masks, prefix)])
+        return prepare(B, T, tokens.device, kv, positions, mask, self.attention, self.cfg.max_seq_len)
 
-    @staticmethod
-    def _full_mask(mask: torch.Tensor, B: int, T: int, prefix: int) -> torch.Tensor:
-        """Bring a boolean mask to [B, 1, T, prefix + T] for SDPA."""
-        if mask.dtype != torch.bool:
-            raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
-        mask = mask if mask.dim() == 3 else mask[None]  # [B or 1, T, T or S]
-        if mask.shape[-2] != T or mask.shape[-1] not in (T, prefix + T):
-            raise ValueError(f"mask of shape {tuple(mask.shape)} does not fit {T} new tokens after a prefix of {prefix}")
-        if mask.shape[-1] == T and prefix:
-            seen = torch.ones(*mask.shape[:-1], prefix, dtype=torch.bool, device=mask.device)
-            mask = torch.cat([seen, mask], dim=-1)  # [B, T, S]
-        return mask.expand(B, T, prefix + T)[:, None]  # [B, 1, T, S]
+    def run(self, tokens: torch.Tensor, plan: Plan, kv, hidden_layers: tuple[int, ...] = ()):
+        """Embedding, blocks, final norm: tokens [B, T] -> (hidden [B, T, D], layer_inputs {i: [B, T, D]})."""
+        cfg = self.cfg
+        x = self.tok_emb(tokens)  # [B, T, D]
+        if cfg.arch == "gpt2":
+            x, rope = x + self.pos_emb(plan.positions), None
+        else:
+            rope = rope_cos_sin(plan.positions, cfg.head_dim, cfg.rope_theta)  # [B, 1, T, hd] each
+        layer_inputs = {}
+        for i, block in enumerate(self.blocks):
+            if i in hidden_layers:
+                layer_inputs[i] = x
+            x = block(x, rope, plan, kv)
+        return self.norm(x), layer_inputs

@@ -672,16 +672,19 @@ assert n_got == n_want and err < 1e-5
 #
 # ```
 # trees = [dec.propose() for each unfinished sequence]     each drafter drafts its own tree
-# out   = target(rows, ragged={seq: 1 + N_seq})            ONE forward; row r = root + tree, right-padded
+# plan  = prepare_ragged(R, T, dev, kv, {seq: 1 + N_seq})  each row's prefix, positions and tree mask
+# out   = target(rows, kv=kv, plan=plan)                   ONE forward; row r = root + tree, right-padded
 # rows  = [dec.verify(tree_r, logits of row r)]            each sequence accepts its own path
 # kv.commit(rows per sequence)                             ragged commit (section 5)
 # finished sequences free their blocks and leave the batch
 # ```
 #
 # The forward is ragged in three ways: prompt lengths (so prefix lengths), tree sizes (so rows are
-# padded to the largest) and tree shapes (so masks and positions differ per row). `Transformer.forward`
-# takes `ragged={sequence: new tokens}`: the linear layers run on all rows at once, and attention
-# runs row by row over that sequence's own prefix, read through its block table. Because
+# padded to the largest) and tree shapes (so masks and positions differ per row). All of that goes
+# into the forward's attention plan, built before it (`minispec.attention.plan.prepare_ragged`,
+# from `{sequence: new tokens}`); `Transformer.forward` runs it unchanged: the linear layers run on
+# all rows at once, and attention runs row by row over that sequence's own prefix, read through
+# its block table. Because
 # minispec's linear layers give each row the same bits whatever the row count (`minispec.linear`),
 # **every row computes exactly what its sequence alone computes**: batched greedy output equals
 # unbatched output token for token, and with one seed per sequence, sampled output too.

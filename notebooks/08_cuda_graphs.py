@@ -82,8 +82,9 @@ import matplotlib.pyplot as plt
 
 from minispec import KVCache, generate, load
 from minispec.attention_grid import timed
+from minispec.attention.plan import check_context
 from minispec.cuda_graphs import (BATCH_BUCKETS, TOKEN_BUCKETS, GraphedForward, StaticKVCache, pad_inputs, pick_bucket,
-                                  static_forward, static_prefill)
+                                  static_forward, static_plan, static_prefill)
 from minispec.drafters.eagle import EagleConfig, EagleHead
 from minispec.grading import check, load_impl
 from minispec.graph_rules import dispatch_cost_s, find_hazards, padding_waste, record_ops
@@ -333,12 +334,13 @@ for what, (fn, inputs) in gallery.items():
     print(f"{what:<32} -> {'; '.join(found) if found else 'capturable'}")
 
 # %% [markdown]
-# Now the model. `Transformer.forward` checks the context length on the host, and its KV cache
-# keeps its length as a Python int, so each step attends over one more key: both rules broken.
-# Its first lines:
+# Now the model. `Transformer.forward` builds its attention plan first
+# (`minispec.attention.plan.prepare`), which checks the context length on the host, and its KV
+# cache keeps its length as a Python int, so each step attends over one more key: both rules
+# broken. The check:
 
 # %%
-src = inspect.getsource(Transformer.forward).splitlines()
+src = inspect.getsource(check_context).splitlines()
 print("\n".join(line for line in src if "positions.max()" in line))
 
 with torch.inference_mode():
@@ -395,9 +397,9 @@ check("8.1", impl="exercises")
 # * `StaticKVCache`: keys and values `[L, B, Hkv, C, hd]` of a fixed capacity $C$, and the
 #   committed length of every row in a **device tensor** `lengths [B]` (a host mirror serves the
 #   bookkeeping between steps);
-# * `static_forward(model, kv, tokens, positions, tree_mask)`: the model's own modules
-#   (embedding, blocks, norm, LM head), with the new tokens' slots `lengths[b] + j` computed on the
-#   device, attention over **all $C$ slots** every step, and a mask `[B, 1, T, C]`, built on the
+# * `static_forward(model, kv, tokens, positions, tree_mask)`: the model's own forward
+#   (embedding, blocks, norm, LM head) on another attention plan, `static_plan`, with the new
+#   tokens' slots `lengths[b] + j` computed on the device, attention over **all $C$ slots** every step, and a mask `[B, 1, T, C]`, built on the
 #   device, that shows each new token the committed slots and the slots of the new tokens the
 #   tree mask allows. Every shape follows from $B$, $T$ and $C$: none from a value.
 #
@@ -496,10 +498,10 @@ print(inspect.getdoc(load_impl(8, "exercises").static_mask))
 check("8.2", impl="exercises")
 
 # %% [markdown]
-# The library's version, inside `static_forward` (the `mask` lines):
+# The library's version, inside `static_plan` (the `mask` lines):
 
 # %%
-print("\n".join(line for line in inspect.getsource(static_forward).splitlines()
+print("\n".join(line for line in inspect.getsource(static_plan).splitlines()
                 if "mask" in line and ("=" in line or "scatter" in line))[:1500])
 
 # %% [markdown]

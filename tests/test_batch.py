@@ -129,7 +129,8 @@ def test_bad_batches_raise_clear_errors(tiny):
 
 
 def test_ragged_forward_rows_equal_single_forwards(tiny):
-    """The model's ragged forward: each row's logits equal that sequence's forward alone, bit for bit."""
+    """The model's forward on a ragged plan: each row's logits equal that sequence's forward alone, bit for bit."""
+    from minispec.attention.plan import prepare_ragged
     from minispec.kv import KVCache, PagedKVCache
 
     model, tok, _ = tiny
@@ -140,15 +141,18 @@ def test_ragged_forward_rows_equal_single_forwards(tiny):
     for b, s in enumerate(seqs):
         x[b, :len(s)] = torch.tensor(s)
     with torch.inference_mode():
-        out = model(x, kv=kv, ragged={b: len(s) for b, s in enumerate(seqs)})
+        plan = prepare_ragged(3, T, x.device, kv, {b: len(s) for b, s in enumerate(seqs)})
+        out = model(x, kv=kv, plan=plan, last_logits_only=False)
+        last = model.lm_head(plan.last(out.hidden))  # [3, 1, V]: each row's last real token
         for b, s in enumerate(seqs):
             alone = model(torch.tensor([s]), kv=KVCache.for_model(model, 64))
             assert torch.equal(out.logits[b, :len(s)], alone.logits[0])
+            assert torch.equal(last[b, 0], alone.logits[0, -1])
         kv.commit()
         with pytest.raises(TypeError, match="paged KV cache"):
-            model(x, ragged={0: 1, 1: 1, 2: 1})
+            prepare_ragged(3, T, x.device, KVCache.for_model(model, 64), {0: 1, 1: 1, 2: 1})
         with pytest.raises(ValueError, match="new tokens for each"):
-            model(x, kv=kv, ragged={0: 1, 1: T + 1, 2: 1})
+            prepare_ragged(3, T, x.device, kv, {0: 1, 1: T + 1, 2: 1})
         assert kv.pending == 0
 
 

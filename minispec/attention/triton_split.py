@@ -273,29 +273,51 @@ def split_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pr
         [B, H, T, hd] in q's dtype (``out`` when given).
     """
     B, H, Hkv, T, hd = check_shapes(q, k, v)
+    q, k, v, lens, mask = _kernel_inputs(q, k, v, prefix_len, tree_mask)
+    cfg = launch_config(q.dtype, hd, (H // Hkv) * T, q.device.type == "cuda", block_m, block_n)
+    row_blocks = triton.cdiv((H // Hkv) * T, cfg["BLOCK_M"])
+    P_max = k.shape[2] - T  # the splits cover the longest prefix the keys can hold; shorter rows leave splits empty
+    ns = num_splits or num_splits_for(P_max, B * Hkv * row_blocks, cfg["BLOCK_N"], q.device)
+    parts_o, parts_l = _partials(workspace, B, H, T, hd, ns, q.device)  # [B, H, ns + 1, T, hd], [B, H, ns + 1, T]
+    chunk = triton.cdiv(triton.cdiv(P_max, ns), cfg["BLOCK_N"]) * cfg["BLOCK_N"]  # whole tiles per split
+    _launch_parts(q, k, v, mask, lens, parts_o, parts_l, cfg, row_blocks, ns, chunk)
+    return _launch_merge(parts_o, parts_l, _out_buffer(out, q), cfg["BLOCK_D"])
+
+
+def _kernel_inputs(q, k, v, prefix_len, tree_mask):
+    """q, k, v with a unit stride on hd, the prefix lengths [B] int32 and the tree mask [B or 1, T, T]
+    as uint8 (a view, no copy), all checked to sit on q's device."""
+    B, _, T, _ = q.shape
     if q.device != k.device or q.device != v.device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    S = k.shape[2]
-    lens = prefix_lengths(prefix_len, B, T, S, q.device)  # [B] int32
+    lens = prefix_lengths(prefix_len, B, T, k.shape[2], q.device)  # [B] int32
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))  # kernels assume unit stride on hd
-    G = H // Hkv
     mask = tree_mask_3d(tree_mask, B, T, q.device)  # [B or 1, T, T] bool
     mask = mask.view(torch.uint8) if mask.stride(-1) == 1 else mask.contiguous().view(torch.uint8)  # no copy
-    cfg = launch_config(q.dtype, hd, G * T, q.device.type == "cuda", block_m, block_n)
-    row_blocks = triton.cdiv(G * T, cfg["BLOCK_M"])
-    P_max = S - T  # the splits cover the longest prefix the keys can hold; shorter rows leave splits empty
-    ns = num_splits or num_splits_for(P_max, B * Hkv * row_blocks, cfg["BLOCK_N"], q.device)
-    chunk = triton.cdiv(triton.cdiv(P_max, ns), cfg["BLOCK_N"]) * cfg["BLOCK_N"]  # whole tiles per split
+    return q, k, v, lens, mask
+
+
+def _partials(workspace: torch.Tensor | None, B: int, H: int, T: int, hd: int, ns: int, device):
+    """The float32 partials of the ns prefix splits and the suffix, in ``workspace`` (checked) or a new
+    allocation: out [B, H, ns + 1, T, hd], lse [B, H, ns + 1, T]."""
     n = workspace_numel(B, H, T, hd, ns)
     if workspace is None:
-        workspace = torch.empty(n, device=q.device, dtype=torch.float32)  # one allocation per call
+        workspace = torch.empty(n, device=device, dtype=torch.float32)  # one allocation per call
     elif workspace.numel() < n or workspace.dtype != torch.float32 or not workspace.is_contiguous() \
-            or workspace.device != q.device:
-        raise ValueError(f"workspace must be a contiguous float32 tensor of >= {n} elements on {q.device}, got "
+            or workspace.device != device:
+        raise ValueError(f"workspace must be a contiguous float32 tensor of >= {n} elements on {device}, got "
                          f"{workspace.dtype} {workspace.numel()} on {workspace.device}")
     workspace = workspace.view(-1)
     parts_o = workspace[:B * H * (ns + 1) * T * hd].view(B, H, ns + 1, T, hd)  # splits + suffix
     parts_l = workspace[B * H * (ns + 1) * T * hd:n].view(B, H, ns + 1, T)
+    return parts_o, parts_l
+
+
+def _launch_parts(q, k, v, mask, lens, parts_o, parts_l, cfg: dict, row_blocks: int, ns: int, chunk: int) -> None:
+    """The prefix kernel (ns splits of ``chunk`` keys, no mask) and the suffix kernel (the tree, masked)
+    write their partial outputs and log-sum-exps into parts_o, parts_l."""
+    B, H, T, hd = q.shape
+    Hkv, G = k.shape[1], H // k.shape[1]
     qk_scale = LOG2E / math.sqrt(hd)
     so, sl = parts_o.stride(), parts_l.stride()
     _prefix_kernel[(B * Hkv, row_blocks, ns)](
@@ -307,15 +329,26 @@ def split_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pr
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
         v.stride(2), mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1),
         so[0], so[1], so[2], so[3], sl[0], sl[1], sl[2], HEAD_DIM=hd, **dict(cfg, BLOCK_N=_pow2(min(T, 64))))
+
+
+def _out_buffer(out: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+    """``out`` checked to be a contiguous [B, H, T, hd] in q's dtype, or a new one."""
     if out is None:
-        out = torch.empty(B, H, T, hd, device=q.device, dtype=q.dtype)
-    elif out.shape != (B, H, T, hd) or out.dtype != q.dtype or not out.is_contiguous():
+        return torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
+        B, H, T, hd = q.shape
         raise ValueError(f"out must be a contiguous {q.dtype} [{B}, {H}, {T}, {hd}], got {out.dtype} "
                          f"{tuple(out.shape)}")
+    return out
+
+
+def _launch_merge(parts_o: torch.Tensor, parts_l: torch.Tensor, out: torch.Tensor, block_d: int) -> torch.Tensor:
+    """Merge the ns + 1 partials of every row by their log-sum-exps into ``out`` [B, H, T, hd]."""
+    B, H, parts, T, hd = parts_o.shape
     BLOCK_T = min(64, _pow2(T, lo=1))
-    po, pl = parts_o.view(B * H, ns + 1, T, hd), parts_l.view(B * H, ns + 1, T)
+    po, pl = parts_o.view(B * H, parts, T, hd), parts_l.view(B * H, parts, T)
     ov = out.view(B * H, T, hd)
     _merge_kernel[(B * H, triton.cdiv(T, BLOCK_T))](
-        po, pl, ov, T, ns + 1, po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-        ov.stride(0), ov.stride(1), HEAD_DIM=hd, BLOCK_T=BLOCK_T, BLOCK_D=cfg["BLOCK_D"])
+        po, pl, ov, T, parts, po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
+        ov.stride(0), ov.stride(1), HEAD_DIM=hd, BLOCK_T=BLOCK_T, BLOCK_D=block_d)
     return out

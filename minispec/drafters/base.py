@@ -74,9 +74,12 @@ class Drafter(ABC):
         """Raise ValueError naming both sizes when the drafter cannot serve ``target``."""
 
     def prefill(self, tokens: list[int], features: Features | None = None) -> None:
-        """Start a generation: ``tokens`` = prompt + first new token; ``features`` at tokens[:-1]."""
+        """Start a generation: ``tokens`` = prompt + first new token; ``features`` at tokens[:-1]
+        (handed to ``observe``). A drafter with state of its own resets it, then calls this."""
         self.context = list(tokens)
         self.forwards = 0
+        if features is not None:
+            self.observe(features)
 
     @abstractmethod
     def propose(self, params: SamplingParams, budget: int, generator: torch.Generator | None = None) -> Tree:
@@ -90,8 +93,17 @@ class Drafter(ABC):
 
     def commit(self, tokens: list[int], features: Features | None = None) -> None:
         """The loop committed ``tokens`` (accepted drafts + the target's token); ``features`` holds
-        the target's features at the positions that produced them, one row per token."""
+        the target's features at the positions that produced them, one row per token (handed to
+        ``observe``)."""
         self.context += tokens
+        if features is not None:
+            self.observe(features.rows(slice(0, len(tokens))))
+
+    def observe(self, features: Features) -> None:
+        """The hand-off: the target's features of newly committed tokens, one row per token, from
+        ``prefill`` and ``commit``. A drafter that ``reads_features`` keeps what it needs (EAGLE the
+        last hidden states, EAGLE-3 the inputs of ``target_layers``, Medusa the last row); the base
+        drafter keeps nothing."""
 
     def use_graphs(self, enabled: bool = True) -> bool:
         """Run the draft steps through CUDA graphs (chapter 8, ``minispec.cuda_graphs``) where this

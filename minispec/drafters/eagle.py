@@ -21,11 +21,13 @@ j (RoPE position j) takes (embed(x_{j+1}), f_j) and outputs g_{j+1}, whose logit
 The head's KV cache keeps the pairs built from target features (the committed context); tree
 nodes take (embed(y), g_parent) at position root + depth and are rolled back in ``_end``.
 
-Checkpoints use the official EAGLE-1/2 key names (``EagleHead.state_dict()``): fc.weight [H, 2H]
-(+ fc.bias), layers.0.self_attn.{q,k,v,o}_proj.weight, layers.0.mlp.{gate,up,down}_proj.weight,
-layers.0.post_attention_layernorm.weight. ``load_eagle`` reads minispec's single file
-(``name.safetensors`` + ``name.json`` whose "config" is the Llama-style config.json) or an
-official directory (``config.json`` + ``model.safetensors``).
+The decoder layer is built from the target's own ``Attention`` and ``MLP`` (``minispec.model``:
+fused q/k/v and gate/up projections, grouped-query attention, the same RoPE and attention plan).
+Checkpoints use the official EAGLE-1/2 key names (``EagleHead.state_dict()``, mapped by
+``model.hf_names``): fc.weight [H, 2H] (+ fc.bias), layers.0.self_attn.{q,k,v,o}_proj.weight,
+layers.0.mlp.{gate,up,down}_proj.weight, layers.0.post_attention_layernorm.weight.
+``load_eagle`` reads minispec's single file (``name.safetensors`` + ``name.json`` whose "config"
+is the Llama-style config.json) or an official directory (``config.json`` + ``model.safetensors``).
 
 Shapes: B batch, T new positions, S cached + new keys, H hidden, nh / nkv heads, hd head dim, V vocab.
 """
@@ -39,12 +41,11 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from ..attention import causal_mask
+from ..attention.plan import Plan, prepare
 from ..kv import KVCache
 from ..linear import Linear, prepack
-from ..model import RMSNorm, apply_rope, rope_cos_sin
+from ..model import MLP, Attention, RMSNorm, hf_names, rope_cos_sin
 from .base import Features
 from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
 from .layouts import check_embed, fit, load_strict, read_checkpoint
@@ -88,47 +89,19 @@ class EagleConfig:
                    cfg.rope_theta, bias)
 
 
-class _Attention(nn.Module):
-    def __init__(self, c: EagleConfig):
-        super().__init__()
-        self.c = c
-        H, nh, nkv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.q_proj, self.k_proj = Linear(H, nh * hd, bias=False), Linear(H, nkv * hd, bias=False)
-        self.v_proj, self.o_proj = Linear(H, nkv * hd, bias=False), Linear(nh * hd, H, bias=False)
-
-    def forward(self, x, rope, mask, kv):
-        B, T, _ = x.shape
-        nh, nkv, hd = self.c.num_attention_heads, self.c.num_key_value_heads, self.c.head_dim
-        q = apply_rope(self.q_proj(x).view(B, T, nh, hd).transpose(1, 2), *rope)  # [B, nh, T, hd]
-        k = apply_rope(self.k_proj(x).view(B, T, nkv, hd).transpose(1, 2), *rope)  # [B, nkv, T, hd]
-        v = self.v_proj(x).view(B, T, nkv, hd).transpose(1, 2)
-        if kv is not None:
-            k, v = kv.write(0, k, v)  # [B, nkv, S, hd]: cached pairs + new
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=nh != nkv)  # [B, nh, T, hd]
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, nh * hd))
-
-
-class _MLP(nn.Module):
-    def __init__(self, c: EagleConfig):
-        super().__init__()
-        self.gate_proj = Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class _Layer(nn.Module):
-    """A Llama decoder layer without input_layernorm (EAGLE's layer 0)."""
+    """A Llama decoder layer without input_layernorm (EAGLE's layer 0): the target's ``Attention`` and
+    ``MLP`` (GQA, RoPE, prepacked ``Linear``), saved under the official names (``hf_names``)."""
 
     def __init__(self, c: EagleConfig):
         super().__init__()
-        self.self_attn, self.mlp = _Attention(c), _MLP(c)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        H = c.hidden_size
+        self.self_attn = hf_names(Attention(H, c.num_attention_heads, c.num_key_value_heads, c.head_dim))
+        self.mlp = hf_names(MLP(H, c.intermediate_size))
+        self.post_attention_layernorm = RMSNorm(H, c.rms_norm_eps)
 
-    def forward(self, x, rope, mask, kv):
-        x = x + self.self_attn(x, rope, mask, kv)
+    def forward(self, x, rope, plan: Plan, kv):
+        x = x + self.self_attn(x, rope, plan, kv)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -155,17 +128,11 @@ class EagleHead(nn.Module):
             [B, T, H] predicted features g_{t+1}.
         """
         B, T, _ = emb.shape
-        prefix = kv.length if kv is not None else 0
-        positions = positions.expand(B, T) if positions.dim() == 1 else positions
-        rope = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)  # [B, 1, T, hd] each
-        if mask is None:
-            mask = causal_mask(T, prefix + T, emb.device)  # [T, S]
-        mask = (mask if mask.dim() == 3 else mask[None])[:, None]  # [B or 1, 1, T, S]
-        if kv is not None:
-            kv.begin(B, T)
+        plan = prepare(B, T, emb.device, kv, positions, mask)  # the target's plan: dense attention, slots reserved
+        rope = rope_cos_sin(plan.positions, self.cfg.head_dim, self.cfg.rope_theta)  # [B, 1, T, hd] each
         try:
             x = self.fc(torch.cat([emb, feat], dim=-1))  # [B, T, 2H] -> [B, T, H]
-            return self.layers[0](x, rope, mask, kv)
+            return self.layers[0](x, rope, plan, kv)
         except BaseException:
             if kv is not None:
                 kv.discard()
@@ -223,22 +190,17 @@ class EagleDrafter(TreeDrafter):
                              f"target {t.name or t.arch} (hidden size {t.d_model}, vocab {t.vocab_size})")
 
     def prefill(self, tokens: list[int], features: Features | None = None) -> None:
-        super().prefill(tokens)
         self.kv.reset()
         self.n_pairs = 0  # committed head pairs j = 0..n_pairs-1: (f_j, x_{j+1}) in the head's KV
         self.feats = torch.empty(max(64, 2 * len(tokens)), self.head.cfg.hidden_size, dtype=self.kv.k.dtype,
                                  device=self.kv.k.device)  # [cap, H] target features f_0, f_1, ...
         self.n_feats = 0
         self.kv.reserve(len(tokens) + self.max_nodes + 1)
-        if features is not None:
-            self.observe(features.hidden)
+        super().prefill(tokens, features)  # hands the features to observe
 
-    def commit(self, tokens: list[int], features: Features | None = None) -> None:
-        super().commit(tokens)
-        self.observe(features.hidden[:len(tokens)])
-
-    def observe(self, hidden: torch.Tensor) -> None:
-        """Append the target's features [n, H] of newly committed tokens."""
+    def observe(self, features: Features) -> None:
+        """Append the target's features [n, H] (its last hidden states) of newly committed tokens."""
+        hidden = features.hidden
         n = hidden.shape[0]
         if self.n_feats + n > self.feats.shape[0]:
             grown = self.feats.new_empty(2 * (self.n_feats + n), self.feats.shape[1])

@@ -15,8 +15,11 @@ Training-Time Test". Compared with EAGLE-1/2 (``drafters/eagle.py``) the head
     unrolls the head on its own outputs ("training-time test", ``minispec.train.eagle3``), so it
     no longer needs to imitate the target's features.
 
-Key names follow the official checkpoints (``fc.weight``, ``midlayer.*``, ``norm.weight``,
-``lm_head.weight``, ``d2t``, ``t2d``), so ``Eagle3Head.load_state_dict`` reads them as they are.
+The layer's attention and MLP are the target's own modules (``minispec.model``: fused
+projections, grouped-query attention, the same RoPE and attention plan). Key names follow the
+official checkpoints (``fc.weight``, ``midlayer.*`` with ``self_attn.{q,k,v,o}_proj`` and
+``mlp.{gate,up,down}_proj``, mapped by ``model.hf_names``, ``norm.weight``, ``lm_head.weight``,
+``d2t``, ``t2d``), so ``Eagle3Head.load_state_dict`` reads them as they are.
 
 Alignment in minispec (as for EAGLE-1): when ``propose`` runs, ``prefill`` and ``commit`` have delivered
 the target features f_0..f_{n-2} of context[:-1]; the last context token x_{n-1} is the root.
@@ -34,11 +37,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from ..attention.plan import prepare
 from ..kv import KVCache
 from ..linear import Linear
-from ..model import RMSNorm, apply_rope, rope_cos_sin
+from ..model import MLP, Attention, RMSNorm, hf_names, rope_cos_sin
 from .base import Features
 from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
 from .registry import default_tree
@@ -88,44 +91,18 @@ def eagle3_layers(n_layer: int) -> tuple[int, int, int]:
     return (2, n_layer // 2, n_layer - 3) if n_layer >= 6 else (0, n_layer // 2, n_layer - 1)
 
 
-class _Attention(nn.Module):
-    def __init__(self, c: Eagle3Config):
-        super().__init__()
-        self.c = c
-        self.q_proj = Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
-        self.k_proj = Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.v_proj = Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.o_proj = Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
-
-    def qkv(self, x: torch.Tensor, positions: torch.Tensor):
-        """x [B, T, 2H], positions [B, T] -> q [B, Hq, T, hd], k, v [B, Hkv, T, hd] (RoPE applied)."""
-        c, (B, T, _) = self.c, x.shape
-        q = self.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-
-
-class _MLP(nn.Module):
-    def __init__(self, c: Eagle3Config):
-        super().__init__()
-        self.gate_proj = Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class _MidLayer(nn.Module):
+    """The head's decoder layer: the target's ``Attention`` (from [embedding, hidden], 2H wide) and
+    ``MLP`` (GQA, RoPE, prepacked ``Linear``), saved under the official names (``hf_names``)."""
+
     def __init__(self, c: Eagle3Config):
         super().__init__()
-        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = _Attention(c)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = _MLP(c)
+        H = c.hidden_size
+        self.hidden_norm = RMSNorm(H, c.rms_norm_eps)
+        self.input_layernorm = RMSNorm(H, c.rms_norm_eps)
+        self.self_attn = hf_names(Attention(H, c.num_attention_heads, c.num_key_value_heads, c.head_dim, d_in=2 * H))
+        self.post_attention_layernorm = RMSNorm(H, c.rms_norm_eps)
+        self.mlp = hf_names(MLP(H, c.intermediate_size))
 
 
 class Eagle3Head(nn.Module):
@@ -143,15 +120,16 @@ class Eagle3Head(nn.Module):
         self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
 
     def attn_input(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor):
-        """Start of the layer: emb, h [B, T, H] (h fused or the head's own) -> q, k, v (see ``_Attention.qkv``)."""
-        m = self.midlayer
+        """Start of the layer: emb, h [B, T, H] (h fused or the head's own), positions [B, T] -> q [B, Hq, T, hd],
+        k, v [B, Hkv, T, hd] (RoPE applied)."""
+        c, m = self.config, self.midlayer
         x = torch.cat([m.input_layernorm(emb), m.hidden_norm(h)], dim=-1)  # [B, T, 2H], embedding first
-        return m.self_attn.qkv(x, positions)
+        return m.self_attn.qkv(x, rope_cos_sin(positions, c.head_dim, c.rope_theta))
 
     def finish(self, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """End of the layer: residual h [B, T, H] + o_proj(attn [B, Hq, T, hd]), then the MLP -> [B, T, H] pre-norm."""
-        m, (B, _, T, _) = self.midlayer, attn.shape
-        x = h + m.self_attn.o_proj(attn.transpose(1, 2).reshape(B, T, -1))
+        m = self.midlayer
+        x = h + m.self_attn.out(attn)
         return x + m.mlp(m.post_attention_layernorm(x))
 
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
@@ -178,17 +156,15 @@ class Eagle3Head(nn.Module):
         """
         if h.shape[-1] == 3 * self.config.hidden_size:
             h = self.fc(h)
-        q, k, v = self.attn_input(emb, h, positions)
-        T = q.shape[2]
-        kv.begin(1, T)
-        k, v = kv.write(0, k, v)  # [1, Hkv, S, hd]
-        S = k.shape[2]
-        if mask is None:
-            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)  # prefix + causal
-        rep = self.config.num_attention_heads // self.config.num_key_value_heads
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # [1, Hq, S, hd]
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None])
-        return self.finish(h, attn)
+        B, T, _ = emb.shape
+        plan = prepare(B, T, emb.device, kv, positions, mask)  # the target's plan: prefix + causal or the tree's mask
+        try:
+            attn = self.midlayer.self_attn
+            q, k, v = self.attn_input(emb, h, plan.positions)
+            return self.finish(h, plan.attend(attn.backend, attn.layer, q, k, v, kv))  # GQA: no K / V repeated
+        except BaseException:
+            kv.discard()
+            raise
 
 
 def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,21 +222,15 @@ class Eagle3Drafter(TreeDrafter):
                              f"(hidden {t.d_model}, vocab {t.vocab_size})")
 
     def prefill(self, tokens: list[int], features: Features | None = None) -> None:
-        super().prefill(tokens)
         self.kv.reset()
         self.pending: list[torch.Tensor] = []  # fused features [n, 3H] not yet run through the head
         self.observed = 0  # target features received (= committed head positions after _start)
-        if features is not None:
-            self.observe(features.layers)
-
-    def commit(self, tokens: list[int], features: Features | None = None) -> None:
-        super().commit(tokens)
-        self.observe({i: h[:len(tokens)] for i, h in features.layers.items()})
+        super().prefill(tokens, features)  # hands the features to observe
 
     @torch.inference_mode()
-    def observe(self, layer_inputs: dict[int, torch.Tensor]) -> None:
-        """Receive the target's features of newly committed tokens: layer_inputs {i: [n, H]}."""
-        fused = torch.cat([layer_inputs[i] for i in self.target_layers], dim=-1)  # [n, 3H] low, mid, high
+    def observe(self, features: Features) -> None:
+        """Receive the target's features of newly committed tokens: the inputs {i: [n, H]} of its layers."""
+        fused = torch.cat([features.layers[i] for i in self.target_layers], dim=-1)  # [n, 3H] low, mid, high
         self.pending.append(fused.to(self.head.fc.weight.dtype))
         self.observed += fused.shape[0]
 

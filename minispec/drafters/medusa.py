@@ -105,19 +105,13 @@ class MedusaDrafter(TreeDrafter):
                              f"(hidden {t.d_model}, vocab {t.vocab_size})")
 
     def prefill(self, tokens: list[int], features: Features | None = None) -> None:
-        super().prefill(tokens)
         self.observed, self.last = 0, None
-        if features is not None:
-            self.observe(features.hidden)
+        super().prefill(tokens, features)  # hands the features to observe
 
-    def commit(self, tokens: list[int], features: Features | None = None) -> None:
-        super().commit(tokens)
-        self.observe(features.hidden[:len(tokens)])
-
-    def observe(self, hidden: torch.Tensor) -> None:
+    def observe(self, features: Features) -> None:
         """Keep the last committed token's hidden state [H] (the heads read nothing else)."""
-        self.last = hidden[-1]
-        self.observed += hidden.shape[0]
+        self.last = features.hidden[-1]
+        self.observed += len(features)
 
     @torch.inference_mode()
     def _start(self) -> torch.Tensor:

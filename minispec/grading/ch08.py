@@ -13,7 +13,7 @@
 
 Each check runs hand-picked edge cases, then a few hundred random ones, against a reference
 written here; ``--impl minispec`` answers with the library (``graph_rules.find_hazards``' own
-recorder, ``cuda_graphs.static_forward``'s mask, ``pad_inputs`` + ``pick_bucket``,
+recorder, ``cuda_graphs.static_plan``'s mask, ``pad_inputs`` + ``pick_bucket``,
 ``graph_rules.best_buckets``), so the reference and the library are checked against each other.
 A failure names the case.
 """
@@ -29,7 +29,7 @@ from unittest import mock
 import torch
 
 from minispec import graph_rules
-from minispec.cuda_graphs import pad_inputs, pick_bucket, static_forward
+from minispec.cuda_graphs import pad_inputs, pick_bucket, static_plan
 from minispec.graph_rules import SYNC_OPS, best_buckets, find_hazards, padding_waste, record_ops
 
 from .checks import exercise, get
@@ -115,21 +115,10 @@ def _lib_hazards(calls, sync_ops):
 
 
 def _lib_mask(lengths, tree_mask, capacity):
-    """The mask ``static_forward`` hands its blocks, read by a stand-in block."""
-    seen = []
-
-    def block(x, rope, mask, kv):
-        seen.append(mask[:, 0])  # [B, 1, T, C] -> [B, T, C]
-        return x
-
+    """The mask ``static_plan`` builds for ``static_forward``'s attention, [B, 1, T, C] -> [B, T, C]."""
     B, T, _ = tree_mask.shape
-    model = SimpleNamespace(cfg=SimpleNamespace(arch="llama", head_dim=2, rope_theta=10000.0),
-                            tok_emb=lambda t: torch.zeros(*t.shape, 1), blocks=[block],
-                            norm=lambda x: x, lm_head=lambda x: x)
     kv = SimpleNamespace(lengths=lengths, capacity=capacity, write_pos=None)
-    zeros = torch.zeros(B, T, dtype=torch.long)
-    static_forward(model, kv, zeros, zeros, tree_mask)
-    return seen[0]
+    return static_plan(kv, torch.zeros(B, T, dtype=torch.long), tree_mask).mask[:, 0]
 
 
 def library():

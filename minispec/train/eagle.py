@@ -253,18 +253,13 @@ def run_measure(args, target, tok, held, record: dict) -> dict:
 
 
 def init_from_target(head: EagleHead, target, layer: int) -> None:
-    """Start the head's decoder layer from a target layer (minispec fuses qkv and gate/up)."""
-    blk = target.blocks[layer]
-    c, hd = head.cfg, head.cfg.head_dim
-    q, k, v = blk.attn.wqkv.weight.split([c.num_attention_heads * hd, c.num_key_value_heads * hd,
-                                          c.num_key_value_heads * hd])
-    gate, up = blk.mlp.gate_up.weight.chunk(2)
-    lay = head.layers[0]
+    """Start the head's decoder layer from a target layer (the same fused modules)."""
+    blk, lay = target.blocks[layer], head.layers[0]
     with torch.no_grad():
-        for dst, src in [(lay.self_attn.q_proj, q), (lay.self_attn.k_proj, k), (lay.self_attn.v_proj, v),
-                         (lay.self_attn.o_proj, blk.attn.wo.weight), (lay.mlp.gate_proj, gate), (lay.mlp.up_proj, up),
-                         (lay.mlp.down_proj, blk.mlp.down.weight), (lay.post_attention_layernorm, blk.mlp_norm.weight)]:
-            dst.weight.copy_(src)
+        for dst, src in [(lay.self_attn.wqkv, blk.attn.wqkv), (lay.self_attn.wo, blk.attn.wo),
+                         (lay.mlp.gate_up, blk.mlp.gate_up), (lay.mlp.down, blk.mlp.down),
+                         (lay.post_attention_layernorm, blk.mlp_norm)]:
+            dst.weight.copy_(src.weight)
 
 
 def warm_start(head: EagleHead, path: Path, target) -> None:

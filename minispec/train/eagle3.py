@@ -179,23 +179,18 @@ def init_head(target, d2t: torch.Tensor, t2d: torch.Tensor, seed: int = 0) -> Ea
     last layer, fc = [0, 0, I] (the high layer's features passed through)."""
     torch.manual_seed(seed)
     head = Eagle3Head(Eagle3Config.for_target(target, len(d2t)))
-    c, last, H = head.config, target.blocks[-1], head.config.hidden_size
+    last, H = target.blocks[-1], head.config.hidden_size
     with torch.no_grad():
         head.d2t.copy_(d2t), head.t2d.copy_(t2d)
         head.lm_head.weight.copy_(target.lm_head.weight[torch.arange(len(d2t)) + d2t])
         head.norm.weight.copy_(target.norm.weight)
         head.fc.weight.zero_()
         head.fc.weight[:, 2 * H:] = torch.eye(H)
-        hq, hk = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-        wq, wk, wv = last.attn.wqkv.weight.split([hq, hk, hk])
-        a = head.midlayer.self_attn
-        for proj, w in ((a.q_proj, wq), (a.k_proj, wk), (a.v_proj, wv)):
-            proj.weight[:, :H].mul_(0.1)  # the embedding half: small random
-            proj.weight[:, H:] = w
-        a.o_proj.weight.copy_(last.attn.wo.weight)
-        gate, up = last.mlp.gate_up.weight.chunk(2)
         m = head.midlayer
-        m.mlp.gate_proj.weight.copy_(gate), m.mlp.up_proj.weight.copy_(up), m.mlp.down_proj.weight.copy_(last.mlp.down.weight)
+        m.self_attn.wqkv.weight[:, :H].mul_(0.1)  # q, k, v of the embedding half: small random
+        m.self_attn.wqkv.weight[:, H:] = last.attn.wqkv.weight  # of the hidden half: the target's
+        m.self_attn.wo.weight.copy_(last.attn.wo.weight)
+        m.mlp.gate_up.weight.copy_(last.mlp.gate_up.weight), m.mlp.down.weight.copy_(last.mlp.down.weight)
         m.hidden_norm.weight.copy_(last.attn_norm.weight)
         m.post_attention_layernorm.weight.copy_(last.mlp_norm.weight)
     return head

@@ -1,0 +1,174 @@
+"""The attention plan of one forward: what every layer's attention needs, built once before the
+forward runs, as nano-vllm's ``prepare_prefill`` / ``prepare_decode`` build their context
+(positions, masks, the cache slots).
+
+    prepare(B, T, device, kv, positions, mask)    a batch whose rows share one prefix: a prompt,
+                                                  a decode step, a draft chain or tree
+    prepare_ragged(R, T, device, kv, {seq: n})  a ragged batch on a paged cache (chapter 7):
+                                                  each row has its own prefix, new tokens and tree
+    cuda_graphs.static_plan(kv, positions, ...)   a forward on a static cache, built on the device
+                                                  so that a CUDA graph can capture it (chapter 8)
+
+Building the plan reserves the new tokens' slots in the cache (``kv.begin``), so that a forward
+never runs out of room half way. ``Transformer.forward(tokens, plan=..., kv=...)`` then reads
+top-down (embed, blocks, norm, head), and each attention layer hands its q, k, v to
+``plan.attend``, which stores the new keys and values and attends the way the plan says: one
+call for the whole batch (``Plan``) or one per row (``RaggedPlan``).
+
+Shapes: B batch (R rows of a ragged batch), T new tokens, S = prefix + T keys, H query heads,
+Hkv key/value heads, hd head dim, D model width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import attend, causal_mask
+from ..kv.protocol import KVCacheProtocol, RaggedKVCache
+
+
+@dataclass
+class Plan:
+    """One attention call for the whole batch: every row sees the same committed prefix.
+
+    positions: [B, T] position ids of the new tokens.
+    mask: the dense backend's bool mask [B or 1, 1, T, S] (True = may attend), None for causal.
+    tree: the split backends' [B or 1, T, T] mask among the new tokens when every new token sees
+        the whole prefix (None: causal, or a mask that hides part of the prefix: dense then).
+    """
+
+    positions: torch.Tensor
+    mask: torch.Tensor | None = None
+    tree: torch.Tensor | None = None
+
+    def attend(self, backend: str, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               kv: KVCacheProtocol | None) -> torch.Tensor:
+        """q [B, H, T, hd], the new k, v [B, Hkv, T, hd] -> [B, H, T, hd], the new k, v stored in ``kv``."""
+        if kv is not None:
+            k, v = kv.write(layer, k, v)  # [B, Hkv, S, hd] committed prefix + new
+        # dense: one pass with the full mask; split_*: mask-free prefix + masked tree, merged by log-sum-exp
+        return attend(backend, q, k, v, k.shape[2] - q.shape[2], self.tree, self.mask)
+
+    def last(self, h: torch.Tensor) -> torch.Tensor:
+        """Each row's last new token: h [B, T, D] -> [B, 1, D] (a prefill's LM head)."""
+        return h[:, -1:]
+
+
+@dataclass
+class Row:
+    """One row of a ragged batch: its sequence in the paged cache, its n new tokens (the first n
+    of the row; the rest is padding) and its own ``Plan`` masks, as its forward alone builds them."""
+
+    seq: int
+    n: int
+    tree: torch.Tensor | None
+    mask: torch.Tensor | None
+
+
+@dataclass
+class RaggedPlan(Plan):
+    """A ragged batch: the linear layers run on all rows at once (row-invariant, ``minispec.linear``),
+    attention row by row over each sequence's own prefix, so that every row computes, bit for bit,
+    what its sequence's forward alone computes; a padding token's output is meaningless."""
+
+    rows: list[Row] = field(default_factory=list)
+
+    def attend(self, backend, layer, q, k, v, kv: RaggedKVCache) -> torch.Tensor:
+        kv.store(layer, k, v)  # row r's first n_r tokens into its sequence's blocks
+        out = torch.zeros_like(q)  # [R, H, T, hd]; a row's padding stays 0
+        for r, row in enumerate(self.rows):
+            k_r, v_r = kv.read(layer, row.seq)  # [1, Hkv, prefix_r + n_r, hd]
+            out[r, :, :row.n] = attend(backend, q[r:r + 1, :, :row.n], k_r, v_r, k_r.shape[2] - row.n,
+                                       row.tree, row.mask)[0]
+        return out
+
+    def last(self, h: torch.Tensor) -> torch.Tensor:
+        """Each row's n-th token: h [R, T, D] -> [R, 1, D]."""
+        last = torch.tensor([row.n - 1 for row in self.rows], device=h.device)
+        return h[torch.arange(h.shape[0], device=h.device), last][:, None]
+
+
+def prepare(B: int, T: int, device, kv: KVCacheProtocol | None = None, positions: torch.Tensor | None = None,
+            mask: torch.Tensor | None = None, backend: str = "dense", context: int | None = None) -> Plan:
+    """The plan of a forward of T new tokens in each of B rows after ``kv``'s committed prefix.
+
+    Args:
+        kv: the cache (None: no prefix, nothing stored); its pending slots are reserved here.
+        positions: [B, T] or [T] position ids; default prefix + arange(T).
+        mask: None for causal, or bool (True = may attend) [T, T] / [B, T, T] among the new tokens
+            (the committed prefix is always visible), or [T, S] / [B, T, S] over prefix + new keys.
+        backend: the attention backend the plan is for (dense builds its causal mask here, once).
+        context: positions must stay below it (the model's context length); None: unchecked.
+    Raises:
+        ValueError (a mask or position that does not fit), the cache's own error when it lacks room.
+    """
+    prefix = kv.length if kv is not None else 0
+    if positions is None:
+        positions = torch.arange(prefix, prefix + T, device=device)
+    tree, mask = mask_pair(mask, B, T, prefix, device, backend)
+    positions = positions.expand(B, T) if positions.dim() == 1 else positions
+    check_context(positions, context)
+    if kv is not None:
+        kv.begin(B, T)  # raises on overflow before anything is written
+    return Plan(positions, mask, tree)
+
+
+def prepare_ragged(B: int, T: int, device, kv: RaggedKVCache, ragged: dict[int, int], positions: torch.Tensor | None = None,
+                   masks: list | None = None, backend: str = "dense", context: int | None = None) -> RaggedPlan:
+    """The plan of a ragged batch (chapter 7): ``ragged = {sequence in kv: its n new tokens}`` in row
+    order, the tokens right-padded to [B, T].
+
+    Args:
+        kv: a paged cache (``RaggedKVCache``); every sequence's new slots are reserved here.
+        positions: [R, T]; default each sequence's length + arange(T).
+        masks: None (every row causal) or one entry per row: None or a bool [n, n] tree mask.
+    """
+    seqs, ns = list(ragged), [int(n) for n in ragged.values()]
+    if not isinstance(kv, RaggedKVCache):
+        raise TypeError("a ragged batch needs a paged KV cache (minispec.kv.PagedKVCache)")
+    if len(seqs) != B or not all(1 <= n <= T for n in ns):
+        raise ValueError(f"ragged={ragged} must give 1..{T} new tokens for each of the {B} rows")
+    row_masks = [None] * B if masks is None else list(masks)
+    if len(row_masks) != B:
+        raise ValueError(f"a ragged batch takes one mask (or None) per row, got {len(row_masks)} for {B} rows")
+    prefix = [kv.lengths[s] for s in seqs]
+    if positions is None:
+        positions = torch.tensor(prefix, device=device)[:, None] + torch.arange(T, device=device)  # [R, T]
+    rows = [Row(s, n, *mask_pair(m, 1, n, p, device, backend)) for s, n, m, p in zip(seqs, ns, row_masks, prefix)]
+    check_context(positions, context)
+    kv.begin(B, ragged)
+    return RaggedPlan(positions, rows=rows)
+
+
+def check_context(positions: torch.Tensor, context: int | None) -> None:
+    """ValueError when a position reaches ``context`` (reads the positions on the host)."""
+    if context is not None and int(positions.max()) >= context:
+        raise ValueError(f"position {int(positions.max())} is beyond the model's context of {context} tokens")
+
+
+def mask_pair(mask: torch.Tensor | None, B: int, T: int, prefix: int, device,
+          backend: str = "dense") -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(tree, mask): the split backends' [B or 1, T, T] suffix mask when the whole prefix is
+    visible (else None), and the dense [B, 1, T, S] mask (None: plain causal)."""
+    tree = None
+    if mask is None and T > 1 and prefix and backend == "dense":
+        mask = causal_mask(T, prefix + T, device)  # [T, S] built once, not in every layer
+    if mask is not None:
+        tree = (mask if mask.dim() == 3 else mask[None]) if mask.shape[-1] == T else None
+        mask = full_mask(mask, B, T, prefix)
+    return tree, mask
+
+
+def full_mask(mask: torch.Tensor, B: int, T: int, prefix: int) -> torch.Tensor:
+    """Bring a boolean mask to [B, 1, T, prefix + T] for the dense backend."""
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
+    mask = mask if mask.dim() == 3 else mask[None]  # [B or 1, T, T or S]
+    if mask.shape[-2] != T or mask.shape[-1] not in (T, prefix + T):
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not fit {T} new tokens after a prefix of {prefix}")
+    if mask.shape[-1] == T and prefix:
+        seen = torch.ones(*mask.shape[:-1], prefix, dtype=torch.bool, device=mask.device)
+        mask = torch.cat([seen, mask], dim=-1)  # [B, T, S]
+    return mask.expand(B, T, prefix + T)[:, None]  # [B, 1, T, S]
