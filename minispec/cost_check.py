@@ -36,11 +36,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from collections.abc import Sequence
 
-from .verify import expected_tokens, speedup
+from .analysis import expected_tokens, speedup
 
 
 def best_k(alpha: float, c: float, k_max: int = 16) -> int:
-    """The chain length k in 0..k_max that chapter 1's model (``minispec.verify.speedup``) predicts
+    """The chain length k in 0..k_max that chapter 1's model (``minispec.analysis.speedup``) predicts
     fastest for acceptance alpha and cost ratio c; the smallest k on a tie (within 1e-12 relative)."""
     if not isinstance(k_max, int) or k_max < 0:
         raise ValueError(f"k_max must be an integer >= 0, got {k_max!r}")

@@ -217,8 +217,7 @@ class Decoder:
         """Verify ``tree`` against the target's logits [N + 1, V] over root + nodes; returns the
         verification result and the rows to keep in the KV cache (the root and the accepted path)."""
         p = logits if self.params.greedy else probs(logits, self.params)  # [N + 1, V]
-        res = verify_tree(tree.parents, tree.tokens, p, tree.q, mode=tree.verify_mode(self.params.greedy),
-                          generator=self.gen, p_from_probs=True)
+        res = verify_tree(tree, p, mode=tree.verify_mode(self.params.greedy), generator=self.gen, p_from_probs=True)
         return res, [0] + [i + 1 for i in res.path]
 
     def advance(self, tree: Tree, res, out, rows: list[int], r: int = 0) -> list[int]:
