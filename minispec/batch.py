@@ -203,8 +203,9 @@ def generate_batch(target, tokenizer, prompts: Sequence[str | Sequence[int]],
     seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * B
     if len(seeds) != B:
         raise ValueError(f"{B} prompts need one seed or {B} seeds, got {len(seeds)}")
-    batch = BatchDecoder(target, ids, _drafters(drafter, B), params, max_new_tokens,
-                         _eos_ids(target, tokenizer) if stop_at_eos else set(), [seeded(s) for s in seeds], kv_block_size)
+    eos = _eos_ids(target, tokenizer) if stop_at_eos else set()
+    batch = BatchDecoder(target, ids, _drafters(drafter, B), params, max_new_tokens, eos, [seeded(s) for s in seeds],
+                         kv_block_size)
     batch.prefill()
     while not batch.done:
         batch.step()

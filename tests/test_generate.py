@@ -130,7 +130,8 @@ def _plain_loop(model, ids, n, params, gen):
     while len(out) < n:
         logits = model(torch.tensor([[out[-1]]]), kv=kv).logits[0, -1]
         kv.commit()
-        out.append(int(logits.argmax()) if params.greedy else TorchChooser(gen).categorical(probs(logits, params).double()))
+        p = logits if params.greedy else probs(logits, params).double()  # [V]
+        out.append(int(p.argmax()) if params.greedy else TorchChooser(gen).categorical(p))
     return out
 
 
