@@ -5,13 +5,14 @@ generator and statistics; the batch shares the target's forward and one paged KV
 (``minispec.kv.PagedKVCache``). A step:
 
     trees = [dec.propose() for each unfinished sequence]      each drafter drafts its own tree
-    out   = target(root + tree of every row, ragged=...)      ONE forward, rows right-padded
+    out   = target(root + tree of every row, plan=ragged)     ONE forward, rows right-padded
     rows  = [dec.verify(tree_r, logits of row r)]             each sequence accepts its own path
     kv.commit(rows per sequence)                              ragged commit, blocks freed
     finished sequences free their blocks and leave the batch
 
 Sequences differ in prompt length, accepted length and tree shape, so the batch is ragged:
-the forward takes ``ragged={sequence: new tokens}``, every row attends over its own prefix
+the forward runs on a ragged attention plan (``attention.plan.prepare_ragged``, built from
+``{sequence: new tokens}``): every row attends over its own prefix
 (read through its block table), and the linear layers are row-invariant (``minispec.linear``),
 so each row computes, bit for bit, what that sequence's forward alone computes. Hence greedy
 batched output equals unbatched output, and sampled output too, given each sequence's seed:
@@ -37,13 +38,18 @@ import torch
 
 from .attention.plan import prepare_ragged
 from .drafters.base import Drafter
-from .generate import Decoder, GenerationResult, GenerationStats, _eos_ids, encode_checked
+from .generate import Decoder, GenerationResult, _eos_ids, as_drafter, check_block_size, encode_checked, seeded
 from .kv import PagedKVCache
-from .sampling import GREEDY, SamplingParams, next_token
+from .sampling import GREEDY, SamplingParams
 
 
 class BatchDecoder:
     """B generations at once: ``prefill()`` once, then ``step()`` until ``done``.
+
+    Each sequence is a ``Decoder`` on the shared paged cache; the batch runs the target's forwards
+    (one over every prompt, then one per step over every unfinished sequence's tree) and hands each
+    sequence its row through the Decoder's public steps: ``start`` after the prefill; ``propose``,
+    ``inputs``, ``verify``, ``advance`` in a step.
 
     Args:
         target: a minispec Transformer.
@@ -64,10 +70,12 @@ class BatchDecoder:
             raise ValueError(f"{B} prompts need {B} drafters and {B} generators, got {len(drafters)} and {len(generators)}")
         if len({id(d) for d in drafters if d is not None}) < sum(d is not None for d in drafters):
             raise ValueError("each sequence needs a drafter of its own (a drafter holds its sequence's context)")
+        drafters = [as_drafter(d) for d in drafters]  # None: vanilla
         budgets = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * B
         if len(budgets) != B:
             raise ValueError(f"{B} prompts need one max_new_tokens or {B}, got {len(budgets)}")
-        most = max((d.max_nodes for d in drafters if d is not None), default=0)
+        check_block_size(block_size)
+        most = max(d.max_nodes for d in drafters)  # every row of a step's forward is padded to the largest tree
         capacity = [len(p) + n + most for p, n in zip(prompts, budgets)]
         n_blocks = sum(-(-c // block_size) for c in capacity)
         self.kv = PagedKVCache.for_model(target, max(capacity), batch_size=B, block_size=block_size, n_blocks=n_blocks)
@@ -103,16 +111,12 @@ class BatchDecoder:
                            last_logits_only=last_logits_only)
 
     def prefill(self) -> None:
-        """Every prompt in one forward; each sequence's first token and its drafter's prefill."""
+        """Every prompt in one forward; then each sequence starts on its row (``Decoder.start``)."""
         t0 = time.perf_counter()
         out = self._forward({b: dec.ids for b, dec in enumerate(self.decs)}, last_logits_only=True)
         self.kv.commit()
         for r, dec in enumerate(self.decs):
-            dec.new = [int(next_token(out.logits[r, -1], dec.params, dec.gen))]
-            if dec.drafter is not None:
-                dec.drafter.prefill(dec.ids + dec.new, dec._features(out, slice(0, len(dec.ids)), r))
-            dec.stats.target_forwards = dec.stats.new_tokens = 1
-            dec.stats.tokens_per_step.append(1)
+            dec.start(out, r)
         self._finish()
         self.prefill_s = time.perf_counter() - t0
 
@@ -127,15 +131,14 @@ class BatchDecoder:
         active = self.active()
         trees = {b: self.decs[b].propose() for b in active}
         lap("draft")
-        T = 1 + max(len(t) for t in trees.values())
+        inputs = {b: self.decs[b].inputs(tree, self.kv.lengths[b]) for b, tree in trees.items()}  # as each alone
+        T = max(len(tokens) for tokens, _, _ in inputs.values())
         positions = torch.zeros(len(active), T, dtype=torch.long)  # [R, T]; padding at the sequence's length
-        masks = []
-        for r, (b, tree) in enumerate(trees.items()):
-            L = self.kv.lengths[b]
-            positions[r] = L
-            positions[r, :1 + len(tree)] = L + torch.arange(1 + len(tree)) if tree.is_chain else tree.positions(L)
-            masks.append(None if tree.is_chain else tree.mask().to(self.target.device))  # as the sequence alone
-        out = self._forward({b: [self.decs[b].new[-1]] + t.tokens for b, t in trees.items()}, positions, masks)
+        for r, (b, (tokens, pos, _)) in enumerate(inputs.items()):
+            positions[r] = self.kv.lengths[b]
+            positions[r, :len(tokens)] = pos
+        masks = [None if m is None else m.to(self.target.device) for _, _, m in inputs.values()]
+        out = self._forward({b: tokens for b, (tokens, _, _) in inputs.items()}, positions, masks)
         lap("target")
         verified = {b: self.decs[b].verify(tree, out.logits[r, :1 + len(tree)]) for r, (b, tree) in enumerate(trees.items())}
         lap("verify")
@@ -199,26 +202,18 @@ def generate_batch(target, tokenizer, prompts: Sequence[str | Sequence[int]],
     params = SamplingParams(temperature, top_k, top_p)  # validates
     if isinstance(prompts, str) or not len(prompts):
         raise ValueError("prompts must be a non-empty list of prompts")
-    if not isinstance(kv_block_size, int) or kv_block_size < 1:
-        raise ValueError(f"kv_block_size must be a positive number of tokens, got {kv_block_size!r}")
     ids = [encode_checked(target, tokenizer, p, chat, max_new_tokens, f"prompt {i}") for i, p in enumerate(prompts)]
     B = len(ids)
     seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * B
     if len(seeds) != B:
         raise ValueError(f"{B} prompts need one seed or {B} seeds, got {len(seeds)}")
-    gens = [torch.Generator(device="cpu").manual_seed(s) if s is not None else None for s in seeds]
-    drafters = _drafters(drafter, B)
-    batch = BatchDecoder(target, ids, drafters, params, max_new_tokens,
-                         _eos_ids(target, tokenizer) if stop_at_eos else set(), gens, kv_block_size)
+    eos = _eos_ids(target, tokenizer) if stop_at_eos else set()
+    batch = BatchDecoder(target, ids, _drafters(drafter, B), params, max_new_tokens, eos, [seeded(s) for s in seeds],
+                         kv_block_size)
     batch.prefill()
     while not batch.done:
         batch.step()
-    results = []
-    for dec in batch.decs:
-        st: GenerationStats = dec.stats
-        st.new_tokens = len(dec.new)
-        st.draft_forwards = dec.drafter.forwards if dec.drafter is not None else 0
-        st.prefill_s, st.decode_s = batch.prefill_s, batch.decode_s
-        results.append(GenerationResult(text=tokenizer.decode(dec.new, skip_special_tokens=True), tokens=dec.new,
-                                        prompt_tokens=dec.ids, stats=st))
+    results = [dec.result(tokenizer) for dec in batch.decs]
+    for r in results:  # the batch's times: each sequence shared every forward
+        r.stats.prefill_s, r.stats.decode_s = batch.prefill_s, batch.decode_s
     return results, batch

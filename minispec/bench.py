@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .generate import acceptance_by_depth, add_by_depth
 from .methods import HF_METHODS, METHOD_NAMES, MethodSpec, parse_methods
 from .tables import Col, text_table
 
@@ -49,17 +50,15 @@ class _Totals:
         self.n += 1
         if stats is not None:
             self.forwards += stats.target_forwards
-            for mine, theirs in ((self.tested, stats.tested_at_depth), (self.accepted, stats.accepted_at_depth)):
-                mine.extend([0] * (len(theirs) - len(mine)))
-                for d, c in enumerate(theirs):
-                    mine[d] += c
+            add_by_depth(self.tested, stats.tested_at_depth)
+            add_by_depth(self.accepted, stats.accepted_at_depth)
 
     def summary(self, hf_tok_s: float | None, vanilla_tok_s: float | None = None) -> dict:
         tps = self.tokens / self.seconds if self.seconds else 0.0
         return dict(tokens_per_s=tps, speedup=tps / hf_tok_s if hf_tok_s else None,
                     vs_vanilla=tps / vanilla_tok_s if vanilla_tok_s else None,
                     tau=self.tokens / self.forwards if self.forwards else None,
-                    acceptance_by_position=[a / t for a, t in zip(self.accepted + [0] * len(self.tested), self.tested)],
+                    acceptance_by_position=acceptance_by_depth(self.tested, self.accepted),
                     identical=self.identical, n=self.n, new_tokens=self.tokens, seconds=self.seconds)
 
 

@@ -36,11 +36,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from collections.abc import Sequence
 
-from .verify import expected_tokens, speedup
+from .analysis import expected_tokens, speedup
+from .generate import add_by_depth
 
 
 def best_k(alpha: float, c: float, k_max: int = 16) -> int:
-    """The chain length k in 0..k_max that chapter 1's model (``minispec.verify.speedup``) predicts
+    """The chain length k in 0..k_max that chapter 1's model (``minispec.analysis.speedup``) predicts
     fastest for acceptance alpha and cost ratio c; the smallest k on a tie (within 1e-12 relative)."""
     if not isinstance(k_max, int) or k_max < 0:
         raise ValueError(f"k_max must be an integer >= 0, got {k_max!r}")
@@ -103,8 +104,10 @@ def cost_check(vanilla: Sequence, spec: Sequence, k: int | None = None) -> CostC
         raise ValueError("cost_check needs at least one vanilla and one speculative run")
     v_steps, v_tokens, v_s = (sum(x) for x in zip(*map(_decode, van)))
     s_steps, s_tokens, s_s = (sum(x) for x in zip(*map(_decode, sp)))
-    tested = [sum(c) for c in _columns([s.tested_at_depth for s in sp])]
-    accepted = [sum(c) for c in _columns([s.accepted_at_depth for s in sp])]
+    tested, accepted = [], []
+    for s in sp:
+        add_by_depth(tested, s.tested_at_depth)
+        add_by_depth(accepted, s.accepted_at_depth)
     accepted += [0] * (len(tested) - len(accepted))
     if not v_steps or not s_steps or not sum(tested):
         raise ValueError("both runs need decode steps, and the speculative run tested drafts")
@@ -126,7 +129,3 @@ def cost_check(vanilla: Sequence, spec: Sequence, k: int | None = None) -> CostC
         measured=(s_tokens / s_s) / (v_tokens / v_s))
 
 
-def _columns(lists: list[list[int]]) -> list[list[int]]:
-    """Per-depth columns of ragged per-run counts (a missing depth counts 0)."""
-    n = max((len(x) for x in lists), default=0)
-    return [[x[d] if d < len(x) else 0 for x in lists] for d in range(n)]

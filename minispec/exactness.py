@@ -37,8 +37,8 @@ import scipy.stats
 import torch
 
 from minispec.sampling import GREEDY, SamplingParams, probs
-from minispec.verify import (TorchChooser, accept_prob, residual, sample_candidates, verify_chain,
-                             verify_tree)
+from minispec.tree import Tree
+from minispec.verify import TorchChooser, accept_prob, residual, sample_candidates, verify_chain, verify_tree
 
 TOL = 1e-12
 
@@ -207,10 +207,10 @@ DEFAULT_DRAFT = {"greedy": "topk", "onehot": "topk", "chain": "iid", "mss_replac
 
 def tree_step(lm: ToyLM, ctx: tuple, branching: list[int], mode: str, chooser,
               draft: str | None = None, verifier=verify_tree) -> tuple:
-    """Draft a tree (the way ``mode`` assumes, unless ``draft`` says otherwise), verify it.
-    Returns the emitted tokens."""
+    """Draft a tree (the way ``mode`` assumes, unless ``draft`` says otherwise), verify it with
+    ``verifier`` (verify_tree's signature). Returns the emitted tokens."""
     parents, tokens, p, q = draft_tree(lm, ctx, branching, draft or DEFAULT_DRAFT[mode], chooser)
-    return tuple(verifier(parents, tokens, p, q, mode=mode, chooser=chooser).emitted)
+    return tuple(verifier(Tree(tokens, parents, q), p, mode=mode, chooser=chooser).emitted)
 
 
 # --------------------------------------------------------------------------- laws

@@ -1,8 +1,9 @@
 """The decode loop: prefill, then one target forward per step, vanilla or speculative.
 
-Vanilla decoding is speculative decoding with a draft tree of one node: each step feeds the
-target the last emitted token, reads the distribution p for the next position, and emits
-one token. The speculative chapters extend exactly this loop: a drafter proposes more nodes,
+Vanilla decoding is speculative decoding with a draft tree of one node (the root alone: the
+``Vanilla`` drafter, ``drafter=None``): each step feeds the target the last emitted token, reads
+the distribution p for the next position, and emits one token. The speculative chapters extend
+exactly this loop, with no special case for vanilla: a drafter proposes more nodes,
 the same target forward scores them all, a verifier keeps an accepted path, and
 ``kv.commit(path)`` keeps its keys and values.
 
@@ -18,7 +19,7 @@ from typing import Sequence
 import torch
 
 from .cuda_graphs import GraphedForward, StaticKVCache, pick_bucket, static_prefill, token_buckets
-from .drafters.base import Drafter, Features
+from .drafters.base import Drafter, Features, Vanilla
 from .kv import KVCache, PagedKVCache
 from .sampling import GREEDY, SamplingParams, next_token, probs
 from .tokenizer import encode_prompt
@@ -30,6 +31,20 @@ PHASES = ("draft", "target", "verify", "commit", "hand_off", "other")
 """Where a decode step's time goes (``GenerationStats.phase_s``): the drafter's proposal, the target
 forward over root + nodes, sampling and verification, the KV commit, the feature hand-off to the
 drafter, and the rest of the loop (Python bookkeeping)."""
+
+
+def add_by_depth(total: list[int], counts: Sequence[int]) -> list[int]:
+    """Per-depth counts pooled: ``total[d] += counts[d]`` for every depth, ``total`` grown in place to the
+    deeper of the two (runs, steps or prompts reach different depths). Returns ``total``."""
+    total.extend([0] * (len(counts) - len(total)))
+    for d, c in enumerate(counts):
+        total[d] += c
+    return total
+
+
+def acceptance_by_depth(tested: Sequence[int], accepted: Sequence[int]) -> list[float]:
+    """alpha_d = accepted[d] / tested[d] at every depth tested (``accepted`` may stop sooner: 0 there)."""
+    return [(accepted[d] if d < len(accepted) else 0) / t for d, t in enumerate(tested)]
 
 
 @dataclass
@@ -51,17 +66,13 @@ class GenerationStats:
         and the first d were accepted."""
         if not len(tree):
             return
-        tested = min(max(tree.depths()), len(path) + 1)
-        for counts, n in ((self.tested_at_depth, tested), (self.accepted_at_depth, len(path))):
-            counts.extend([0] * (n - len(counts)))
-            for d in range(n):
-                counts[d] += 1
+        add_by_depth(self.tested_at_depth, [1] * min(tree.depth, len(path) + 1))
+        add_by_depth(self.accepted_at_depth, [1] * len(path))
 
     @property
     def acceptance_by_position(self) -> list[float]:
         """Acceptance rate at each draft depth, given that the earlier depths were accepted (alpha_d)."""
-        acc = self.accepted_at_depth + [0] * (len(self.tested_at_depth) - len(self.accepted_at_depth))
-        return [a / t for a, t in zip(acc, self.tested_at_depth)]
+        return acceptance_by_depth(self.tested_at_depth, self.accepted_at_depth)
 
     @property
     def total_s(self) -> float:
@@ -97,54 +108,79 @@ def _eos_ids(model, tokenizer) -> set[int]:
     return {int(i) for i in ids if i is not None}
 
 
-class Decoder:
-    """One generation as an object: ``prefill()`` once, then ``step()`` until ``done``.
+def as_drafter(drafter) -> Drafter:
+    """``drafter``, or ``Vanilla()`` for None; TypeError for anything that is not a ``Drafter``."""
+    if drafter is None:
+        return Vanilla()
+    if not isinstance(drafter, Drafter):
+        raise TypeError(f"{drafter!r} is not a minispec Drafter: subclass minispec.drafters.Drafter "
+                        "(propose, and prefill / commit to learn what the target committed)")
+    return drafter
 
-    Vanilla decoding is the special case of a drafter that proposes an empty tree. A step:
+
+def seeded(seed: int | None) -> torch.Generator | None:
+    """The sampling generator of one sequence: a CPU generator seeded with ``seed`` (None: torch's global RNG)."""
+    return torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
+
+
+def check_block_size(kv_block_size) -> None:
+    """A paged cache's block size must be a positive number of tokens (ValueError otherwise)."""
+    if not isinstance(kv_block_size, int) or kv_block_size < 1:
+        raise ValueError(f"kv_block_size must be a positive number of tokens, got {kv_block_size!r}")
+
+
+class Decoder:
+    """One generation as an object: ``prefill()`` once, then ``step()`` until ``done``, then ``result()``.
+
+    Vanilla decoding is the drafter that proposes the empty tree (``Vanilla``). A step:
 
         tree = drafter.propose(...)                      draft: the drafter knows the context
         out  = target(root + tree.tokens, tree mask)     one forward scores every node
-        res  = verify_tree(..., tree.verify_mode(...))   the proposal says how to verify it
+        res  = verify_tree(tree, p, tree.verify_mode())  the proposal says how to verify it
         kv.commit(root + accepted path)                  keep their keys and values
         drafter.commit(emitted, features of kept rows)   tell the drafter what was committed
 
-    Args: those of ``generate`` (``ids`` already encoded and checked); ``kv`` a cache to use
-    instead of a new one (``BatchDecoder``).
+    Args: those of ``generate`` (``ids`` already encoded and checked; ``drafter`` None for vanilla);
+    ``kv`` a cache to use instead of a new one (``BatchDecoder``, which then runs the target's
+    forwards itself and hands each sequence its row: ``start``, ``inputs``, ``verify``, ``advance``).
     """
 
     def __init__(self, target, ids: list[int], drafter=None, params: SamplingParams = GREEDY,
                  max_new_tokens: int = 64, eos: set[int] = frozenset(), generator: torch.Generator | None = None,
                  kv_block_size: int | None = None, kv=None, graphs: bool = False):
-        if drafter is not None:
-            if not isinstance(drafter, Drafter):
-                raise TypeError(f"{drafter!r} is not a minispec Drafter: subclass minispec.drafters.Drafter "
-                                "(propose, and prefill / commit to learn what the target committed)")
-            drafter.check_target(target)
+        drafter = as_drafter(drafter)
+        drafter.check_target(target)
+        if kv_block_size is not None:
+            check_block_size(kv_block_size)
         self.target, self.ids, self.drafter, self.params = target, list(ids), drafter, params
         self.max_new_tokens, self.eos, self.gen = max_new_tokens, eos, generator
-        self.max_nodes = drafter.max_nodes if drafter is not None else 0
+        self.max_nodes = drafter.max_nodes
+        self.reads_features = drafter.reads_features
+        self.layers = tuple(drafter.target_layers) if self.reads_features else ()
         capacity = len(ids) + max_new_tokens + self.max_nodes
-        reads = drafter is not None and drafter.reads_features
-        self.layers = tuple(drafter.target_layers) if reads else ()
-        self.reads_features = reads
         self.runner = None  # chapter 8: the target's forwards through CUDA graphs (GraphedForward)
         self.drafter_graphs = False  # the drafter's own steps too (a draft model)
         if graphs:
             if kv is not None or kv_block_size is not None:
                 raise ValueError("graphs=True decodes on its own static KV cache (minispec.cuda_graphs): it takes "
                                  "neither a shared cache nor kv_block_size")
-            buckets = token_buckets(self.max_nodes + 1)
-            kv = StaticKVCache.for_model(target, capacity - self.max_nodes + pick_bucket(self.max_nodes + 1, buckets))
-            self.runner = GraphedForward(target, kv, batch_buckets=(1,), token_buckets=buckets, pad=True,
-                                         hidden_layers=self.layers)  # padded rows need their slots too
-            self.drafter_graphs = drafter is not None and drafter.use_graphs(True)
+            kv = self._graphed(capacity)
         if kv is None:
             kv = KVCache.for_model(target, capacity) if kv_block_size is None else \
                 PagedKVCache.for_model(target, capacity, block_size=kv_block_size)  # chapter 7: same interface
-        self.kv = kv  # (a BatchDecoder's members share its paged cache and never call prefill / step)
+        self.kv = kv
         self.new: list[int] = []
         self.stats = GenerationStats(prompt_tokens=len(ids))
         self._clock = 0.0
+
+    def _graphed(self, capacity: int) -> StaticKVCache:
+        """Chapter 8: the static cache and the graph runner of the target's forwards (and the drafter's)."""
+        buckets = token_buckets(self.max_nodes + 1)
+        kv = StaticKVCache.for_model(self.target, capacity - self.max_nodes + pick_bucket(self.max_nodes + 1, buckets))
+        self.runner = GraphedForward(self.target, kv, batch_buckets=(1,), token_buckets=buckets, pad=True,
+                                     hidden_layers=self.layers)  # padded rows need their slots too
+        self.drafter_graphs = self.drafter.use_graphs(True)
+        return kv
 
     def _features(self, out, rows, r: int = 0) -> Features | None:
         """The drafter's share of the forward ``out``: row ``r``'s hidden states at ``rows``."""
@@ -157,7 +193,7 @@ class Decoder:
         return len(self.new) >= self.max_new_tokens or (bool(self.new) and self.new[-1] in self.eos)
 
     def prefill(self) -> None:
-        """The prompt's forward, the first new token (the first tree's root), the drafter's prefill."""
+        """The prompt's forward, then ``start``: the first new token and the drafter's prefill."""
         t0 = time.perf_counter()
         prompt = torch.tensor([self.ids], device=self.target.device)  # [1, P]
         if self.runner is not None:  # one long eager forward on the static cache (never a graph)
@@ -165,13 +201,17 @@ class Decoder:
         else:
             out = self.target(prompt, kv=self.kv, hidden_layers=self.layers, last_logits_only=True)
         self.kv.commit()
-        self.new = [int(next_token(out.logits[0, -1], self.params, self.gen))]
-        if self.drafter is not None:
-            self.drafter.prefill(self.ids + self.new, self._features(out, slice(None)))
-        self.stats.target_forwards, self.stats.prefill_s = 1, time.perf_counter() - t0  # drafter's prefill included
-        self.stats.new_tokens = 1
-        self.stats.tokens_per_step.append(1)
+        self.start(out)
+        self.stats.prefill_s = time.perf_counter() - t0  # drafter's prefill included
         self._clock = time.perf_counter()
+
+    def start(self, out, r: int = 0) -> None:
+        """After the prompt's forward ``out`` (this sequence is its row ``r``; the cache committed): the
+        first new token (the first tree's root), the drafter's prefill with the prompt's features."""
+        self.new = [int(next_token(out.logits[r, -1], self.params, self.gen))]
+        self.drafter.prefill(self.ids + self.new, self._features(out, slice(0, len(self.ids)), r))
+        self.stats.target_forwards = self.stats.new_tokens = 1
+        self.stats.tokens_per_step.append(1)
 
     def _lap(self, phase: str) -> None:  # time since the last lap goes to ``phase``
         now = time.perf_counter()
@@ -181,52 +221,55 @@ class Decoder:
 
     def step(self) -> list[int]:
         """One target forward: draft, verify, commit. Returns the tokens it emitted."""
-        kv, root = self.kv, self.new[-1]
         self._lap("other")
         tree = self.propose()
-        self._lap("draft" if self.drafter is not None else "other")
-        out = self.forward(root, tree)
+        self._lap("draft" if self.max_nodes else "other")  # a drafter that never drafts has no draft phase
+        out = self.forward(tree)
         self._lap("target")
         res, rows = self.verify(tree, out.logits[0])
         self._lap("verify")
-        kv.commit(rows)
+        self.kv.commit(rows)
         self._lap("commit")
         emitted = self.advance(tree, res, out, rows)
         self._lap("hand_off")
         return emitted
 
-    def forward(self, root: int, tree: Tree):
-        """The target's forward over root + the tree's nodes ([1, N + 1] rows), eager or replayed."""
-        dev = self.target.device
-        tokens = torch.tensor([[root] + tree.tokens], device=dev)  # [1, N + 1]: root + nodes
-        positions = mask = None  # a chain (vanilla included): causal after the cache
-        if not tree.is_chain:
-            positions, mask = tree.positions(self.kv.length).to(dev), tree.mask().to(dev)  # [N + 1], [N + 1, N + 1]
-        if self.runner is not None:
-            return self.runner(tokens, None if positions is None else positions[None], mask)
-        return self.target(tokens, positions=positions, mask=mask, kv=self.kv, hidden_layers=self.layers)
-
     def propose(self) -> Tree:
         """The drafter's tree for this step (empty for vanilla), checked."""
         budget = self.max_new_tokens - len(self.new) - 1  # drafts beyond this could never be emitted
-        tree = self.drafter.propose(self.params, budget, self.gen) if self.drafter is not None else EMPTY
+        tree = self.drafter.propose(self.params, budget, self.gen)
         self.check(tree, budget)
         return tree
+
+    def inputs(self, tree: Tree, length: int) -> tuple[list[int], torch.Tensor, torch.Tensor | None]:
+        """The target's inputs for ``tree`` after ``length`` cached tokens: the root and the nodes' tokens
+        [N + 1], their positions (length + depth) [N + 1], and the tree mask [N + 1, N + 1], None for a
+        chain (vanilla included: causal after the cache)."""
+        return [self.new[-1]] + tree.tokens, tree.positions(length), None if tree.is_chain else tree.mask()
+
+    def forward(self, tree: Tree):
+        """The target's forward over root + the tree's nodes ([1, N + 1] rows), eager or replayed."""
+        dev = self.target.device
+        tokens, positions, mask = self.inputs(tree, self.kv.length)
+        tokens = torch.tensor([tokens], device=dev)  # [1, N + 1]: root + nodes
+        positions = None if mask is None else positions.to(dev)  # a chain: the cache's causal default
+        mask = None if mask is None else mask.to(dev)
+        if self.runner is not None:
+            return self.runner(tokens, None if positions is None else positions[None], mask)
+        return self.target(tokens, positions=positions, mask=mask, kv=self.kv, hidden_layers=self.layers)
 
     def verify(self, tree: Tree, logits: torch.Tensor):
         """Verify ``tree`` against the target's logits [N + 1, V] over root + nodes; returns the
         verification result and the rows to keep in the KV cache (the root and the accepted path)."""
         p = logits if self.params.greedy else probs(logits, self.params)  # [N + 1, V]
-        res = verify_tree(tree.parents, tree.tokens, p, tree.q, mode=tree.verify_mode(self.params.greedy),
-                          generator=self.gen, p_from_probs=True)
+        res = verify_tree(tree, p, mode=tree.verify_mode(self.params.greedy), generator=self.gen, p_from_probs=True)
         return res, [0] + [i + 1 for i in res.path]
 
     def advance(self, tree: Tree, res, out, rows: list[int], r: int = 0) -> list[int]:
         """After the KV commit: emit the verified tokens, tell the drafter (with the features of row
         ``r`` of ``out`` at the kept ``rows``), count. Returns the emitted tokens."""
         emitted = self._cut(res.emitted)
-        if self.drafter is not None:
-            self.drafter.commit(emitted, self._features(out, rows[:len(emitted)], r))
+        self.drafter.commit(emitted, self._features(out, rows[:len(emitted)], r))
         self.new += emitted
         self.stats.new_tokens = len(self.new)
         self.stats.record(tree, res.path)
@@ -248,6 +291,13 @@ class Decoder:
             if t in self.eos:
                 return emitted[: j + 1]
         return emitted
+
+    def result(self, tokenizer) -> GenerationResult:
+        """The generation as a ``GenerationResult``: the new tokens, their text, the completed stats."""
+        self.stats.new_tokens = len(self.new)
+        self.stats.draft_forwards = self.drafter.forwards
+        return GenerationResult(text=tokenizer.decode(self.new, skip_special_tokens=True), tokens=self.new,
+                                prompt_tokens=self.ids, stats=self.stats)
 
 
 def encode_checked(target, tokenizer, prompt, chat: bool, max_new_tokens: int, name: str = "the prompt") -> list[int]:
@@ -298,19 +348,9 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
     """
     params = SamplingParams(temperature, top_k, top_p)  # validates
     ids = encode_checked(target, tokenizer, prompt, chat, max_new_tokens)
-    gen = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
-    if kv_block_size is not None and (not isinstance(kv_block_size, int) or kv_block_size < 1):
-        raise ValueError(f"kv_block_size must be a positive number of tokens or None, got {kv_block_size!r}")
     dec = Decoder(target, ids, drafter, params, max_new_tokens, _eos_ids(target, tokenizer) if stop_at_eos else set(),
-                  gen, kv_block_size, graphs=cuda_graphs)
+                  seeded(seed), kv_block_size, graphs=cuda_graphs)
     dec.prefill()
     while not dec.done:
         dec.step()
-    stats = dec.stats
-    stats.new_tokens = len(dec.new)
-    stats.draft_forwards = drafter.forwards if drafter is not None else 0
-    text = tokenizer.decode(dec.new, skip_special_tokens=True)
-    return GenerationResult(text=text, tokens=dec.new, prompt_tokens=ids, stats=stats)
-
-
-EMPTY = Tree([], [])
+    return dec.result(tokenizer)

@@ -4,8 +4,8 @@ Chapter 1 (one chain of drafts) and chapter 2 (several candidates per node: tree
 
 References:
     Leviathan, Kalman, Matias, "Fast Inference from Transformers via Speculative Decoding"
-        (2023): accept with probability min(1, p/q), resample from the residual, expected
-        tokens per step, speedup model.
+        (2023): accept with probability min(1, p/q), resample from the residual. (Expected
+        tokens per step and the speedup model: ``minispec.analysis``.)
     Chen et al., "Accelerating Large Language Model Decoding with Speculative Sampling" (2023).
     Miao et al., "SpecInfer" (2023): multi-round speculative sampling (MSS) over the
         candidate children of a tree node.
@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .sampling import sample
+from .tree import Tree
 
 MODES = ("greedy", "chain", "mss_replacement", "mss_no_replacement", "onehot")
 _REAL_Q_MODES = ("chain", "mss_replacement", "mss_no_replacement")
@@ -118,65 +119,6 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     r = (p - q).clamp(min=0)  # [..., V]
     empty = r.sum(-1, keepdim=True) <= 0  # [..., 1]
     return _normalise(torch.where(empty, p, r))
-
-
-def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """alpha = E_{x~q}[min(1, p(x)/q(x))] = sum_x min(p(x), q(x)) = 1 - TV(p, q). [...]"""
-    return torch.minimum(p, q).sum(-1)
-
-
-def _xp(*xs):
-    return torch if any(torch.is_tensor(x) for x in xs) else np
-
-
-def expected_tokens(alpha, k):
-    """Expected tokens per target forward of a k-draft chain with i.i.d. acceptance alpha.
-
-    E = 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha), = k + 1 at alpha = 1
-    (Leviathan et al. 2023, eq. 1). The bonus token is included, so k = 0 gives 1.
-
-    Args:
-        alpha: acceptance rate(s) in [0, 1]; float, numpy array or torch tensor.
-        k: number of drafted tokens (>= 0), broadcast with alpha.
-    Returns:
-        float for scalar inputs, else an array/tensor of the broadcast shape.
-    """
-    xp = _xp(alpha, k)
-    scalar = np.ndim(alpha) == 0 and np.ndim(k) == 0 and xp is np
-    if xp is torch:
-        a, kk = torch.as_tensor(alpha, dtype=torch.float64), torch.as_tensor(k, dtype=torch.float64)
-    else:
-        a, kk = np.asarray(alpha, dtype=np.float64), np.asarray(k, dtype=np.float64)
-    if bool(xp.any(~((a >= 0) & (a <= 1)))):
-        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
-    if bool(xp.any(~(kk >= 0))):
-        raise ValueError(f"k must be >= 0, got {k!r}")
-    near1 = xp.abs(1 - a) < 1e-9
-    safe = xp.where(near1, xp.zeros_like(a), a)
-    closed = (1 - safe ** (kk + 1)) / (1 - safe)
-    series = (kk + 1) - (1 - a) * kk * (kk + 1) / 2  # first-order expansion at alpha = 1
-    out = xp.where(near1, series, closed)
-    return float(out) if scalar else out
-
-
-def speedup(alpha, k, c):
-    """Walltime speedup model of Leviathan et al. (2023, Thm 3.8).
-
-    speedup = expected_tokens(alpha, k) / (k * c + 1), with c = (cost of one draft step) /
-    (cost of one target step). Ignores verification overhead beyond one target forward.
-
-    Args:
-        alpha, k, c: floats, numpy arrays or torch tensors (broadcast); c >= 0.
-    Returns:
-        float for scalar inputs, else an array/tensor.
-    """
-    xp = _xp(alpha, k, c)
-    cc = torch.as_tensor(c, dtype=torch.float64) if xp is torch else np.asarray(c, dtype=np.float64)
-    if bool(xp.any(~(cc >= 0))):
-        raise ValueError(f"c (draft/target cost ratio) must be >= 0, got {c!r}")
-    kk = torch.as_tensor(k, dtype=torch.float64) if xp is torch else np.asarray(k, dtype=np.float64)
-    out = expected_tokens(alpha, k) / (kk * cc + 1)
-    return float(out) if xp is np and np.ndim(out) == 0 else out
 
 
 # --------------------------------------------------------------------------- input checks
@@ -409,63 +351,46 @@ class VerifyResult:
         return len(self.path)
 
 
-def check_tree(parents, tokens, V: int) -> tuple[list[int], list[int]]:
-    """Validate a draft tree and return (parents, tokens) as lists of ints.
-
-    Nodes are numbered in topological order: parents[i] is -1 (child of the root) or a node
-    index < i. Raises ValueError naming the first problem.
-    """
-    par, tok = _token_list(parents, "parents"), _token_list(tokens, "tokens")
-    if len(par) != len(tok):
-        raise ValueError(f"parents has {len(par)} entries but tokens has {len(tok)}")
-    for i, j in enumerate(par):
-        if not -1 <= j < i:
-            raise ValueError(f"parents[{i}] = {j}: a parent must be -1 (root) or an earlier node "
-                             f"index < {i}; nodes must be in topological order")
-    _check_tokens(tok, V, "tokens")
-    return par, tok
-
-
-def verify_tree(parents, tokens, p: torch.Tensor, q: torch.Tensor | None = None, *, mode: str,
-                generator: torch.Generator | None = None,
+def verify_tree(tree: Tree, p: torch.Tensor, *, mode: str, generator: torch.Generator | None = None,
                 chooser: Chooser | None = None, p_from_probs: bool = False) -> VerifyResult:
     """Verify a whole draft tree, level by level, with ``verify_candidates`` at each node.
 
     Indexing convention ("row = node + 1"): the root is the last committed token; row 0 of
     p/q is the distribution at the root (for its children), row i+1 the distribution after
     node i (for node i's children, or the bonus token if node i is a leaf). The children of
-    a node are tried in increasing index order (draw order, for "mss_no_replacement").
-    A chain is parents = [-1, 0, 1, ..., k-1] and behaves exactly like ``verify_chain``
+    a node (``tree.children()``) are tried in increasing index order (draw order, for
+    "mss_no_replacement"). A chain (``Tree.chain``) behaves exactly like ``verify_chain``
     (same outputs for the same generator state).
 
+    The tree's shape was checked when it was built (``Tree``); here only what needs p: the
+    tokens lie in the vocabulary, the rows of p and q match the nodes.
+
     Args:
-        parents: [N] parent index of each node, -1 for the root's children, parents[i] < i.
-        tokens: [N] token id of each node.
+        tree: the draft tree: tokens [N], parents [N], and q [N, V] or [N+1, V], the draft
+            distributions by row (the last node is a leaf, so row N is never used and may be
+            left out). Only real-q modes read q.
         p: [N+1, V] target distributions (logits fine for "greedy").
-        q: [N, V] or [N+1, V] draft distributions, same rows as p. The last node is always a
-            leaf, so row N is never used and may be left out. Only real-q modes need q.
         mode: see ``verify_candidates``: "greedy", "chain" / "mss_replacement",
-            "mss_no_replacement", "onehot".
+            "mss_no_replacement", "onehot" (``tree.verify_mode`` picks the decode loop's).
         generator / chooser: source of the random choices.
         p_from_probs: p is ``sampling.probs``'s output (the decode loop's own): its rows are not
             checked again (a check costs as much as a node's verification). q always is.
     Returns:
         VerifyResult(path, next_token, emitted).
     """
+    q = tree.q
     mode = _check_mode(mode, q)
     if not torch.is_tensor(p) or p.dim() != 2:
         raise ValueError(f"p must be a 2-D tensor [N+1, V], got {getattr(p, 'shape', type(p))}")
-    par, tok = check_tree(parents, tokens, p.shape[1])
-    N, V = len(tok), p.shape[1]
+    N, V, tok = len(tree), p.shape[1], tree.tokens
+    _check_tokens(tok, V, "tokens")
     _check_rows(p, [N + 1], V, "p")
     if mode != "greedy" and not p_from_probs:
         _check_dist(p, "p")
     if mode in _REAL_Q_MODES[1:]:
         _check_rows(q, [N, N + 1], V, "q")
         _check_dist(q, "q")
-    children: list[list[int]] = [[] for _ in range(N + 1)]  # by row: children[0] = root's
-    for i, j in enumerate(par):
-        children[j + 1].append(i)
+    children = tree.children()  # [N + 1] by row: children[0] = the root's
     if mode == "mss_no_replacement":
         for r, kids in enumerate(children):
             xs = [tok[i] for i in kids]
@@ -481,3 +406,17 @@ def verify_tree(parents, tokens, p: torch.Tensor, q: torch.Tensor | None = None,
             return VerifyResult(path, token, [tok[i] for i in path] + [token])
         path.append(kids[idx])
         row = kids[idx] + 1
+
+
+def verify_tree_lists(parents, tokens, p: torch.Tensor, q: torch.Tensor | None = None, *, mode: str,
+                      generator: torch.Generator | None = None, chooser: Chooser | None = None,
+                      p_from_probs: bool = False) -> VerifyResult:
+    """``verify_tree`` on bare lists, chapter 2's signature: the tree ``Tree(tokens, parents, q)``.
+
+    Args:
+        parents: [N] parent index of each node, -1 for the root's children, parents[i] < i.
+        tokens: [N] token id of each node.
+        p, q, mode, generator, chooser, p_from_probs: as for ``verify_tree`` (q: the tree's q).
+    """
+    tree = Tree(_token_list(tokens, "tokens"), _token_list(parents, "parents"), q)
+    return verify_tree(tree, p, mode=mode, generator=generator, chooser=chooser, p_from_probs=p_from_probs)

@@ -62,6 +62,7 @@ import inspect
 import matplotlib.pyplot as plt
 import numpy as np
 
+from minispec import analysis as an  # chapter 1's formulas: acceptance rate, expected tokens, speedup
 from minispec import exactness as ex
 from minispec import sampling
 from minispec import verify as vf
@@ -86,7 +87,7 @@ V = 8
 g = torch.Generator().manual_seed(0)
 p = sampling.probs(1.5 * torch.randn(V, generator=g, dtype=torch.float64), temperature=1.0)  # target [V]
 q = sampling.probs(1.5 * torch.randn(V, generator=g, dtype=torch.float64), temperature=1.0)  # draft  [V]
-alpha = vf.acceptance_rate(p, q).item()
+alpha = an.acceptance_rate(p, q).item()
 r = vf.residual(p, q)
 
 print(f"alpha = sum_x min(p, q) = {alpha:.4f}   (P(reject) = {1 - alpha:.4f})")
@@ -245,8 +246,9 @@ check("1.3")
 # %% [markdown]
 # ### The library's versions
 #
-# Now that you have written them: chapter 1 lives in `minispec/verify.py`. (`verify_chain`
-# also does greedy verification, which accepts a draft iff it is the target's argmax.)
+# Now that you have written them: chapter 1 lives in `minispec/verify.py` (and the formulas of
+# section 5 in `minispec/analysis.py`). (`verify_chain` also does greedy verification, which
+# accepts a draft iff it is the target's argmax.)
 
 # %%
 show(vf.accept_prob)
@@ -327,7 +329,7 @@ for name, (program, greedy) in ex.CONTROLS.items():
 #
 # If each draft is accepted independently with probability $\alpha$, a step commits its
 # accepted drafts plus one token (residual or bonus). How many on average, as a function of
-# $\alpha$ and $k$? That closed form is exercise 1.4; below, minispec's `expected_tokens` is
+# $\alpha$ and $k$? That closed form is exercise 1.4; below, minispec's `analysis.expected_tokens` is
 # checked against an exact enumeration and plotted.
 #
 # With $c$ = (cost of a draft forward) / (cost of a target forward), a step costs $kc + 1$
@@ -350,7 +352,7 @@ lm_const = ex.ToyLM(V, const=(p, q))
 for k in (1, 2, 3):
     law = ex.outcome_distribution(lambda ch: ex.chain_step(lm_const, (), k, ch))
     mean_tokens = sum(w * len(out) for out, w in law.items())
-    formula = vf.expected_tokens(alpha, k)
+    formula = an.expected_tokens(alpha, k)
     print(f"k={k}: enumerated E[tokens/step] = {mean_tokens:.12f}, formula = {formula:.12f}")
     assert abs(mean_tokens - formula) <= 1e-12
 
@@ -358,15 +360,15 @@ for k in (1, 2, 3):
 alphas = np.linspace(0, 1, 101)
 fig, axs = plt.subplots(1, 3, figsize=(14, 3.6))
 for k in (1, 2, 4, 8):
-    axs[0].plot(alphas, vf.expected_tokens(alphas, k), label=f"k={k}")
+    axs[0].plot(alphas, an.expected_tokens(alphas, k), label=f"k={k}")
 axs[0].set(xlabel="acceptance rate alpha", ylabel="expected tokens per step", title="tokens per target forward")
 ks = np.arange(0, 13)
 for a in (0.5, 0.7, 0.8, 0.9):
-    axs[1].plot(ks, vf.expected_tokens(a, ks), "o-", markersize=3, label=f"alpha={a}")
+    axs[1].plot(ks, an.expected_tokens(a, ks), "o-", markersize=3, label=f"alpha={a}")
 axs[1].set(xlabel="draft length k", ylabel="expected tokens per step", title="diminishing returns in k")
 cs = np.linspace(0, 0.5, 101)
 for k in (1, 2, 4, 8):
-    axs[2].plot(cs, vf.speedup(0.8, k, cs), label=f"k={k}")
+    axs[2].plot(cs, an.speedup(0.8, k, cs), label=f"k={k}")
 axs[2].axhline(1, color="gray", lw=0.8)
 axs[2].set(xlabel="cost ratio c = draft / target", ylabel="speedup", title="speedup at alpha = 0.8")
 for a in axs:
@@ -374,9 +376,9 @@ for a in axs:
 plt.tight_layout(); plt.show()
 
 for a, c in [(0.6, 0.05), (0.8, 0.05), (0.8, 0.2), (0.9, 0.02)]:
-    s = vf.speedup(a, ks, c)
+    s = an.speedup(a, ks, c)
     print(f"alpha={a}, c={c}: best k in 0..12 = {ks[s.argmax()]}, speedup {s.max():.2f}x "
-          f"(expected tokens/step {vf.expected_tokens(a, int(ks[s.argmax()])):.2f})")
+          f"(expected tokens/step {an.expected_tokens(a, int(ks[s.argmax()])):.2f})")
 
 # %% [markdown]
 # Explore it: the sliders set $\alpha$, $k$ and $c$. (The widget needs a live Jupyter
@@ -387,14 +389,14 @@ import ipywidgets as widgets
 
 def explore(alpha=0.8, k=4, c=0.1):
     ks = np.arange(0, 13)
-    s = vf.speedup(alpha, ks, c)
+    s = an.speedup(alpha, ks, c)
     fig, ax = plt.subplots(figsize=(6, 3))
     ax.plot(ks, s, "o-")
-    ax.plot([k], [vf.speedup(alpha, k, c)], "r*", markersize=14)
+    ax.plot([k], [an.speedup(alpha, k, c)], "r*", markersize=14)
     ax.axhline(1, color="gray", lw=0.8)
     ax.set(xlabel="draft length k", ylabel="speedup", title=f"alpha={alpha:.2f}, c={c:.2f}")
     plt.show()
-    print(f"k={k}: expected tokens/step {vf.expected_tokens(alpha, k):.3f}, speedup {vf.speedup(alpha, k, c):.3f}x; "
+    print(f"k={k}: expected tokens/step {an.expected_tokens(alpha, k):.3f}, speedup {an.speedup(alpha, k, c):.3f}x; "
           f"best k in 0..12: {ks[s.argmax()]} ({s.max():.3f}x)")
 
 widgets.interact(explore,
@@ -489,7 +491,7 @@ with torch.inference_mode():
     plain = probs(tv_target(torch.tensor([ids + [lm.vocab[t] for t in deepest]])).logits[0, -1].double(), params)
 assert (plain[lm.vocab] - lm.p(deepest)).abs().max() <= 1e-4
 print(f"{len(lm.P)} contexts, compact vocabulary of {lm.V} tokens; alpha at the first position "
-      f"{vf.acceptance_rate(lm.p(()), lm.q(())).item():.3f}; the target's law of {LENGTH} tokens has "
+      f"{an.acceptance_rate(lm.p(()), lm.q(())).item():.3f}; the target's law of {LENGTH} tokens has "
       f"{len(law)} sequences")
 
 N = 6_000 if FAST else 50_000
@@ -717,4 +719,4 @@ check(1, impl="solutions")
 # %%
 # Question 4, checked with the library's formula.
 for k in (3, 4, 5, 6, 7):
-    print(f"alpha=0.8, c=0.1, k={k}: speedup {vf.speedup(0.8, k, 0.1):.3f}")
+    print(f"alpha=0.8, c=0.1, k={k}: speedup {an.speedup(0.8, k, 0.1):.3f}")

@@ -59,6 +59,7 @@ import inspect
 import matplotlib.pyplot as plt
 import numpy as np
 
+from minispec import analysis as an  # chapter 1's formulas: acceptance rate, expected tokens, speedup
 from minispec import exactness as ex
 from minispec import sampling
 from minispec import verify as vf
@@ -74,7 +75,7 @@ p = sampling.probs(1.5 * torch.randn(V, generator=g, dtype=torch.float64), tempe
 q = sampling.probs(1.5 * torch.randn(V, generator=g, dtype=torch.float64), temperature=1.0)  # draft  [V]
 print("p =", [round(v, 3) for v in p.tolist()])
 print("q =", [round(v, 3) for v in q.tolist()])
-print(f"alpha (one candidate) = {vf.acceptance_rate(p, q).item():.4f}")
+print(f"alpha (one candidate) = {an.acceptance_rate(p, q).item():.4f}")
 
 # %% [markdown]
 # ## 1. MSS with replacement: candidates i.i.d. from $q$
@@ -317,10 +318,16 @@ widgets.interact(explore, n=widgets.IntSlider(value=2, min=1, max=3),
 # exactly chapter 1's `verify_chain`.
 #
 # A small tree on a toy model (two children per node, two levels), verified a few times by
-# the library's `verify_tree`:
+# the library's `verify_tree`. The library carries a draft tree as one object,
+# `minispec.tree.Tree(tokens, parents, q)` (checked once, when it is built; chapter 4 gives it
+# its attention mask), from the drafter through the decode loop to `verify_tree(tree, p, ...)`;
+# `vf.verify_tree_lists(parents, tokens, p, q, ...)` is the same on bare lists, the signature of
+# exercise 2.4.
 
 # %%
 from collections import Counter
+
+from minispec.tree import Tree
 
 class BlendLM:
     """Toy setup: a draft that half agrees with the target, q = (p + q_other) / 2, at every context."""
@@ -336,12 +343,13 @@ parents, tokens, P, Q = ex.draft_tree(lm, (), [2, 2], "no_replacement", vf.Torch
 print(f"parents {parents}, tokens {tokens}; p, q rows: {tuple(P.shape)} (row 0 = root, row i+1 = after node i)")
 for i, (j, t) in enumerate(zip(parents, tokens)):
     print(f"  node {i}: token {t}, child of {'the root' if j < 0 else f'node {j}'}")
+tree = Tree(tokens, parents, Q)
 g = torch.Generator().manual_seed(1)
 for _ in range(4):
-    r = vf.verify_tree(parents, tokens, P, Q, mode="mss_no_replacement", generator=g)
+    r = vf.verify_tree(tree, P, mode="mss_no_replacement", generator=g)
     print(f"accepted path {r.path}, next token {r.next_token}, emitted {r.emitted}")
 draws = 2_000
-paths = Counter(tuple(vf.verify_tree(parents, tokens, P, Q, mode="mss_no_replacement", generator=g).path)
+paths = Counter(tuple(vf.verify_tree(tree, P, mode="mss_no_replacement", generator=g).path)
                 for _ in range(draws))
 print(f"over {draws} verifications of this tree: " + ", ".join(f"path {list(k)}: {v / draws:.2f}" for k, v in sorted(paths.items())))
 
@@ -375,7 +383,7 @@ for seed in range(200):
     Pc = torch.stack([lm.p(tuple(xs[:i])) for i in range(k + 1)])  # [k+1, V]
     Qc = torch.stack([lm.q(tuple(xs[:i])) for i in range(k)])  # [k, V]
     n, nxt = vf.verify_chain(xs, Pc, Qc, generator=torch.Generator().manual_seed(seed))
-    r = vf.verify_tree(list(range(-1, k - 1)), xs, Pc, Qc, mode="chain", generator=torch.Generator().manual_seed(seed))
+    r = vf.verify_tree(Tree.chain(xs, Qc), Pc, mode="chain", generator=torch.Generator().manual_seed(seed))
     mismatches += (len(r.path), r.next_token) != (n, nxt)
 assert mismatches == 0
 chain = ex.sequence_distribution(lambda c, ch: ex.chain_step(lm, c, k, ch), 2)
@@ -729,7 +737,7 @@ check(2, impl="solutions")
 
 # %%
 # Questions 3 and 5, checked.
-print(f"question 3: tree tau = {1 + 0.8 + 0.8 * 0.6:.2f}, chain tau = {vf.expected_tokens(0.6, 2):.2f}")
+print(f"question 3: tree tau = {1 + 0.8 + 0.8 * 0.6:.2f}, chain tau = {an.expected_tokens(0.6, 2):.2f}")
 p2 = torch.tensor([0.5, 0.5], dtype=torch.float64)
 q2 = torch.tensor([0.9, 0.1], dtype=torch.float64)
 for mode, qq in (("mss_replacement", q2), ("onehot", None)):

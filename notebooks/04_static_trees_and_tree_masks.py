@@ -336,7 +336,7 @@ def tree_step(drafter, kv):
     tokens = torch.tensor([[root] + tree.tokens])  # [1, N + 1]: root + nodes
     with torch.inference_mode():
         logits = smol(tokens, positions=tree.positions(kv.length), mask=tree.mask(), kv=kv).logits[0]  # [N + 1, V]
-    res = vf.verify_tree(tree.parents, tree.tokens, logits, mode="greedy")
+    res = vf.verify_tree(tree, logits, mode="greedy")
     kv.commit([0] + [i + 1 for i in res.path])  # keep the root's and the accepted nodes' keys / values
     drafter.commit(res.emitted)  # the accepted drafts + the target's own token (a draft model reads no features)
     p = torch.softmax(logits.double(), -1)  # [N + 1, V]

@@ -6,6 +6,9 @@ greedy answers equal unbatched ones and sampled answers equal unbatched ones dra
 seed; ``test_batched_sampling_has_the_targets_law`` checks the batched samples' law directly.
 """
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -177,3 +180,39 @@ def test_smollm2_batched_eagle2_equals_alone_on_own_prompts(smollm2):
     assert len({len(r.prompt_tokens) for r in got}) == len(prompts)  # all different lengths
     assert [r.tokens for r in got] == want
     assert sum(r.stats.new_tokens for r in got) / sum(r.stats.target_forwards for r in got) > 1.3
+
+
+# ----------------------------------------------------------------------------- BatchDecoder and Decoder
+_DECODER_STATE = {"new", "stats", "drafter", "gen", "params", "kv", "runner", "max_new_tokens", "eos"}
+
+
+def _reaches_into_decoders(source: str) -> list[str]:
+    """Where ``source`` (batch.py) reads a ``_``-prefixed attribute of anything but ``self``, or, inside
+    ``BatchDecoder``, assigns an attribute of another object or reads a Decoder's state (``dec.new``, ...)."""
+    out = []
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")):
+            out.append(f"line {node.lineno}: private .{node.attr}")
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "BatchDecoder"):
+        for node in ast.walk(cls):
+            if not isinstance(node, ast.Attribute) or (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                continue
+            if isinstance(node.ctx, ast.Store):
+                out.append(f"line {node.lineno}: assigns .{node.attr} of another object")
+            elif node.attr in _DECODER_STATE:
+                out.append(f"line {node.lineno}: reads a Decoder's .{node.attr}")
+    return out
+
+
+def test_batch_touches_no_private_attribute_of_a_decoder():
+    """BatchDecoder only batches the target's forward: each sequence's work goes through the Decoder's
+    public steps (start, propose, inputs, verify, advance, result), never its private attributes."""
+    import minispec.batch
+
+    assert _reaches_into_decoders(Path(minispec.batch.__file__).read_text()) == []
+    old = ("class BatchDecoder:\n    def prefill(self):\n        for dec in self.decs:\n"
+           "            dec.new = [1]\n            dec.drafter.prefill(dec.ids, dec._features(out, 0))\n"
+           "            dec.stats.tokens_per_step.append(1)\n")
+    assert len(_reaches_into_decoders(old)) == 4  # the rule sees what batch.py used to do

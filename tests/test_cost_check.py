@@ -9,7 +9,7 @@ from minispec.cost_check import CostCheck, cost_check
 from minispec.drafters import DraftModel
 from minispec.generate import GenerationStats
 from minispec.models import load
-from minispec.verify import speedup
+from minispec.analysis import speedup
 
 
 @pytest.fixture(scope="module")

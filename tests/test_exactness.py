@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from minispec import exactness as ex
 from minispec import verify as vf
+from minispec.tree import Tree
 from minispec.verify import verify_chain, verify_tree
 
 torch.set_num_threads(1)
@@ -88,8 +89,8 @@ def test_replacement_rules_are_not_interchangeable(monkeypatch, broken, victim):
 def test_tree_rows_off_by_one_is_caught(monkeypatch):
     """Feed verify_tree the rows shifted by one: the 2-token law of a tree must break."""
     real = ex.verify_tree
-    def shifted(par, tok, p, q, **kw):
-        return real(par, tok, p.roll(1, 0), q.roll(1, 0), **kw)
+    def shifted(tree, p, **kw):
+        return real(Tree(tree.tokens, tree.parents, tree.q.roll(1, 0)), p.roll(1, 0), **kw)
 
     def program(lm, c, ch):  # looks verify_tree up at call time, so the patch applies
         return ex.tree_step(lm, c, [2, 1], "mss_replacement", ch, verifier=ex.verify_tree)
@@ -149,7 +150,7 @@ def test_tree_chain_and_verify_chain_have_the_same_outcome_law():
         drafts = torch.randint(0, V, (k,), generator=g).tolist()
         a = ex.outcome_distribution(lambda ch: verify_chain(drafts, p, q, chooser=ch))
         b = ex.outcome_distribution(lambda ch: (lambda r: (r.num_accepted, r.next_token))(
-            verify_tree(list(range(-1, k - 1)), drafts, p, q, mode="chain", chooser=ch)))
+            verify_tree(Tree.chain(drafts, q), p, mode="chain", chooser=ch)))
         assert ex.max_abs_error(a, b) <= 1e-15
         assert len(a) > 1
 

@@ -113,3 +113,62 @@ def test_profile_command_on_a_tiny_model(tmp_path):
     assert res["peak_gflop_s"] > 0 and res["flop_per_row"] == res["weight_bytes"] // 2  # fp32: 4 bytes, 2 FLOP
     floor = res["compute_floor_ms"]
     assert floor["2"] == pytest.approx(3 * floor["0"])  # (N + 1) rows
+
+
+@torch.no_grad()
+def _plain_loop(model, ids, n, params, gen):
+    """Vanilla decoding written out, without a drafter or a verifier: prefill, then one token per forward,
+    each drawn from p with the sequence's generator (the draws the empty tree's verification makes)."""
+    from minispec.kv import KVCache
+    from minispec.sampling import next_token
+    from minispec.verify import TorchChooser
+
+    kv = KVCache.for_model(model, len(ids) + n)
+    logits = model(torch.tensor([ids]), kv=kv).logits[0, -1]
+    kv.commit()
+    out = [int(next_token(logits, params, gen))]
+    while len(out) < n:
+        logits = model(torch.tensor([[out[-1]]]), kv=kv).logits[0, -1]
+        kv.commit()
+        p = logits if params.greedy else probs(logits, params).double()  # [V]
+        out.append(int(p.argmax()) if params.greedy else TorchChooser(gen).categorical(p))
+    return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_vanilla_is_the_drafter_that_proposes_the_empty_tree(tiny, temperature):
+    """``drafter=None`` decodes with ``Vanilla()``: the same tokens as an explicit ``Vanilla()`` and as the
+    plain loop (one token per forward, sampled with the same generator), tau 1, no draft phase."""
+    from minispec.drafters import Vanilla
+    from minispec.sampling import SamplingParams
+
+    model, tok = tiny
+    for prompt in ["Hello, world", "12 + 30 ="]:
+        a = generate(model, tok, prompt, max_new_tokens=24, temperature=temperature, seed=5, chat=False,
+                     stop_at_eos=False)
+        b = generate(model, tok, prompt, drafter=Vanilla(), max_new_tokens=24, temperature=temperature, seed=5,
+                     chat=False, stop_at_eos=False)
+        ref = _plain_loop(model, tok.encode(prompt), 24, SamplingParams(temperature),
+                          torch.Generator().manual_seed(5))
+        assert a.tokens == b.tokens == ref
+        assert a.stats.tau == 1.0 and a.stats.draft_forwards == 0 and a.stats.phase_s["draft"] == 0
+        assert a.stats.nodes == [0] * 23 and a.stats.acceptance_by_position == []
+
+
+def test_per_depth_acceptance_is_pooled_by_one_function():
+    """add_by_depth / acceptance_by_depth: runs of different depths pooled depth by depth (bench, cost_check
+    and the training measurement use them), as GenerationStats.record counts one tree."""
+    from minispec.generate import GenerationStats, acceptance_by_depth, add_by_depth
+    from minispec.tree import Tree
+
+    tested, accepted = [], []
+    for t, a in (([3, 2], [2]), ([1, 1, 1], [1, 1]), ([], [])):
+        add_by_depth(tested, t)
+        add_by_depth(accepted, a)
+    assert tested == [4, 3, 1] and accepted == [3, 1]
+    assert acceptance_by_depth(tested, accepted) == [0.75, 1 / 3, 0.0]
+    s = GenerationStats()
+    s.record(Tree([1, 2, 3, 4], [-1, 0, 1, -1]), [0])  # depth 3 tree, one accepted: depths 1, 2 tested
+    s.record(Tree([1, 2], [-1, 0]), [0, 1])  # a chain of 2 all accepted
+    assert s.tested_at_depth == [2, 2] and s.accepted_at_depth == [2, 1]
+    assert s.acceptance_by_position == [1.0, 0.5]

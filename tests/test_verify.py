@@ -7,20 +7,17 @@ import pytest
 import torch
 
 from minispec import verify as vf
+from minispec.analysis import acceptance_rate, expected_tokens, speedup
 from minispec.sampling import SamplingParams, probs
-from minispec.verify import (VerifyResult, accept_prob, acceptance_rate, expected_tokens, residual,
-                             sample_candidates, speedup, verify_candidates, verify_chain,
-                             verify_tree)
+from minispec.tree import Tree
+from minispec.verify import (VerifyResult, accept_prob, residual, sample_candidates, verify_candidates, verify_chain,
+                             verify_tree, verify_tree_lists)
 
 torch.set_num_threads(1)
 
 
 def _t(*xs):
     return torch.tensor(xs, dtype=torch.float64)
-
-
-def _chain(k):
-    return list(range(-1, k - 1))
 
 
 def _random_pq(V, rows, seed, zeros=False):
@@ -130,7 +127,7 @@ def test_tree_on_chain_same_outputs_as_verify_chain():
         mode = "chain" if seed % 2 else "mss_replacement"
         qk = q[:k] if seed % 4 < 2 else q  # q may have N or N+1 rows
         a = verify_chain(drafts, p, q[:k], torch.Generator().manual_seed(seed))
-        b = verify_tree(_chain(k), drafts, p, qk, mode=mode, generator=torch.Generator().manual_seed(seed))
+        b = verify_tree(Tree.chain(drafts, qk), p, mode=mode, generator=torch.Generator().manual_seed(seed))
         assert a == (b.num_accepted, b.next_token)
         assert b.path == list(range(a[0])) and b.emitted == drafts[: a[0]] + [a[1]]
 
@@ -144,7 +141,7 @@ def test_greedy_tree_on_chain_equals_argmax_matching():
         # drafts match the argmax for a random prefix length, then differ
         m = int(torch.randint(0, k + 1, (), generator=g))
         drafts = [best[i] if i < m else (best[i] + 1) % V for i in range(k)]
-        r = verify_tree(_chain(k), drafts, logits, mode="greedy")
+        r = verify_tree(Tree.chain(drafts), logits, mode="greedy")
         assert r.path == list(range(m)) and r.next_token == best[m]
         assert verify_chain(drafts, logits, greedy=True) == (m, best[m])
 
@@ -172,12 +169,12 @@ def test_tree_row_convention(mode):
     p = _onehot_rows(argmax, V)
     q = torch.full((8, V), 1 / 3, dtype=torch.float64)
     for s in range(5):
-        r = verify_tree(parents, tokens, p, q, mode=mode, generator=torch.Generator().manual_seed(s))
+        r = verify_tree(Tree(tokens, parents, q), p, mode=mode, generator=torch.Generator().manual_seed(s))
         # root -> b (node 1); row 2 -> a (node 5); row 6 -> b (node 6); row 7 -> bonus c
         assert r.path == [1, 5, 6] and r.next_token == 2 and r.emitted == [1, 0, 1, 2]
     # the same tree without node 6: the path stops at node 5 and the bonus comes from row 6
     g = torch.Generator().manual_seed(0)
-    r = verify_tree(parents[:6], tokens[:6], p[:7], q[:6], mode=mode, generator=g)
+    r = verify_tree(Tree(tokens[:6], parents[:6], q[:6]), p[:7], mode=mode, generator=g)
     assert r.path == [1, 5] and r.next_token == 1
 
 
@@ -187,7 +184,7 @@ def test_duplicate_siblings_first_one_wins():
     p = _onehot_rows([1, 2, 0, 2, 0], V)  # root -> token 1
     q = torch.full((5, V), 1 / 3, dtype=torch.float64)
     for mode in ("greedy", "mss_replacement", "onehot"):
-        r = verify_tree([-1, -1, -1, 2], [0, 1, 1, 2], p, q, mode=mode, generator=torch.Generator())
+        r = verify_tree(Tree([0, 1, 1, 2], [-1, -1, -1, 2], q), p, mode=mode, generator=torch.Generator())
         assert r.path == [1] and r.next_token == 0, mode  # node 1's row 2 -> token 0
 
 
@@ -200,7 +197,7 @@ def test_verify_candidates_matches_one_level_tree():
                                generator=torch.Generator().manual_seed(seed))
         a = verify_candidates(xs, p[0], q[0], mode=mode, generator=torch.Generator().manual_seed(7))
         pt = torch.cat([p, p.expand(len(xs), V)])  # leaf rows: anything valid
-        b = verify_tree([-1] * len(xs), xs, pt, q.expand(len(xs), V), mode=mode,
+        b = verify_tree(Tree(xs, [-1] * len(xs), q.expand(len(xs), V)), pt, mode=mode,
                         generator=torch.Generator().manual_seed(7))
         assert a == ((b.path[0] if b.path else None), b.emitted[0])
 
@@ -228,7 +225,7 @@ def test_never_emits_a_token_outside_supp_p():
         if tokens[0] == tokens[1]:
             tokens[1] = (tokens[1] + 1) % V
         for mode in ("chain", "mss_no_replacement", "onehot"):
-            r = verify_tree(parents, tokens, p, q, mode=mode, generator=g)
+            r = verify_tree(Tree(tokens, parents, q), p, mode=mode, generator=g)
             rows = [0] + [i + 1 for i in r.path]
             assert all(p[row, t] > 0 for row, t in zip(rows, r.emitted))
         n, t = verify_chain(tokens[:1], p[:2], q[:1], g)
@@ -247,10 +244,10 @@ def _ok_tree():
 
 
 @pytest.mark.parametrize("change, match", [
-    (dict(parents=[-1, 1, 0]), r"parents\[1\] = 1.*topological"),
+    (dict(parents=[-1, 1, 0]), r"topological order: parents\[1\] = 1"),
     (dict(parents=[-1, 0, 2]), r"parents\[2\] = 2"),
     (dict(parents=[-2, 0, 0]), r"parents\[0\] = -2"),
-    (dict(parents=[-1, 0]), "parents has 2 entries but tokens has 3"),
+    (dict(parents=[-1, 0]), "tree has 3 tokens but 2 parents"),
     (dict(tokens=[1, 2, 4]), r"tokens\[2\] = 4 is outside the vocabulary"),
     (dict(p="short"), "p must have 4 rows"),
     (dict(p="1d"), "p must be a 2-D tensor"),
@@ -265,6 +262,7 @@ def _ok_tree():
     (dict(both=True), "either generator or chooser"),
 ])
 def test_verify_tree_bad_inputs(change, match):
+    """The list wrapper: the tree's shape is checked by ``Tree``, the rest by ``verify_tree``."""
     parents, tokens, p, q = _ok_tree()
     kw = dict(mode=change.get("mode", "mss_replacement"), generator=torch.Generator())
     parents = change.get("parents", parents)
@@ -277,7 +275,7 @@ def test_verify_tree_bad_inputs(change, match):
     if change.get("both"):
         kw["chooser"] = vf.TorchChooser()
     with pytest.raises(ValueError, match=match):
-        verify_tree(parents, tokens, p, q, **kw)
+        verify_tree_lists(parents, tokens, p, q, **kw)
 
 
 def test_verify_chain_and_candidates_bad_inputs():
@@ -300,3 +298,33 @@ def test_verify_chain_and_candidates_bad_inputs():
         verify_candidates([1, 1], p[0], q[0], mode="mss_no_replacement")
     with pytest.raises(ValueError, match="unknown mode"):
         verify_candidates([1], p[0], q[0], mode="tree")
+
+
+def test_verify_tree_on_a_tree_equals_the_list_wrapper():
+    """Seeded random trees, every mode: the Tree and the lists give the same result, draw by draw."""
+    rng = torch.Generator().manual_seed(11)
+    for seed in range(60):
+        V, N = 4 + seed % 4, 1 + seed % 7
+        parents = [int(torch.randint(-1, i, (), generator=rng)) for i in range(N)]
+        p, q = _random_pq(V, N + 1, seed, zeros=seed % 3 == 0)
+        mode = ("greedy", "chain", "mss_replacement", "mss_no_replacement", "onehot")[seed % 5]
+        tokens = torch.randint(0, V, (N,), generator=rng).tolist()
+        if mode == "mss_no_replacement":  # distinct siblings: a node's token is its rank among them
+            tokens = [parents[:i].count(j) for i, j in enumerate(parents)]
+            if max(tokens) >= V:
+                continue
+        a = verify_tree(Tree(tokens, parents, q), p, mode=mode, generator=torch.Generator().manual_seed(seed))
+        b = verify_tree_lists(parents, tokens, p, q, mode=mode, generator=torch.Generator().manual_seed(seed))
+        c = verify_tree_lists(torch.tensor(parents), torch.tensor(tokens), p, q, mode=mode,
+                              generator=torch.Generator().manual_seed(seed))
+        assert a == b == c, (seed, mode)
+
+
+def test_verify_tree_checks_the_vocabulary_and_rows_a_tree_cannot_know():
+    p, q = _random_pq(4, 4, 0)
+    with pytest.raises(ValueError, match=r"tokens\[1\] = 7 is outside the vocabulary"):
+        verify_tree(Tree([1, 7, 2], [-1, 0, 0], q), p, mode="chain")
+    with pytest.raises(ValueError, match="p must have 3 rows"):
+        verify_tree(Tree([1, 2], [-1, 0], q), p, mode="chain")
+    with pytest.raises(ValueError, match="needs the draft distribution q"):
+        verify_tree(Tree([1, 2, 3], [-1, 0, 0]), p, mode="chain")

@@ -1,5 +1,6 @@
 """Drafters: propose a draft tree each step; the decode loop verifies it against the target.
 
+    Vanilla        no drafting: the empty tree every step (plain decoding; ``drafter=None``)
     DraftModel     a smaller causal LM with the same tokenizer (vanilla speculative sampling)
     PromptLookup   n-gram match in the context (no model, deterministic drafts)
     CopyingDrafter the context's continuation when its last tokens repeat, else another drafter
@@ -12,7 +13,7 @@
                    TreeSpec says which shape to draft (chapters 4-5)
 """
 
-from .base import Drafter
+from .base import Drafter, Vanilla
 from .copying import CopyingDrafter
 from .draft_model import DraftModel
 from .eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
@@ -25,4 +26,4 @@ from .tree_drafter import STATIC_TREES, TreeDrafter, TreeSpec
 
 __all__ = ["CopyingDrafter", "Drafter", "DraftModel", "EagleConfig", "EagleDrafter", "EagleHead", "load_eagle", "Eagle3Config",
            "Eagle3Drafter", "Eagle3Head", "build_vocab_map", "eagle3_layers", "load_drafter", "MedusaDrafter",
-           "MedusaHeads", "OracleDrafter", "PromptLookup", "STATIC_TREES", "TreeDrafter", "TreeSpec"]
+           "MedusaHeads", "OracleDrafter", "PromptLookup", "STATIC_TREES", "TreeDrafter", "TreeSpec", "Vanilla"]

@@ -22,6 +22,9 @@ what was accepted, and a drafter never rediscovers it by comparing token lists.
 How the proposal is verified travels with it (``Tree.verify_mode``): drafts sampled from q carry
 q (Leviathan/Chen for a chain, MSS for a tree); deterministic drafts carry none and are verified
 as one-hot q. Both are lossless.
+
+Vanilla decoding is a drafter too: ``Vanilla`` proposes the empty tree (only the root), so the
+target scores one token per step and the loop has no special case for it.
 """
 
 from __future__ import annotations
@@ -117,3 +120,11 @@ class Drafter(ABC):
         new = copy.deepcopy(self, shared)
         new.prefill([])
         return new
+
+
+class Vanilla(Drafter):
+    """No drafting: every proposal is the empty tree, so each step is one plain decoding step (the
+    root alone: one token, tau = 1). ``generate(..., drafter=None)`` decodes with it."""
+
+    def propose(self, params: SamplingParams, budget: int, generator: torch.Generator | None = None) -> Tree:
+        return Tree([], [])

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from minispec import exactness as ex
+from minispec import analysis
 from minispec import verify as vf
 from minispec.cost_check import best_k
 
@@ -36,7 +37,7 @@ def library():
         accept_prob=vf.accept_prob,
         residual=vf.residual,
         verify_chain=lambda draft_tokens, p, q, chooser: vf.verify_chain(draft_tokens, p, q, chooser=chooser),
-        expected_tokens=vf.expected_tokens,
+        expected_tokens=analysis.expected_tokens,
         best_k=best_k,
     )
 
@@ -152,7 +153,7 @@ def check_best_k(impl):
         want = best_k(alpha, c, k_max)
         got = fn(alpha, c, k_max)
         if as_int(got, f"best_k(alpha={alpha:.4g}, c={c:.4g}, k_max={k_max})") != want:
-            s = [vf.speedup(alpha, k, c) for k in range(k_max + 1)]
+            s = [analysis.speedup(alpha, k, c) for k in range(k_max + 1)]
             raise AssertionError(
                 f"best_k(alpha={alpha:.4g}, c={c:.4g}, k_max={k_max}) returned {got!r}, expected {want} (modelled "
                 f"speedup {s[want]:.4f}x there" + (f", {s[int(got)]:.4f}x at {int(got)}" if 0 <= int(got) <= k_max else "")

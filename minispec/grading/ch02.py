@@ -35,7 +35,7 @@ def library():
         return lambda candidates, p, q, chooser: vf.verify_candidates(candidates, p, q, mode=mode, chooser=chooser)
 
     def verify_tree(parents, tokens, p, q, mode, chooser):
-        r = vf.verify_tree(parents, tokens, p, q, mode=mode, chooser=chooser)
+        r = vf.verify_tree_lists(parents, tokens, p, q, mode=mode, chooser=chooser)
         return r.path, r.next_token
 
     return SimpleNamespace(

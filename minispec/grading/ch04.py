@@ -40,7 +40,7 @@ def library():
         return ct.parents, ct.ranks
 
     def greedy_verify(parents, tokens, logits):
-        r = vf.verify_tree(parents, tokens, logits, mode="greedy")
+        r = vf.verify_tree(Tree(tokens, parents), logits, mode="greedy")
         return r.path, r.next_token
 
     return SimpleNamespace(
@@ -205,7 +205,7 @@ def check_greedy_verify(impl):
         for i, j in enumerate(parents):  # plant the target's choice on many nodes, so paths get long
             if plant[i] < 0.6:
                 tokens[i] = int(logits[j + 1].argmax())
-        want = vf.verify_tree(parents, tokens, logits, mode="greedy")
+        want = vf.verify_tree(Tree(tokens, parents), logits, mode="greedy")
         out = fn(list(parents), list(tokens), logits.clone())
         try:
             path, nxt = out

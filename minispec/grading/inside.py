@@ -28,21 +28,23 @@ CHAPTERS = (2, 4, 6)
 
 
 def _verify_tree(fn):
-    """minispec.verify.verify_tree's signature over a chapter 2 ``verify_tree(parents, tokens, p, q, mode,
-    chooser) -> (path, next_token)``: greedy is verified as one-hot drafts against the one-hot p of
-    the argmax (exactly greedy), a sampled chain as MSS with replacement over one child per node."""
+    """minispec.verify.verify_tree's signature (a ``Tree``) over a chapter 2 ``verify_tree(parents, tokens,
+    p, q, mode, chooser) -> (path, next_token)``: greedy is verified as one-hot drafts against the
+    one-hot p of the argmax (exactly greedy), a sampled chain as MSS with replacement over one child
+    per node."""
     from ..verify import TorchChooser, VerifyResult
 
-    def verify_tree(parents, tokens, p, q=None, *, mode, generator=None, chooser=None, p_from_probs=False):
+    def verify_tree(tree, p, *, mode, generator=None, chooser=None, p_from_probs=False):
         ch = chooser if chooser is not None else TorchChooser(generator)
+        q, tokens = tree.q, tree.tokens
         if mode == "greedy":  # p holds logits: the target's choice is their argmax
             p = torch.zeros(p.shape, dtype=torch.float64).scatter_(-1, p.argmax(-1, keepdim=True).cpu(), 1.0)
             mode, q = "onehot", None
         elif mode == "chain":
             mode = "mss_replacement"
-        path, token = fn(list(parents), list(tokens), p, q, mode, ch)
+        path, token = fn(list(tree.parents), list(tokens), p, q, mode, ch)
         path = [int(i) for i in path]
-        return VerifyResult(path, int(token), [int(tokens[i]) for i in path] + [int(token)])
+        return VerifyResult(path, int(token), [tokens[i] for i in path] + [int(token)])
 
     return verify_tree
 

@@ -29,7 +29,7 @@ def measure(target, tok, drafters: dict, prompts: list, max_new_tokens: int = 12
     Returns:
         {name: {"tau", "acceptance_by_position", "equal_to_vanilla", "new_tokens", "target_forwards", "decode_s"}}
     """
-    from ..generate import generate
+    from ..generate import acceptance_by_depth, add_by_depth, generate
 
     vanilla = [generate(target, tok, p, max_new_tokens=max_new_tokens) for p in prompts]
     out = {"vanilla": dict(tau=1.0, new_tokens=sum(v.stats.new_tokens for v in vanilla),
@@ -41,12 +41,10 @@ def measure(target, tok, drafters: dict, prompts: list, max_new_tokens: int = 12
             r = generate(target, tok, p, drafter=make(), max_new_tokens=max_new_tokens)
             equal &= r.tokens == v.tokens
             new, fwd, dec = new + r.stats.new_tokens, fwd + r.stats.target_forwards, dec + r.stats.decode_s
-            for acc, src in ((tested, r.stats.tested_at_depth), (accepted, r.stats.accepted_at_depth)):
-                acc.extend([0] * (len(src) - len(acc)))
-                for d, x in enumerate(src):
-                    acc[d] += x
+            add_by_depth(tested, r.stats.tested_at_depth)
+            add_by_depth(accepted, r.stats.accepted_at_depth)
         out[name] = dict(tau=round(new / fwd, 3), equal_to_vanilla=equal, new_tokens=new, target_forwards=fwd,
-                         acceptance_by_position=[round(a / t, 3) for a, t in zip(accepted + [0] * len(tested), tested)],
+                         acceptance_by_position=[round(a, 3) for a in acceptance_by_depth(tested, accepted)],
                          decode_s=round(dec, 2))
     return out
 

@@ -5,7 +5,7 @@ Per CPU-hour, text the target generated itself bought more acceptance than teach
 ShareGPT replies (the head is trained where greedy decoding will query it; DistillSpec, Zhou et
 al. 2024; EAGLE-3, Li et al. 2025, train on the target's own responses too). Generation is the
 cost, so it runs batched (``minispec.batch.generate_batch``, chapter 7), and the features come
-for free: ``FeatureRecorder`` is a drafter that proposes nothing (the loop is vanilla decoding)
+for free: ``FeatureRecorder`` is the ``Vanilla`` drafter (it proposes nothing: vanilla decoding)
 and reads the target's features at every committed position through the ``Drafter`` contract
 (``prefill`` / ``commit``), which hands a drafter exactly those.
 
@@ -35,27 +35,22 @@ from pathlib import Path
 import torch
 
 from ..config import cache_dir
-from ..drafters.base import Drafter, Features
-from ..sampling import SamplingParams
-from ..tree import Tree
+from ..drafters.base import Features, Vanilla
 
 TARGET = "smollm2-135m"
 SKIP = 32 + 576  # the distill cache's held-out and training prompts (distill_draft's defaults): never here
 
 
-class FeatureRecorder(Drafter):
-    """Vanilla decoding's drafter that records the target's last hidden state at every committed
-    position: ``features`` [T - 1, D] for the T tokens of ``context`` (the last has none yet)."""
+class FeatureRecorder(Vanilla):
+    """Vanilla decoding (it proposes the empty tree) that records the target's last hidden state at
+    every committed position: ``features`` [T - 1, D] for the T tokens of ``context`` (the last has
+    none yet)."""
 
     reads_features = True
-    max_nodes = 0
 
     def prefill(self, tokens: list[int], features: Features | None = None) -> None:
         super().prefill(tokens)
         self.parts = [features.hidden.half().clone()] if features is not None else []
-
-    def propose(self, params: SamplingParams, budget: int, generator: torch.Generator | None = None) -> Tree:
-        return Tree([], [])
 
     def commit(self, tokens: list[int], features: Features | None = None) -> None:
         super().commit(tokens)
