@@ -609,7 +609,9 @@ def show_gpu_results(found):
     for f, doc, gpu in found:
         print(f"{f.relative_to(RESULTS.parent.parent)}: {doc.get('benchmark', '?')} on {gpu}, "
               f"{doc.get('date', '')[:10]}")
-        if doc.get("benchmark") == "llama_speedup":
+        if doc.get("error"):  # the section raised: say what, as the suite recorded it
+            print("  error:", doc["error"].strip().splitlines()[-1][:400])
+        elif doc.get("benchmark") == "llama_speedup":
             for m, r in doc["methods"].items():
                 print(f"  {m:<8} N={r['nodes']:>3} same as vanilla {r['identical']}, tau {r['tau_expected']:.2f} "
                       f"promised / {r['tau_step']:.2f} per step, measured {r['measured_speedup']:.2f}x, "
