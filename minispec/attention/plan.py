@@ -115,6 +115,13 @@ def prepare(B: int, T: int, device, kv: KVCacheProtocol | None = None, positions
     return Plan(positions, mask, tree)
 
 
+def _stores_rows(kv) -> bool:
+    """``isinstance(kv, RaggedKVCache)`` without reading the cache's properties: on Python 3.11 a
+    protocol check calls ``hasattr`` on every member, and a ragged cache's ``length`` raises (its
+    sequences have no single length)."""
+    return all(callable(getattr(type(kv), m, None)) for m in ("store", "read")) and hasattr(kv, "lengths")
+
+
 def prepare_ragged(B: int, T: int, device, kv: RaggedKVCache, ragged: dict[int, int], positions: torch.Tensor | None = None,
                    masks: list | None = None, backend: str = "dense", context: int | None = None) -> RaggedPlan:
     """The plan of a ragged batch (chapter 7): ``ragged = {sequence in kv: its n new tokens}`` in row
@@ -126,7 +133,7 @@ def prepare_ragged(B: int, T: int, device, kv: RaggedKVCache, ragged: dict[int, 
         masks: None (every row causal) or one entry per row: None or a bool [n, n] tree mask.
     """
     seqs, ns = list(ragged), [int(n) for n in ragged.values()]
-    if not isinstance(kv, RaggedKVCache):
+    if not _stores_rows(kv):
         raise TypeError("a ragged batch needs a paged KV cache (minispec.kv.PagedKVCache)")
     if len(seqs) != B or not all(1 <= n <= T for n in ns):
         raise ValueError(f"ragged={ragged} must give 1..{T} new tokens for each of the {B} rows")
