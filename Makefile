@@ -35,9 +35,10 @@ check-env: install
 # other (worksteal), so the slow SmolLM2 tests spread over both; the model is fetched
 # and converted once before they start
 JOBS ?= 2
-# a notebook cell may take 900 s before it counts as hung: on a loaded 2-core machine the sampled-law
-# cell of chapter 4 ran past the 300 s default in a CI run of ba67bef beside other work (the notebook
-# passed in 141 s alone)
+# a notebook cell may take 900 s before it counts as hung (the slowest fast-mode cells take a few minutes on
+# a loaded 2-core machine). A CI run of ba67bef timed out in chapter 4 at the 300 s default; the kernel's
+# 'ZMQError: Socket operation on non-socket' there points to ipykernel 7's lost execute_request rather than
+# to load (see the ipykernel pin in pyproject.toml's dev extra)
 test: install
 	$(BIN)/python -m minispec check-env
 	$(BIN)/python tools/make_exercises.py --check
