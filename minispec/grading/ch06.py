@@ -176,15 +176,7 @@ def _launch(kernel, out_p, lse_p, out_s, lse_s, block_r: int) -> torch.Tensor:
     R, D = out_p.shape
     out = torch.full_like(out_p, float("nan"))  # rows the kernel forgets to store stay nan
     block_d = 1 << max(D - 1, 0).bit_length()  # next power of two >= D
-    try:
-        kernel[(-(-R // block_r),)](out_p, lse_p, out_s, lse_s, out, R, D, BLOCK_R=block_r, BLOCK_D=block_d)
-    except NotImplementedError:
-        raise
-    except Exception as e:  # the interpreter / compiler wraps the kernel's own exceptions
-        m = re.search(r"NotImplementedError\(['\"](.*?)['\"]\)", f"{e!r} {e.__cause__!r}")
-        if m:
-            raise NotImplementedError(m[1]) from None
-        raise
+    _kernel_call(kernel, (-(-R // block_r),), out_p, lse_p, out_s, lse_s, out, R, D, BLOCK_R=block_r, BLOCK_D=block_d)
     return out
 
 
