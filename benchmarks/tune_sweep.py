@@ -22,7 +22,8 @@ import torch
 from minispec import load
 from minispec.bench import format_table, run_bench
 from minispec.benchinfo import save_json
-from minispec.dispatch import DEFAULT_CANDIDATES, format_tune, save_choice, tune
+from minispec.dispatch import DEFAULT_CANDIDATES, save_choice, tune
+from minispec.tune_report import format_tune
 from minispec.methods import Methods
 from minispec.prompts import spec_bench
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import torch
 
+from .config import cpu_model
+
 
 def device_info() -> dict:
     info = dict(cpu=platform.processor() or platform.machine(), torch_threads=torch.get_num_threads(),
                 cuda=torch.cuda.is_available())
-    try:
-        info["cpu_model"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    if cpu_model():
+        info["cpu_model"] = cpu_model()
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info

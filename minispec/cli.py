@@ -107,7 +107,8 @@ def demo_table(runs, sampled: bool) -> str:
 def _tune(args) -> int:
     from . import load
     from .benchinfo import save_json
-    from .dispatch import calibration_prompts, format_tune, save_choice, tune
+    from .dispatch import save_choice, tune
+    from .tune_report import calibration_prompts, format_tune
 
     _threads(args)
     target, tok = load(args.model)

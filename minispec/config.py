@@ -20,3 +20,13 @@ def cache_dir() -> Path:
     d = Path(os.environ.get("MINISPEC_CACHE") or Path.home() / ".cache" / "minispec").expanduser()
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name from /proc/cpuinfo (None where there is none): what a calibration and a
+    result file name the machine by."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        return None

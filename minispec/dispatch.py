@@ -38,10 +38,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .config import cache_dir, cpu_model
 from .drafters.registry import DEFAULT_AUTO, DEFAULT_CANDIDATES, QUICK_CANDIDATES  # noqa: F401  (the table's)
 from .kv import KVCache
 from .methods import MethodSpec, Methods, parse_method
-from .tables import Col, text_table
 from .tree import Tree
 
 DEFAULT_SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -220,29 +220,6 @@ def _candidate(c: str, m: dict, curve_b: dict, n: int) -> CandidateResult:
                            (m["tokens"] + n) / m["total_s"])
 
 
-TUNE_COLUMNS = [Col("method", width=16, left=True), Col("N", "d", 3), Col("tau", ".2f", 5), Col("tok/step", ".2f"),
-                Col("draft ms", ".1f"), Col("verify ms", ".1f"), Col("loop ms", ".1f"), Col("predicted tok/s", ".1f"),
-                Col("calibration tok/s", ".1f"), Col("", left=True)]
-
-
-def format_tune(r: TuneResult) -> str:
-    """The cost curve, the candidate table and the choice as text."""
-    sizes = sorted(next(iter(r.cost_curve.values())))
-    lines = [f"verify cost: one target forward of N+1 tokens after {r.context} cached tokens (ms)"]
-    lines += text_table([Col("batch", "d")] + [Col(f"N={n}", ".1f", 7) for n in sizes],
-                        [[b] + [c[n] * 1e3 for n in sizes] for b, c in r.cost_curve.items()], indent="  ")
-    lines += ["", f"candidates at batch {r.batch_size}:"]
-    rows = [[c.method, c.nodes, c.tau, c.step_tokens, c.draft_s * 1e3, c.verify_s * 1e3, c.loop_s * 1e3, c.predicted_tok_s,
-             c.calibration_tok_s, " <- choice" if c.method == r.choice else ""]
-            for c in sorted(r.candidates, key=lambda c: -c.predicted_tok_s)]
-    lines += text_table(TUNE_COLUMNS, rows, indent="  ")
-    lines.append("  (tau: tokens per target forward, prefill included; tok/step: per decode step, the model's tau)")
-    for m, why in r.skipped.items():
-        lines.append(f"  {m:<16} skipped: {why}")
-    lines.append(f"\nchoice: {r.choice}")
-    return "\n".join(lines)
-
-
 def machine_key() -> str:
     """The machine a calibration holds for: the GPU's name, or the CPU's model and torch's thread count
     (a choice made on 2 threads is not the choice for 1)."""
@@ -251,16 +228,11 @@ def machine_key() -> str:
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
     else:
-        from .benchinfo import device_info
-
-        info = device_info()
-        name = f"{info.get('cpu_model') or 'cpu'}-{torch.get_num_threads()}t"
+        name = f"{cpu_model() or 'cpu'}-{torch.get_num_threads()}t"
     return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_")
 
 
 def tune_path(model_name: str, batch_size: int = 1):
-    from .config import cache_dir
-
     return cache_dir() / "tune" / f"{model_name}-{machine_key()}-b{batch_size}.json"
 
 
@@ -338,14 +310,3 @@ def resolve(spec: "str | MethodSpec", methods: Methods, tok, batch_size: int = 1
     name, line = resolve_auto(methods.target, tok, methods.model_name, batch_size, methods=methods)
     say(line)
     return parse_method(name)
-
-
-def calibration_prompts(limit: int, path=None) -> list[str]:
-    """``tune``'s prompts: the questions of the JSONL file ``path`` when one is given (spread over its
-    categories), else minispec's calibration set (``prompts.calibration_set``). Never a benchmark's
-    unless asked for: a choice tuned on the benchmark that measures it would flatter it."""
-    from .prompts import calibration_set, spec_bench
-
-    if path is not None:
-        return [q["prompt"] for q in spec_bench(path, limit=limit)]
-    return calibration_set(limit)

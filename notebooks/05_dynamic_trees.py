@@ -588,7 +588,7 @@ check("5.4")
 # %%
 import json
 from pathlib import Path
-from minispec import dispatch
+from minispec import dispatch, tune_report
 
 show(dispatch.predicted_tokens_per_s)
 sizes = (0, 4, 16, 32, 64) if FAST else dispatch.DEFAULT_SIZES
@@ -687,9 +687,9 @@ widgets.interact(explore_tree, D=widgets.IntSlider(value=3, min=1, max=5),
 
 # %%
 cands = ["vanilla", "pld", f"{BASE}@chain:4", f"{BASE}@eagle", f"{BASE}@4/4/12"] if FAST else list(dispatch.DEFAULT_CANDIDATES)
-r = dispatch.tune(smol, smol_tok, dispatch.calibration_prompts(2 if FAST else 8), candidates=cands,
+r = dispatch.tune(smol, smol_tok, tune_report.calibration_prompts(2 if FAST else 8), candidates=cands,
                   max_new_tokens=16 if FAST else 64, sizes=sizes, methods=methods, progress=False)
-print(dispatch.format_tune(r))
+print(tune_report.format_tune(r))
 
 # %% [markdown]
 # ### Where a step's time goes

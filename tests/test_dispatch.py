@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from minispec import dispatch, load
+from minispec import dispatch, load, tune_report
 from minispec.drafters import TreeSpec
 from minispec.methods import DEFAULT_AUTO, MethodSpec, Methods, parse_method
 
@@ -71,7 +71,7 @@ def test_tune_chooses_the_best_predicted_candidate(tiny):
     assert len({round(c.loop_s, 9) for c in r.candidates}) == len(r.candidates)
     assert any(abs(c.loop_s - got["vanilla"].loop_s) > 1e-6 for c in r.candidates if c.method != "vanilla")
     assert r.choice == max(r.candidates, key=lambda c: c.predicted_tok_s).method
-    text = dispatch.format_tune(r)
+    text = tune_report.format_tune(r)
     assert "choice: " + r.choice in text and "verify cost" in text
 
 
@@ -142,7 +142,7 @@ def test_the_calibration_set_mixes_own_prompts_with_input_reuse(tmp_path):
     own, reuse = [p["prompt"] for p in own_prompts()], [p["prompt"] for p in reuse_prompts()]
     six = calibration_set(6)
     assert six == [own[0], own[1], reuse[0], own[2], own[3], reuse[1]]
-    assert dispatch.calibration_prompts(4) == calibration_set(4)  # tune's default: never a benchmark's
+    assert tune_report.calibration_prompts(4) == calibration_set(4)  # tune's default: never a benchmark's
     qs = tmp_path / "q.jsonl"
     qs.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["a question"]}) + "\n")
-    assert dispatch.calibration_prompts(1, qs) == ["a question"]  # a file only when one is given
+    assert tune_report.calibration_prompts(1, qs) == ["a question"]  # a file only when one is given

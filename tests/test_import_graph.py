@@ -78,14 +78,10 @@ def import_graph() -> dict[str, set[str]]:
     return {m: imports(p, known) for m, p in known.items()}
 
 
-# a circle this test found outside the method table's work (issue 26): train.data imports
-# distill_draft / selfdistill for their data helpers, and distill_draft imports train.loop, which
-# imports train.data back (the training loop of issue 26 item 4 is to take it apart)
-KNOWN = [["minispec.train.data", "minispec.train.distill_draft", "minispec.train.loop", "minispec.train.selfdistill"]]
 
 
 def test_no_import_circle_among_minispec_modules():
-    found = [c for c in cycles(import_graph()) if c not in KNOWN]
+    found = cycles(import_graph())
     assert not found, "import circles (strongly connected modules): " + "; ".join(" <-> ".join(c) for c in found)
 
 

@@ -56,7 +56,10 @@ def test_english_ish():
 
 
 def test_the_distill_cache_and_selfdistill_read_the_same_prompts():
-    from minispec.train import data, distill_draft
+    import inspect
 
-    assert distill_draft.sharegpt_prompts is sharegpt.sharegpt_prompts  # selfdistill.prompt_order reads it there
+    from minispec.train import data, distill_draft, selfdistill
+
+    assert distill_draft.sharegpt_prompts is sharegpt.sharegpt_prompts
+    assert "from .sharegpt import sharegpt_prompts" in inspect.getsource(selfdistill.prompt_order)
     assert data.sharegpt_pairs is sharegpt.sharegpt_pairs

@@ -11,6 +11,8 @@ one ShareGPT V3 reader), ``selfdistill.py`` (the target's own answers with recor
 """
 import torch
 
+TARGET = "smollm2-135m"  # the target every trainer trains its heads for (its shipped checkpoints)
+
 
 def native_bf16() -> bool:
     """True where bf16 autocast is fast on this CPU (AVX512-BF16 or AMX tiles).

@@ -39,9 +39,9 @@ import torch
 
 from ..config import cache_dir
 from ..tokenizer import encode_prompt
+from . import TARGET
 from .sharegpt import sharegpt_pairs
 
-TARGET = "smollm2-135m"
 
 
 @dataclass

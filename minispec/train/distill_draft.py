@@ -53,15 +53,14 @@ from pathlib import Path
 
 import torch
 
-from . import bf16_help, ddp, loop, native_bf16
+from . import TARGET, bf16_help, ddp, loop, native_bf16
 from ..config import cache_dir
 from ..drafters.draft_checkpoint import FORMAT, SHARED, check_fits, load_draft_model, own_keys
 from ..drafters.registry import shipped_head
 from ..model import ModelConfig, Transformer
 from ..tokenizer import encode_prompt
-from .sharegpt import sharegpt_prompts  # selfdistill.prompt_order reads it from here
+from .sharegpt import sharegpt_prompts
 
-TARGET = "smollm2-135m"
 DEFAULT_OUT = Path(str(shipped_head("draft")))  # minispec/checkpoints/smollm2-135m-draft.safetensors
 
 

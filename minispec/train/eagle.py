@@ -46,8 +46,8 @@ from ..drafters.base import Features
 from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from ..drafters.registry import shipped_head
 from ..sampling import GREEDY
-from . import ddp, loop
-from .data import TARGET, FeatureData, feature_data, selfdistill_data
+from . import TARGET, ddp, loop
+from .data import FeatureData, feature_data, selfdistill_data
 from .measure import record_measurement
 
 FORMAT = "minispec-eagle-v1"

@@ -37,8 +37,8 @@ import torch.nn.functional as F
 
 from ..drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
 from ..drafters.registry import shipped_head
-from . import bf16_help, ddp, loop, native_bf16
-from .data import TARGET, FeatureData, feature_data
+from . import TARGET, bf16_help, ddp, loop, native_bf16
+from .data import FeatureData, feature_data
 from .measure import record_measurement
 
 FORMAT = "minispec-eagle3-v1"

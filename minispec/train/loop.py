@@ -41,8 +41,7 @@ import torch
 
 from ..benchinfo import device_info, versions
 from ..config import cache_dir
-from . import ddp
-from .data import TARGET
+from . import TARGET, ddp
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -29,8 +29,8 @@ import torch
 
 from ..drafters.medusa import MedusaDrafter, MedusaHeads
 from ..drafters.registry import shipped_head
-from . import bf16_help, ddp, loop, native_bf16
-from .data import TARGET, FeatureData, feature_data
+from . import TARGET, bf16_help, ddp, loop, native_bf16
+from .data import FeatureData, feature_data
 from .measure import record_measurement
 
 FORMAT = "minispec-medusa-v1"

@@ -9,7 +9,7 @@ for free: ``FeatureRecorder`` is the ``Vanilla`` drafter (it proposes nothing: v
 and reads the target's features at every committed position through the ``Drafter`` contract
 (``prefill`` / ``commit``), which hands a drafter exactly those.
 
-Data: ShareGPT V3 first-turn prompts (``distill_draft.sharegpt_prompts``) in the same seeded order
+Data: ShareGPT V3 first-turn prompts (``sharegpt.sharegpt_prompts``) in the same seeded order
 as the distill cache, starting after its held-out and training prompts (so the held-out prompts
 never appear), minus any prompt equal to a Spec-Bench question when that file is present (never
 benchmark prompts). Kept as parts under ``cache_dir()/selfdistill``, each written as soon as it is
@@ -36,8 +36,8 @@ import torch
 
 from ..config import cache_dir
 from ..drafters.base import Features, Vanilla
+from . import TARGET
 
-TARGET = "smollm2-135m"
 SKIP = 32 + 576  # the distill cache's held-out and training prompts (distill_draft's defaults): never here
 
 
@@ -75,7 +75,7 @@ def spec_bench_texts(path: Path | None = None) -> set[str]:
 
 def prompt_order(seed: int = 0) -> list[str]:
     """ShareGPT prompts in the distill cache's seeded order, after its first ``SKIP``, without Spec-Bench."""
-    from .distill_draft import sharegpt_prompts
+    from .sharegpt import sharegpt_prompts
 
     texts = sharegpt_prompts()
     random.Random(seed).shuffle(texts)  # the order distill_draft.load_or_make_data uses

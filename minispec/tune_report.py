@@ -1,0 +1,41 @@
+"""What ``python -m minispec tune`` prints and asks: the cost curve and candidate table of a
+``dispatch.TuneResult`` as text, and the calibration prompts it runs on. The dispatcher itself
+(``minispec.dispatch``) measures and chooses; this is its report."""
+
+from __future__ import annotations
+
+from .dispatch import TuneResult
+from .tables import Col, text_table
+
+TUNE_COLUMNS = [Col("method", width=16, left=True), Col("N", "d", 3), Col("tau", ".2f", 5), Col("tok/step", ".2f"),
+                Col("draft ms", ".1f"), Col("verify ms", ".1f"), Col("loop ms", ".1f"), Col("predicted tok/s", ".1f"),
+                Col("calibration tok/s", ".1f"), Col("", left=True)]
+
+
+def format_tune(r: TuneResult) -> str:
+    """The cost curve, the candidate table and the choice as text."""
+    sizes = sorted(next(iter(r.cost_curve.values())))
+    lines = [f"verify cost: one target forward of N+1 tokens after {r.context} cached tokens (ms)"]
+    lines += text_table([Col("batch", "d")] + [Col(f"N={n}", ".1f", 7) for n in sizes],
+                        [[b] + [c[n] * 1e3 for n in sizes] for b, c in r.cost_curve.items()], indent="  ")
+    lines += ["", f"candidates at batch {r.batch_size}:"]
+    rows = [[c.method, c.nodes, c.tau, c.step_tokens, c.draft_s * 1e3, c.verify_s * 1e3, c.loop_s * 1e3, c.predicted_tok_s,
+             c.calibration_tok_s, " <- choice" if c.method == r.choice else ""]
+            for c in sorted(r.candidates, key=lambda c: -c.predicted_tok_s)]
+    lines += text_table(TUNE_COLUMNS, rows, indent="  ")
+    lines.append("  (tau: tokens per target forward, prefill included; tok/step: per decode step, the model's tau)")
+    for m, why in r.skipped.items():
+        lines.append(f"  {m:<16} skipped: {why}")
+    lines.append(f"\nchoice: {r.choice}")
+    return "\n".join(lines)
+
+
+def calibration_prompts(limit: int, path=None) -> list[str]:
+    """``tune``'s prompts: the questions of the JSONL file ``path`` when one is given (spread over its
+    categories), else minispec's calibration set (``prompts.calibration_set``). Never a benchmark's
+    unless asked for: a choice tuned on the benchmark that measures it would flatter it."""
+    from .prompts import calibration_set, spec_bench
+
+    if path is not None:
+        return [q["prompt"] for q in spec_bench(path, limit=limit)]
+    return calibration_set(limit)
