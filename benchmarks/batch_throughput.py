@@ -1,6 +1,6 @@
 """Throughput of batched decoding (chapter 7): tokens/s at batch sizes 1, 4, 16 for transformers'
 batched ``generate``, minispec's batched vanilla and batched EAGLE-2, on the same Spec-Bench
-questions, in one process (``minispec.bench.run_bench`` once per batch size).
+questions, in one process (``minispec.lab.bench.run_bench`` once per batch size).
 
 Speculation trades extra rows in the target's forward for fewer forwards. At batch 1 those rows
 are nearly free (the forward streams the weights once whatever the row count, up to the memory
@@ -18,8 +18,8 @@ import argparse
 
 import torch
 
-from minispec.bench import format_table, run_bench
-from minispec.benchinfo import save_json
+from minispec.lab.bench import format_table, run_bench
+from minispec.lab.benchinfo import save_json
 from minispec.prompts import spec_bench
 
 

@@ -15,8 +15,8 @@ Reported per shape and method: median time; achieved bandwidth of the KV read
 bandwidth measured in the same run (a large torch copy, read + write); ratios to every peer.
 On GPU the inputs rotate among several copies whose total exceeds the L2 cache (cold L2).
 
-Results: benchmarks/results/attention_<device>.json (via minispec.benchinfo.save_json). The grid
-itself lives in ``minispec.attention_grid`` (also run by ``python -m minispec gpu-suite``).
+Results: benchmarks/results/attention_<device>.json (via minispec.lab.benchinfo.save_json). The grid
+itself lives in ``minispec.lab.attention_grid`` (also run by ``python -m minispec gpu-suite``).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ if ARGS is not None and ARGS.interpret:
 import torch  # noqa: E402
 
 from minispec.attention import triton_available  # noqa: E402
-from minispec.attention_grid import copy_bandwidth, run_grid  # noqa: E402
-from minispec.benchinfo import save_json  # noqa: E402
+from minispec.lab.attention_grid import copy_bandwidth, run_grid  # noqa: E402
+from minispec.lab.benchinfo import save_json  # noqa: E402
 
 
 def main(args) -> int:

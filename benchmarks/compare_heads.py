@@ -14,7 +14,7 @@ import torch
 
 import minispec
 from minispec import generate
-from minispec.benchinfo import device_info, versions
+from minispec.lab.benchinfo import device_info, versions
 from minispec.drafters.loader import load_drafter
 from minispec.prompts import own_prompts
 

@@ -22,7 +22,7 @@ import time
 import torch
 
 from minispec import generate, load
-from minispec.benchinfo import save_json
+from minispec.lab.benchinfo import save_json
 from minispec.drafters.base import Features
 from minispec.kv import KVCache
 from minispec.methods import Methods

@@ -20,7 +20,7 @@ import time
 import torch
 
 from minispec import load
-from minispec.benchinfo import device_info, versions
+from minispec.lab.benchinfo import device_info, versions
 from minispec.drafters.eagle import EagleConfig, EagleHead
 from minispec.drafters.vocab import load_counts, top_tokens
 from minispec.train.eagle import selfdistill_data, train_step

@@ -57,7 +57,7 @@ def main() -> None:
 
     import minispec.attention as attention
     from minispec import models
-    from minispec.benchinfo import device_info
+    from minispec.lab.benchinfo import device_info
     from minispec.attention import invariant as after
     from minispec.kv import KVCache
 

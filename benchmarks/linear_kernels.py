@@ -39,7 +39,7 @@ def kernels(layers) -> dict:
 
 
 def main(argv=None) -> int:
-    from minispec.benchinfo import save_json
+    from minispec.lab.benchinfo import save_json
     from minispec.invariance import varying_rows
     from minispec.linear import Linear
     from minispec.models import load

@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 
 from minispec import generate, load
-from minispec.benchinfo import device_info, versions
+from minispec.lab.benchinfo import device_info, versions
 from minispec.config import cache_dir
 from minispec.models import SMOLLM2_GGUF, SMOLLM2_WHEEL, ensure_smollm2
 from minispec.tokenizer import encode_prompt
@@ -278,8 +278,8 @@ def main():
         where = ", ".join(f"#{i}@{d}" for i, d in enumerate(s["first_diff"]) if d is not None) or "-"
         print(f"{k + (f' ({auto})' if k == 'minispec auto' else ''):<31} {s['tokens_per_s']:>7.1f} "
               f"{s['vs_llama_cpp_f32']:>16.2f}x {s['identical']:>14}/{s['n']:<4}  {where}")
-    try:  # minispec vanilla against the weight-read floor (minispec.profile)
-        from minispec.profile import copy_bandwidth, weight_bytes
+    try:  # minispec vanilla against the weight-read floor (minispec.lab.profile)
+        from minispec.lab.profile import copy_bandwidth, weight_bytes
 
         bw, wb = copy_bandwidth(), weight_bytes(model)
         floor_ms, step_ms = wb / (bw * 1e9) * 1e3, 1e3 / summary["minispec vanilla"]["tokens_per_s"]

@@ -4,7 +4,7 @@ A 2-core CPU shared with one other busy process is the common case on a laptop o
 torch's OpenMP threads spin-wait for each other, so when one of them is descheduled every
 matrix product waits for it. This measures vanilla tokens/s (SmolLM2-135M, greedy) for each
 thread count, first alone, then with ``--busy`` pure-Python busy loops running beside it, and
-writes what ``minispec.env.default_threads`` chooses.
+writes what ``minispec.lab.env.default_threads`` chooses.
 
     python benchmarks/threads.py --threads 1,2 --busy 1 --max-new-tokens 64 --json benchmarks/results/threads_cpu.json
 """
@@ -19,8 +19,8 @@ import time
 import torch
 
 from minispec import generate, load
-from minispec.benchinfo import save_json
-from minispec.env import default_threads
+from minispec.lab.benchinfo import save_json
+from minispec.lab.env import default_threads
 from minispec.prompts import own_prompts
 
 

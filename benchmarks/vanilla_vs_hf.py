@@ -1,6 +1,6 @@
 """minispec vanilla decoding vs transformers ``generate``: greedy tokens/s side by side.
 
-A two-method view of ``python -m minispec bench`` (``minispec/bench.py`` does the work): both
+A two-method view of ``python -m minispec bench`` (``minispec/lab/bench.py`` does the work): both
 run in this one process on the same weights, the same prompt token ids (Spec-Bench questions,
 chat template applied) and the same thread count, interleaved per question so machine drift
 affects both alike. Prints a per-question table and the ratio; saves JSON.
@@ -15,8 +15,8 @@ import argparse
 
 import torch
 
-from minispec.bench import run_bench
-from minispec.benchinfo import save_json
+from minispec.lab.bench import run_bench
+from minispec.lab.benchinfo import save_json
 from minispec.prompts import spec_bench
 
 

@@ -15,7 +15,7 @@ the same addresses and with the same shapes. So a step that is to be captured
     one graph per bucket (exercise 8.3), and the buckets are chosen to waste little (8.4).
 
 The library's versions are in ``minispec.cuda_graphs`` (``StaticKVCache``, ``static_forward``,
-``pad_inputs``, ``pick_bucket``, ``GraphedForward``) and ``minispec.graph_rules``
+``pad_inputs``, ``pick_bucket``, ``GraphedForward``) and ``minispec.lab.graph_rules``
 (``record_ops``, ``find_hazards``, ``padding_waste``, ``best_buckets``).
 
 References:
@@ -40,7 +40,7 @@ def capture_hazards(calls: Sequence[Sequence[tuple[str, tuple]]], sync_ops: set[
 
     ``calls`` holds one record per call of the step (consecutive steps, in order); a record is the
     list of the operators that call dispatched, in order, each as ``(name, output_shapes)`` (as in
-    ``minispec.graph_rules.OpRecord.ops``, e.g. ``("mm", ((1, 576),))``).
+    ``minispec.lab.graph_rules.OpRecord.ops``, e.g. ``("mm", ((1, 576),))``).
 
     Two kinds of findings, in this order:
       1. host syncs: for each call i in order, ``(i, "sync", name)`` for each distinct operator

@@ -40,7 +40,7 @@ from .attention.plan import prepare_ragged
 from .drafters.base import Drafter
 from .generate import Decoder, GenerationResult, _eos_ids, as_drafter, check_block_size, encode_checked, seeded
 from .kv import PagedKVCache
-from .sampling import GREEDY, SamplingParams
+from .sampling import GREEDY, SamplingParams, as_params
 
 
 class BatchDecoder:
@@ -183,7 +183,7 @@ def generate_batch(target, tokenizer, prompts: Sequence[str | Sequence[int]],
                    drafter: Sequence[Drafter] | Callable[[], Drafter] | None = None, temperature: float = 0.0,
                    top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64, chat: bool = True,
                    seed: int | Sequence[int] | None = None, stop_at_eos: bool = True,
-                   kv_block_size: int = 16) -> tuple[list[GenerationResult], BatchDecoder]:
+                   kv_block_size: int = 16, params: SamplingParams | None = None) -> tuple[list[GenerationResult], BatchDecoder]:
     """Generate continuations of B prompts together (chapter 7); each equals ``generate`` alone.
 
     Args:
@@ -199,7 +199,7 @@ def generate_batch(target, tokenizer, prompts: Sequence[str | Sequence[int]],
         ``decode_s``, ``phase_s``, ``rows_per_step``). Per-sequence stats count forwards, tokens
         and acceptance; their times are the batch's.
     """
-    params = SamplingParams(temperature, top_k, top_p)  # validates
+    params = as_params(params, temperature, top_k, top_p)  # validates
     if isinstance(prompts, str) or not len(prompts):
         raise ValueError("prompts must be a non-empty list of prompts")
     ids = [encode_checked(target, tokenizer, p, chat, max_new_tokens, f"prompt {i}") for i, p in enumerate(prompts)]

@@ -20,10 +20,10 @@ import sys
 
 
 def _threads(args) -> int:
-    """Set torch's CPU threads: --threads, else one per idle core (``minispec.env.default_threads``)."""
+    """Set torch's CPU threads: --threads, else one per idle core (``minispec.lab.env.default_threads``)."""
     import torch
 
-    from .env import default_threads
+    from .lab.env import default_threads
 
     n = args.threads or default_threads()
     torch.set_num_threads(n)
@@ -35,7 +35,7 @@ def _demo(args) -> int:
     from .dispatch import resolve
     from .methods import Methods, parse_method
 
-    SamplingParams(args.temperature, args.top_k, args.top_p)  # bad parameters fail before the model loads
+    args.params = SamplingParams(args.temperature, args.top_k, args.top_p)  # bad ones fail before the model loads
     if not args.prompt.strip():
         raise ValueError("the prompt is empty: give --prompt some text")
     spec = parse_method(args.method)
@@ -56,8 +56,7 @@ def _demo_runs(args, model, tok, method: str, drafter) -> dict:
     vanilla and the method again, both warm, interleaved on the prompt and a few of minispec's own."""
     from . import generate
 
-    kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-              seed=args.seed)
+    kw = dict(params=args.params, max_new_tokens=args.max_new_tokens, seed=args.seed)
     r = generate(model, tok, args.prompt, drafter=drafter, **kw)
     print(r.text, flush=True)
     if drafter is None or args.no_compare:
@@ -79,7 +78,7 @@ def _demo_runs(args, model, tok, method: str, drafter) -> dict:
 def demo_table(runs, sampled: bool) -> str:
     """method | tokens/s | speedup | tau | identical output, for (name, [GenerationResult per prompt]) pairs,
     vanilla first: tokens over the summed wall time, tau over the summed forwards."""
-    from .tables import Col, text_table
+    from .lab.tables import Col, text_table
 
     def rate(rs):
         return sum(r.stats.new_tokens for r in rs) / sum(r.stats.total_s for r in rs)
@@ -106,9 +105,9 @@ def demo_table(runs, sampled: bool) -> str:
 
 def _tune(args) -> int:
     from . import load
-    from .benchinfo import save_json
+    from .lab.benchinfo import save_json
     from .dispatch import save_choice, tune
-    from .tune_report import calibration_prompts, format_tune
+    from .lab.tune_report import calibration_prompts, format_tune
 
     _threads(args)
     target, tok = load(args.model)
@@ -124,8 +123,8 @@ def _tune(args) -> int:
 
 
 def _bench(args) -> int:
-    from .bench import format_table, run_bench
-    from .benchinfo import save_json
+    from .lab.bench import format_table, run_bench
+    from .lab.benchinfo import save_json
     from .prompts import spec_bench
 
     _threads(args)
@@ -142,7 +141,7 @@ def _bench(args) -> int:
 
 
 def _check_env(args) -> int:
-    from .env import check_env
+    from .lab.env import check_env
 
     return check_env()
 
@@ -252,10 +251,10 @@ COMMANDS = {  # name -> (the line ``python -m minispec --help`` shows, argv -> e
     "grade": ("grade a chapter's exercises: grade N [--impl exercises|solutions|minispec]",
               _elsewhere(".grading", "grade_main")),
     "export": ("write a head in the official EAGLE layout (config.json + model.safetensors) for vLLM / SGLang",
-               _elsewhere(".export")),
-    "profile": ("where a decode step's time goes, per method, and the memory-bandwidth floor", _elsewhere(".profile")),
-    "exactness": ("exact and empirical checks that every verifier is lossless", _elsewhere(".exactness_report")),
-    "gpu-suite": ("every GPU measurement in ~9 minutes, one JSON each: --out DIR [--smoke]", _elsewhere(".gpu_suite")),
+               _elsewhere(".lab.export")),
+    "profile": ("where a decode step's time goes, per method, and the memory-bandwidth floor", _elsewhere(".lab.profile")),
+    "exactness": ("exact and empirical checks that every verifier is lossless", _elsewhere(".lab.exactness_report")),
+    "gpu-suite": ("every GPU measurement in ~9 minutes, one JSON each: --out DIR [--smoke]", _elsewhere(".lab.gpu_suite")),
     "check-env": ("check that the dependencies are installed", _here("check-env", lambda ap: None, _check_env)),
 }
 

@@ -21,7 +21,7 @@ import torch
 from .cuda_graphs import GraphedForward, StaticKVCache, pick_bucket, static_prefill, token_buckets
 from .drafters.base import Drafter, Features, Vanilla
 from .kv import KVCache, PagedKVCache
-from .sampling import GREEDY, SamplingParams, next_token, probs
+from .sampling import GREEDY, SamplingParams, as_params, next_token, probs
 from .tokenizer import encode_prompt
 from .tree import Tree
 from .verify import verify_tree
@@ -324,7 +324,7 @@ def encode_checked(target, tokenizer, prompt, chat: bool, max_new_tokens: int, n
 def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64, chat: bool = True,
              seed: int | None = None, stop_at_eos: bool = True, kv_block_size: int | None = None,
-             cuda_graphs: bool = False) -> GenerationResult:
+             cuda_graphs: bool = False, params: SamplingParams | None = None) -> GenerationResult:
     """Generate a continuation of ``prompt`` with ``target``, optionally speculatively.
 
     Args:
@@ -343,10 +343,11 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
             captured graph per token bucket over a static KV cache (chapter 8,
             ``minispec.cuda_graphs``). Without CUDA the same runner calls the forward directly on
             its static buffers. The output is the same.
+        params: a ``SamplingParams`` built once by the caller, instead of temperature/top_k/top_p.
     Returns:
         GenerationResult(text, tokens, prompt_tokens, stats).
     """
-    params = SamplingParams(temperature, top_k, top_p)  # validates
+    params = as_params(params, temperature, top_k, top_p)  # validates
     ids = encode_checked(target, tokenizer, prompt, chat, max_new_tokens)
     dec = Decoder(target, ids, drafter, params, max_new_tokens, _eos_ids(target, tokenizer) if stop_at_eos else set(),
                   seeded(seed), kv_block_size, graphs=cuda_graphs)

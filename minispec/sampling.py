@@ -54,10 +54,14 @@ class SamplingParams:
 GREEDY = SamplingParams()
 
 
-def _as_params(params: SamplingParams | None, **kwargs) -> SamplingParams:
-    if params is not None and kwargs:
-        raise TypeError("pass either a SamplingParams or temperature/top_k/top_p, not both")
-    return params if params is not None else SamplingParams(**kwargs)
+def as_params(params: SamplingParams | None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> SamplingParams:
+    """The one ``SamplingParams`` of a call: ``params`` as given (built once by the caller), else one
+    built, and so validated, from the three numbers; both at once is an error."""
+    if params is None:
+        return SamplingParams(temperature, top_k, top_p)
+    if (temperature, top_k, top_p) != (0.0, 0, 1.0):
+        raise TypeError("pass either params=SamplingParams(...) or temperature/top_k/top_p, not both")
+    return params
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -98,7 +102,7 @@ def probs(logits: torch.Tensor, params: SamplingParams | None = None, **kwargs) 
     Returns:
         [..., V] probabilities summing to 1; one-hot on the argmax when greedy.
     """
-    params = _as_params(params, **kwargs)
+    params = as_params(params, **kwargs)
     if params.greedy:
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         out = torch.zeros(logits.shape, dtype=dtype, device=logits.device)

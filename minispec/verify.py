@@ -5,7 +5,7 @@ Chapter 1 (one chain of drafts) and chapter 2 (several candidates per node: tree
 References:
     Leviathan, Kalman, Matias, "Fast Inference from Transformers via Speculative Decoding"
         (2023): accept with probability min(1, p/q), resample from the residual. (Expected
-        tokens per step and the speedup model: ``minispec.analysis``.)
+        tokens per step and the speedup model: ``minispec.lab.analysis``.)
     Chen et al., "Accelerating Large Language Model Decoding with Speculative Sampling" (2023).
     Miao et al., "SpecInfer" (2023): multi-round speculative sampling (MSS) over the
         candidate children of a tree node.
@@ -21,7 +21,7 @@ rejection draw from the residual norm(max(0, p - q)).
 
 Every random choice goes through a small ``Chooser`` (``bernoulli(prob)``,
 ``categorical(dist)``). ``TorchChooser`` samples with a torch.Generator; the exact enumeration
-in ``minispec.exactness`` plugs in a chooser that walks every branch, so the very code below
+in ``minispec.lab.exactness`` plugs in a chooser that walks every branch, so the very code below
 is what gets checked against p, not a re-implementation of it.
 """
 

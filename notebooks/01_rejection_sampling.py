@@ -62,8 +62,10 @@ import inspect
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minispec import analysis as an  # chapter 1's formulas: acceptance rate, expected tokens, speedup
-from minispec import exactness as ex
+from minispec import expected tokens, speedup
+
+from minispec.lab import analysis as an  # chapter 1's formulas: acceptance rate
+from minispec.lab import exactness as ex
 from minispec import sampling
 from minispec import verify as vf
 from minispec.grading import check  # check("1.2"): grade one exercise of exercises/ (prints, never raises)
@@ -176,7 +178,7 @@ check("1.2")
 # the target's law. A step commits between 1 and $k+1$ tokens.
 #
 # All randomness goes through a `chooser` with two methods, `bernoulli(prob)` and
-# `categorical(weights)`. That is what lets `minispec.exactness` replay a verifier once per
+# `categorical(weights)`. That is what lets `minispec.lab.exactness` replay a verifier once per
 # random outcome and compute the exact law of its output (section 4), and it is how the
 # grader checks your code.
 #
@@ -247,7 +249,7 @@ check("1.3")
 # ### The library's versions
 #
 # Now that you have written them: chapter 1 lives in `minispec/verify.py` (and the formulas of
-# section 5 in `minispec/analysis.py`). (`verify_chain` also does greedy verification, which
+# section 5 in `minispec/lab/analysis.py`). (`verify_chain` also does greedy verification, which
 # accepts a draft iff it is the target's argmax.)
 
 # %%
@@ -286,7 +288,7 @@ plt.show()
 # ## 4. Exact enumeration: the error is float64 rounding
 #
 # Sampling can only bound the error. Because every random choice goes through a chooser,
-# `minispec.exactness` can do better: `EnumeratingChooser` replays the *same* verification
+# `minispec.lab.exactness` can do better: `EnumeratingChooser` replays the *same* verification
 # code once per branch (each draft draw, each accept/reject coin, each residual or bonus
 # draw), multiplying the probabilities along the way. Summing over all branches gives the
 # exact law of the emitted tokens, to compare with the target's.
@@ -460,7 +462,7 @@ check("1.5")
 from IPython.display import Markdown, display
 from minispec.sampling import SamplingParams, probs
 from minispec.tokenizer import encode_prompt
-from minispec.joint_law import first_tokens, joint_tv_check, load_tv_models, next_token_laws, table_lm
+from minispec.lab.joint_law import first_tokens, joint_tv_check, load_tv_models, next_token_laws, table_lm
 
 TV_TARGET, TV_DRAFT, tv_target, tv_draft, tv_tok = load_tv_models(FAST)
 display(Markdown(f"**TV check — target: {TV_TARGET}; draft: {TV_DRAFT}**"))
@@ -476,7 +478,7 @@ display(Markdown(f"**TV check — target: {TV_TARGET}; draft: {TV_DRAFT}**"))
 # `exactness.target_distribution` work on the real model unchanged.
 
 # %%
-show(next_token_laws)  # minispec.joint_law: the packed forward, served as a ToyLM by table_lm
+show(next_token_laws)  # minispec.lab.joint_law: the packed forward, served as a ToyLM by table_lm
 
 
 # %%
@@ -600,7 +602,7 @@ print("every speculative run emitted exactly the vanilla greedy tokens")
 #
 # Section 5's formula needs $\alpha$ and $c$. This run measured both: $\alpha$ is the fraction of
 # tested drafts that were accepted, and $c$ is the draft's time per forward over one vanilla
-# step, both from the decode loop's own clock (`GenerationStats.phase_s`). `minispec.cost_check`
+# step, both from the decode loop's own clock (`GenerationStats.phase_s`). `minispec.lab.cost_check`
 # puts the formula's prediction beside the measured decode speedup, and in between swaps one of
 # the formula's assumptions at a time for its measurement: acceptance is not i.i.d. (it differs
 # by depth), a verification of $k + 1$ rows costs $v > 1$ vanilla steps, and the rest of a step
@@ -609,7 +611,7 @@ print("every speculative run emitted exactly the vanilla greedy tokens")
 # measurement is the sum of what the lines in between show.
 
 # %%
-from minispec.cost_check import cost_check
+from minispec.lab.cost_check import cost_check
 
 name = next(iter(drafters))
 print(f"{name}, one prompt, {n_new} tokens (noisy: a short run on a shared CPU)")

@@ -59,8 +59,10 @@ import inspect
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minispec import analysis as an  # chapter 1's formulas: acceptance rate, expected tokens, speedup
-from minispec import exactness as ex
+from minispec import expected tokens, speedup
+
+from minispec.lab import analysis as an  # chapter 1's formulas: acceptance rate
+from minispec.lab import exactness as ex
 from minispec import sampling
 from minispec import verify as vf
 from minispec.grading import check  # check("2.1"): grade one exercise of exercises/ (prints, never raises)
@@ -433,14 +435,14 @@ assert max(table.values()) <= 1e-12
 # `tv_bound(N, K)` is exceeded by an honest sampler with probability below $10^{-6}$.
 #
 # The helpers are chapter 1's (section 6 there explains them; they live in
-# `minispec.joint_law`): next-token laws for many contexts from one packed forward, served
+# `minispec.lab.joint_law`): next-token laws for many contexts from one packed forward, served
 # through the `ToyLM` interface so that `exactness.tree_step` runs on them unchanged.
 
 # %%
 from IPython.display import Markdown, display
 from minispec.sampling import SamplingParams, probs
 from minispec.tokenizer import encode_prompt
-from minispec.joint_law import first_tokens, joint_tv_check, load_tv_models, next_token_laws, table_lm
+from minispec.lab.joint_law import first_tokens, joint_tv_check, load_tv_models, next_token_laws, table_lm
 
 TV_TARGET, TV_DRAFT, tv_target, tv_draft, tv_tok = load_tv_models(FAST)
 display(Markdown(f"**TV check — target: {TV_TARGET}; draft: {TV_DRAFT}**"))
@@ -591,7 +593,7 @@ print("every speculative run emitted exactly the vanilla greedy tokens")
 #
 # Chapter 1's formula needs $\alpha$ and $c$. This run measured both: $\alpha$ is the fraction of
 # tested drafts that were accepted, and $c$ is the draft's time per forward over one vanilla
-# step, both from the decode loop's own clock (`GenerationStats.phase_s`). `minispec.cost_check`
+# step, both from the decode loop's own clock (`GenerationStats.phase_s`). `minispec.lab.cost_check`
 # puts the formula's prediction beside the measured decode speedup, and in between swaps one of
 # the formula's assumptions at a time for its measurement: acceptance is not i.i.d. (it differs
 # by depth), a verification of $k + 1$ rows costs $v > 1$ vanilla steps, and the rest of a step
@@ -600,7 +602,7 @@ print("every speculative run emitted exactly the vanilla greedy tokens")
 # measurement is the sum of what the lines in between show.
 
 # %%
-from minispec.cost_check import cost_check
+from minispec.lab.cost_check import cost_check
 
 for name, d in drafters.items():
     print(f"{name}, one prompt, {n_new} tokens (noisy: a short run on a shared CPU)")

@@ -405,7 +405,7 @@ print(f"{len(conf)} positions: acceptance {hit.mean():.2f}, mean confidence {con
 # verified by Leviathan/Chen rejection sampling, chapter 1). We compare the law of the first
 # three new tokens (token 1 from the prefill, tokens 2-3 from the first speculative step: drafts
 # accepted, or a residual draw, or the bonus) with the target's exact law,
-# `minispec.joint_law.first_tokens_law` (packed forwards, as in chapters 1-2).
+# `minispec.lab.joint_law.first_tokens_law` (packed forwards, as in chapters 1-2).
 #
 # Two deliberately wrong controls run beside the honest head:
 #
@@ -430,7 +430,7 @@ print(f"{len(conf)} positions: acceptance {hit.mean():.2f}, mean confidence {con
 # %%
 from IPython.display import Markdown, display
 
-from minispec.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
+from minispec.lab.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
                                 share_verifier_stream, show_loop_check)
 from minispec.sampling import SamplingParams
 

@@ -486,7 +486,7 @@ print("every run emitted exactly the vanilla greedy tokens")
 # prompt "The best way to", with minispec's shipped distilled draft drafting EAGLE's static tree
 # (cut to depth 2 by the budget of `max_new_tokens = 4`). The law of the first three new tokens
 # (token 1 from the prefill, tokens 2-3 from the first tree step) is compared with the target's
-# exact law (`minispec.joint_law.first_tokens_law`, 27 outcomes) by total variation (TV) against
+# exact law (`minispec.lab.joint_law.first_tokens_law`, 27 outcomes) by total variation (TV) against
 # `tv_bound(N, K)`, and by chapter 3's chi-square tests (`prefix_p_value` below $10^{-6}$ flags).
 #
 # Two deliberately wrong controls run beside it:
@@ -505,7 +505,7 @@ print("every run emitted exactly the vanilla greedy tokens")
 # %%
 from IPython.display import Markdown, display
 
-from minispec.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
+from minispec.lab.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
                                 peek_verifier_stream, show_loop_check)
 
 tv_params = SamplingParams(temperature=1.0, top_k=3)

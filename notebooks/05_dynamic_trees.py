@@ -514,14 +514,14 @@ for name, rs in runs.items():
 print("every speculative output equals vanilla greedy")
 
 # %% [markdown]
-# Chapter 1's cost model, closed on these runs (`minispec.cost_check`, in units of one vanilla
+# Chapter 1's cost model, closed on these runs (`minispec.lab.cost_check`, in units of one vanilla
 # decode step): the i.i.d. formula with the pooled $\alpha$ and $k$ = the tree's depth, then the
 # same with $\alpha$ by depth ($1 + \alpha_1 + \alpha_1\alpha_2 + \dots$ holds for a tree too: it is
 # the probability of reaching each depth), then with the measured verify cost $v(N)$ and loop
 # time $\ell$, which closes on the measured decode speedup. Section 6 explains the gap.
 
 # %%
-from minispec.cost_check import cost_check
+from minispec.lab.cost_check import cost_check
 
 print(f"{'method':<18} {'alpha':>5} {'c':>6} {'v(N)':>6} {'loop':>6} | {'Leviathan':>9} {'by depth':>8} "
       f"{'+verify':>8} {'+loop':>7} {'measured':>8}")
@@ -588,7 +588,8 @@ check("5.4")
 # %%
 import json
 from pathlib import Path
-from minispec import dispatch, tune_report
+from minispec import dispatch
+from minispec.lab import tune_report
 
 show(dispatch.predicted_tokens_per_s)
 sizes = (0, 4, 16, 32, 64) if FAST else dispatch.DEFAULT_SIZES
@@ -757,7 +758,7 @@ for name in ["6,10,59", "5,4,16", "4,4,12", "5,8,32"]:
 # a dynamic tree `2,4,8` (depth 2, top-4 expansion, 8 nodes kept) after the open prompt "The
 # best way to". The law of the first three new tokens (token 1 from the prefill, tokens 2-3
 # from the first tree step) is compared with the target's exact law
-# (`minispec.joint_law.first_tokens_law`, 27 outcomes) by total variation against
+# (`minispec.lab.joint_law.first_tokens_law`, 27 outcomes) by total variation against
 # `tv_bound(N, K)` and by the chi-square tests of chapter 3 (`prefix_p_value` below $10^{-6}$ flags).
 #
 # Two deliberately wrong controls run beside it: the same dynamic trees claiming their drafts
@@ -769,7 +770,7 @@ for name in ["6,10,59", "5,4,16", "4,4,12", "5,8,32"]:
 # %%
 from IPython.display import Markdown, display
 
-from minispec.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
+from minispec.lab.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
                                 peek_verifier_stream, show_loop_check)
 from minispec.sampling import SamplingParams
 

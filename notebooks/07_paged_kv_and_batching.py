@@ -345,7 +345,7 @@ check("7.2")
 # How much KV memory does a batch need? A contiguous cache reserves `capacity` slots for every
 # sequence (the longest allowed context plus the draft tree), whatever each one holds. A paged
 # cache holds $\lceil (n_b + T) / \text{block\_size} \rceil$ blocks for sequence $b$ during a verify
-# step (tree padding included). We take a Llama-3.1-8B-shaped cache (`minispec.scale.llama_config`,
+# step (tree padding included). We take a Llama-3.1-8B-shaped cache (`minispec.lab.scale.llama_config`,
 # bf16; the cell prints its shape) and batches of 32 requests whose lengths are drawn from a
 # skewed mixture: a fraction of long requests and many short ones.
 #
@@ -356,7 +356,7 @@ check("7.2")
 # head sizes).
 
 # %%
-from minispec.scale import llama_config
+from minispec.lab.scale import llama_config
 
 cfg = llama_config("llama-3.1-8b")
 dtype, B, max_len, T, bs = torch.bfloat16, 32, 8192, 26, 16      # T: a 25-node tree + its root
@@ -812,7 +812,7 @@ import itertools
 
 from IPython.display import Markdown, display
 
-from minispec.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
+from minispec.lab.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
                                 peek_verifier_stream, show_loop_check)
 from minispec.methods import Methods
 from minispec.sampling import SamplingParams

@@ -81,16 +81,16 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from minispec import KVCache, generate, load
-from minispec.attention_grid import timed
+from minispec.lab.attention_grid import timed
 from minispec.attention.plan import check_context
 from minispec.cuda_graphs import (BATCH_BUCKETS, TOKEN_BUCKETS, GraphedForward, StaticKVCache, pad_inputs, pick_bucket,
                                   static_forward, static_plan, static_prefill)
 from minispec.drafters.eagle import EagleConfig, EagleHead
 from minispec.grading import check, load_impl
-from minispec.graph_rules import dispatch_cost_s, find_hazards, padding_waste, record_ops
+from minispec.lab.graph_rules import dispatch_cost_s, find_hazards, padding_waste, record_ops
 from minispec.model import Transformer
-from minispec.profile import copy_bandwidth
-from minispec.scale import llama_config, random_model, weight_bytes
+from minispec.lab.profile import copy_bandwidth
+from minispec.lab.scale import llama_config, random_model, weight_bytes
 from minispec.tree import Tree
 
 CPU = torch.device("cpu")
@@ -111,7 +111,7 @@ def median_time(fn, reps, device=CPU, warmup=2):
 # %% [markdown]
 # ## 1. Where eager time goes: kernels per step
 #
-# `minispec.graph_rules.record_ops(fn)` runs `fn` under a `TorchDispatchMode` and records every
+# `minispec.lab.graph_rules.record_ops(fn)` runs `fn` under a `TorchDispatchMode` and records every
 # ATen operator it dispatches. Each operator that does work is one kernel launch on a GPU (views
 # such as `view`, `transpose`, `expand` launch nothing and are not counted). One decode step of
 # SmolLM2 — one new token after 64 cached ones — recorded here, on this CPU:
@@ -203,7 +203,7 @@ print(f"the 8B target over a 61-token tree (EAGLE-2's 60 nodes + root): {tree_ke
 #   modules, the same operators) made so thin (width 72, vocabulary 256) that its kernels do
 #   almost nothing, so its step time is Python, module calls and dispatch — what every eager
 #   step pays on the host, per operator, whatever device runs the kernels;
-# * the copy bandwidth (`minispec.profile.copy_bandwidth`), and the real SmolLM2 step.
+# * the copy bandwidth (`minispec.lab.profile.copy_bandwidth`), and the real SmolLM2 step.
 
 # %%
 t_dispatch = dispatch_cost_s()
@@ -311,7 +311,7 @@ ax.legend(fontsize=7); plt.tight_layout(); plt.show()
 # The second rule: every replay runs the same kernels on the same shapes, so a step whose shapes
 # change from call to call (a key count that grows by one each step) cannot share one graph.
 #
-# `minispec.graph_rules.find_hazards(fn, call_1, call_2, ...)` finds both on any machine: it
+# `minispec.lab.graph_rules.find_hazards(fn, call_1, call_2, ...)` finds both on any machine: it
 # records each call's operators (and watches the tensor methods that hand data to Python),
 # reports the syncing ones, and compares the calls' operator lists — names and output shapes.
 # Each function below has one hazard; each is called twice with the inputs of two consecutive
@@ -630,7 +630,7 @@ print(f"\nrows computed over the run: real {real}, eager (ragged) {ragged} (+{ra
 # exercise 8.4's answer: not shown here). $k$ buckets per dimension means at most $k^2$ graphs.
 
 # %%
-from minispec.graph_rules import best_buckets
+from minispec.lab.graph_rules import best_buckets
 
 T_rows = [1 + max(p) for p in per_step for _ in p]                   # every row padded to its step's T
 B_steps = [len(p) for p in per_step]
@@ -733,14 +733,14 @@ for method in ("vanilla", "sps@chain:4", "eagle2"):
 # What only a GPU can show: that capture succeeds, that a replay is faster than the eager step,
 # and that it computes the same tokens as the eager static forward. The cell below measures, on
 # whatever machine runs it, the per-step latency of SmolLM2 at batch 1 after 128 cached tokens
-# (`minispec.scale.step_latency`): eager (`Transformer.forward` + `KVCache`), static
+# (`minispec.lab.scale.step_latency`): eager (`Transformer.forward` + `KVCache`), static
 # (`static_forward` without a graph) and graph (`GraphedForward`: a replay on CUDA, the direct
 # call elsewhere), for vanilla, a chain of 5 and EAGLE-2's 60-node tree. On a GPU it also measures
 # the launch cost (`dispatch_cost_s(device="cuda")`) and checks replay == eager greedy tokens.
 
 # %%
 from minispec.cuda_graphs import greedy_decode
-from minispec.scale import METHODS, method_tree, step_latency
+from minispec.lab.scale import METHODS, method_tree, step_latency
 
 dev = torch.device("cuda") if GPU else CPU
 model = load("smollm2-135m", device="cuda")[0] if GPU else smol

@@ -20,7 +20,7 @@ import os, platform
 import torch
 import minispec
 from minispec import config
-from minispec.benchinfo import device_info
+from minispec.lab.benchinfo import device_info
 
 FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -77,14 +77,16 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minispec import load, profile, scale
+from minispec import load
+
+from minispec.lab import profile, scale
 from minispec.dispatch import interpolate, verify_cost_curve
 from minispec.drafters.oracle import OracleDrafter, corruption_for_tau, expected_tau
 from minispec.generate import generate
 from minispec.grading import check, load_impl  # check("9.1"): grade one exercise of exercises/ (prints, never raises)
 from minispec.model import Transformer
 from minispec.sampling import SamplingParams
-from minispec.scale import H100_SPEC, flops_per_row, kv_bytes, linear_params, llama_config
+from minispec.lab.scale import H100_SPEC, flops_per_row, kv_bytes, linear_params, llama_config
 
 GB = 1e9
 smol, smol_tok = load("smollm2-135m", dtype=DTYPE, device=DEV)
@@ -96,7 +98,7 @@ print(f"SmolLM2-135M loaded on {DEV.type} in {DTYPE}: {smol.cfg.n_layer} layers,
 #
 # A tensor on the `meta` device has a shape and a dtype but no storage, so `Transformer(cfg)`
 # built under `with torch.device("meta")` costs no memory and no time, whatever its size. The
-# shapes are Llama 3's (`minispec.scale.llama_config`; Grattafiori et al. 2024): 8B has 32
+# shapes are Llama 3's (`minispec.lab.scale.llama_config`; Grattafiori et al. 2024): 8B has 32
 # layers of width 4096, 32 query heads and 8 KV heads of 128 (grouped-query attention), a
 # SwiGLU MLP of 14336 and a vocabulary of 128256 with an untied LM head; 1B has 16 layers of
 # 2048 and ties its LM head to the embedding table. What matters for a decode step:

@@ -16,7 +16,7 @@ and the output projection ``wo`` (head_dim per query head in, d_model out), then
 and up (``gate_up``: d_model in, d_ff each out) and ``down`` (d_ff in, d_model out); after the last
 layer the LM head maps d_model to vocab_size. The embedding table is read one row per token and
 counted nowhere; the norms' weights are negligible and not counted. The library's versions are in
-``minispec.scale`` and ``minispec.drafters.oracle``.
+``minispec.lab.scale`` and ``minispec.drafters.oracle``.
 
 Units: bytes, seconds, bytes/s (``bandwidth``), FLOP/s (``peak``).
 

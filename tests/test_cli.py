@@ -17,7 +17,7 @@ def test_check_env_reports_each_dependency():
 def test_check_env_fails_on_missing_dependency(monkeypatch):
     import io
 
-    from minispec import env
+    from minispec.lab import env
 
     monkeypatch.setattr(env, "REQUIRED", ["torch", "surely_not_a_module_xyz"])
     out = io.StringIO()
@@ -72,7 +72,7 @@ def test_check_env_flags_a_cuda_build_without_a_gpu(monkeypatch):
 
     import torch
 
-    from minispec import env
+    from minispec.lab import env
 
     monkeypatch.setattr(env, "REQUIRED", ["torch"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -87,7 +87,7 @@ def test_check_env_flags_a_cuda_build_without_a_gpu(monkeypatch):
 
 
 def test_default_threads_leave_busy_cores_alone():
-    from minispec.env import default_threads
+    from minispec.lab.env import default_threads
 
     assert default_threads(cores=2, load=0.0) == 2
     assert default_threads(cores=2, load=1.0) == 1  # one busy process beside it: one thread, not a collapse

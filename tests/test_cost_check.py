@@ -1,15 +1,15 @@
-"""Chapter 1's cost model closed on a run (``minispec.cost_check``)."""
+"""Chapter 1's cost model closed on a run (``minispec.lab.cost_check``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from minispec import generate
-from minispec.cost_check import CostCheck, cost_check
+from minispec.lab.cost_check import CostCheck, cost_check
 from minispec.drafters import DraftModel
 from minispec.generate import GenerationStats
 from minispec.models import load
-from minispec.analysis import speedup
+from minispec.lab.analysis import speedup
 
 
 @pytest.fixture(scope="module")

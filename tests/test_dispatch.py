@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from minispec import dispatch, load, tune_report
+from minispec import dispatch, load
+
+from minispec.lab import tune_report
 from minispec.drafters import TreeSpec
 from minispec.methods import DEFAULT_AUTO, MethodSpec, Methods, parse_method
 

@@ -216,7 +216,7 @@ def test_draft_vocab_applies_to_eagle1_heads_only(tmp_path, target):
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_export_round_trip(tmp_path, target, kind):
     """export_head writes the official layout; load_drafter reads it back and drafts the same trees."""
-    from minispec.export import export_head
+    from minispec.lab.export import export_head
 
     model, tok = target
     head = _eagle1(model) if kind == "eagle" else _eagle3(model)
@@ -237,7 +237,7 @@ def test_export_round_trip(tmp_path, target, kind):
 
 
 def test_export_refuses_other_modules(tmp_path):
-    from minispec.export import export_head
+    from minispec.lab.export import export_head
 
     with pytest.raises(TypeError, match="EAGLE-1/2 and EAGLE-3 heads"):
         export_head(torch.nn.Linear(2, 2), tmp_path)

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minispec import exactness as ex
+from minispec.lab import exactness as ex
 from minispec import verify as vf
 from minispec.tree import Tree
 from minispec.verify import verify_chain, verify_tree

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from minispec.cli import main
-from minispec.exactness_report import run_all
+from minispec.lab.exactness_report import run_all
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +35,8 @@ def test_every_verifier_passes_and_every_control_is_flagged(report):
 
 
 def test_a_wrong_verifier_in_the_main_list_makes_the_command_fail(monkeypatch, capsys, tmp_path):
-    from minispec import exactness as ex
-    from minispec import exactness_report as er
+    from minispec.lab import exactness as ex
+    from minispec.lab import exactness_report as er
 
     monkeypatch.setattr(er, "MODEL_VERIFIERS", ("chain_k1", "resample_from_p"))
     monkeypatch.setattr(er, "run_batched_suite", lambda *a, **kw: ([], []))  # checked above; not again

@@ -39,6 +39,23 @@ def test_sampling_is_seeded_and_reproducible(tiny):
     assert a == b and a != c
 
 
+def test_sampling_params_built_once_decode_as_the_three_numbers(tiny):
+    from minispec import SamplingParams
+    from minispec.batch import generate_batch
+
+    model, tok = tiny
+    sp = SamplingParams(1.0, 5, 0.9)
+    a = generate(model, tok, "abc", temperature=1.0, top_k=5, top_p=0.9, max_new_tokens=20, seed=3).tokens
+    assert generate(model, tok, "abc", params=sp, max_new_tokens=20, seed=3).tokens == a
+    rs, _ = generate_batch(model, tok, ["abc", "xy"], params=sp, max_new_tokens=20, seed=[3, 4])
+    ref, _ = generate_batch(model, tok, ["abc", "xy"], temperature=1.0, top_k=5, top_p=0.9, max_new_tokens=20, seed=[3, 4])
+    assert [r.tokens for r in rs] == [r.tokens for r in ref]
+    with pytest.raises(TypeError, match="not both"):
+        generate(model, tok, "abc", params=sp, temperature=0.5)
+    with pytest.raises(TypeError, match="not both"):
+        generate_batch(model, tok, ["abc"], params=sp, top_p=0.5)
+
+
 def test_first_sampled_token_has_the_target_distribution(tiny):
     """The empirical law of the first new token over many seeds matches p (top-k keeps the support small)."""
     model, tok = tiny

@@ -82,7 +82,7 @@ def test_budget_skips_sections_and_records_them(tmp_path):
 
 
 def test_grid_deadline_lists_what_it_skipped():
-    from minispec.attention_grid import coarse_first, run_grid
+    from minispec.lab.attention_grid import coarse_first, run_grid
 
     assert coarse_first([1, 2, 3], [10, 20])[:4] == [(1, 10), (1, 20), (3, 10), (3, 20)]  # corners first
     r = run_grid("cpu", torch.float32, [1, 2], [16], [4], heads=(2, 1, 8), reps=1, deadline=time.perf_counter() - 1,
@@ -101,7 +101,7 @@ def test_unknown_section_and_missing_gpu_are_errors(tmp_path, capsys):
 def test_missing_prerequisites_names_each_one(monkeypatch):
     import importlib.util
 
-    from minispec import gpu_suite
+    from minispec.lab import gpu_suite
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(gpu_suite.shutil, "which", lambda name: None)  # no cc, gcc or clang on PATH
@@ -120,7 +120,7 @@ def test_missing_prerequisites_names_each_one(monkeypatch):
 
 
 def test_gpu_tests_section_records_what_is_missing_instead_of_running(tmp_path, monkeypatch):
-    from minispec import gpu_suite
+    from minispec.lab import gpu_suite
 
     monkeypatch.setattr(gpu_suite, "missing_prerequisites", lambda cuda=True: ["pytest: install the dev extra"])
     real_run = gpu_suite.subprocess.run
@@ -138,7 +138,7 @@ def test_gpu_tests_section_records_what_is_missing_instead_of_running(tmp_path, 
 
 
 def test_measurements_share_the_time_the_gpu_tests_left(tmp_path):
-    from minispec.gpu_suite import DEADLINES, Suite
+    from minispec.lab.gpu_suite import DEADLINES, Suite
 
     s = Suite(tmp_path, smoke=True, budget_s=500, tests_s=150)
     assert s.deadline("gpu_tests") == pytest.approx(time.perf_counter() + 150, abs=5)  # its own seconds
@@ -155,7 +155,7 @@ def test_smoke_gpu_tests_ran_with_their_own_budget(smoke):
 
 # --------------------------------------------------------------------------- the attention grid: timing, failures
 def test_timed_flushes_then_calls_the_function_the_requested_times():
-    from minispec.attention_grid import flush_buffer, timed
+    from minispec.lab.attention_grid import flush_buffer, timed
 
     flush = torch.zeros(64)
     calls = []
@@ -171,7 +171,7 @@ def test_timed_flushes_then_calls_the_function_the_requested_times():
 def test_grid_keeps_every_row_when_a_method_or_a_shape_fails(monkeypatch):
     """A method raising at one shape (the dense reference, here) drops that method from the row; a
     shape raising (out of memory, say) becomes a row with its error; all other rows are kept."""
-    from minispec import attention_grid as ag
+    from minispec.lab import attention_grid as ag
 
     real_dense, real_shape = ag.dense_attention, ag.run_shape
 

@@ -773,7 +773,7 @@ def _hazards_names_only(calls, sync_ops):  # compares operator names, not their 
 
 
 def _hazards_library_set(calls, sync_ops):  # ignores the sync_ops argument
-    from minispec.graph_rules import SYNC_OPS
+    from minispec.lab.graph_rules import SYNC_OPS
     return _solutions(8).capture_hazards(calls, set(SYNC_OPS))
 
 

@@ -1,4 +1,4 @@
-"""minispec.graph_rules: what keeps a step from being captured in a CUDA graph, found on the CPU."""
+"""minispec.lab.graph_rules: what keeps a step from being captured in a CUDA graph, found on the CPU."""
 
 import itertools
 import random
@@ -8,9 +8,9 @@ import torch
 
 from minispec import KVCache, load
 from minispec.cuda_graphs import StaticKVCache, static_forward
-from minispec.graph_rules import best_buckets, dispatch_cost_s, find_hazards, padding_waste, record_ops
+from minispec.lab.graph_rules import best_buckets, dispatch_cost_s, find_hazards, padding_waste, record_ops
 from minispec.model import Transformer
-from minispec.scale import llama_config
+from minispec.lab.scale import llama_config
 
 T = torch.tensor([3, 4])
 

@@ -1,5 +1,6 @@
-"""The imports among minispec's modules form no circle: walked with ``ast``, every ``import`` counted,
-the ones inside functions too (a lazy import hides a circle from Python, not from a reader)."""
+"""The imports among minispec's modules form no circle, and the runtime imports nothing from the lab:
+walked with ``ast``, every ``import`` counted, the ones inside functions too (a lazy import hides a
+circle or an upward arrow from Python, not from a reader)."""
 
 import ast
 from pathlib import Path
@@ -78,11 +79,45 @@ def import_graph() -> dict[str, set[str]]:
     return {m: imports(p, known) for m, p in known.items()}
 
 
+LAB = ("minispec.lab", "minispec.train", "minispec.grading")  # measure / check, train, grade: the lab's floor
+FRONT_DOORS = {"minispec.cli", "minispec.__main__"}  # `python -m minispec ...` reaches both floors
+
+
+def in_lab(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in LAB)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """{runtime module: the lab modules it imports} (the front doors excepted)."""
+    out = {}
+    for m, deps in graph.items():
+        if in_lab(m) or m in FRONT_DOORS:
+            continue
+        if up := sorted(d for d in deps if in_lab(d)):
+            out[m] = up
+    return out
 
 
 def test_no_import_circle_among_minispec_modules():
     found = cycles(import_graph())
     assert not found, "import circles (strongly connected modules): " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_runtime_imports_nothing_from_the_lab():
+    """The layout's promise (README, Layout): ``minispec/`` and its ``attention/``, ``kv/``, ``drafters/``
+    decode; ``lab/``, ``train/`` and ``grading/`` measure, train and grade, and only they (and the
+    command line) import both."""
+    assert not upward_imports(import_graph())
+
+
+def test_the_layering_check_flags_an_upward_import():
+    g = {"minispec.verify": {"minispec.lab.exactness"}, "minispec.lab.bench": {"minispec.verify"},
+         "minispec.cli": {"minispec.lab.bench"}, "minispec.drafters.eagle": {"minispec.train.eagle"}}
+    assert upward_imports(g) == {"minispec.verify": ["minispec.lab.exactness"],
+                                 "minispec.drafters.eagle": ["minispec.train.eagle"]}
+    g = import_graph()
+    assert "minispec.lab.bench" in g["minispec.cli"] and "minispec.train.eagle" in g["minispec.grading.ch03"]
+    assert {"minispec.dispatch", "minispec.generate", "minispec.drafters.eagle"} <= set(g)  # runtime modules walked
 
 
 def test_the_walk_sees_lazy_relative_and_package_imports():

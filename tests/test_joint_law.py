@@ -1,14 +1,14 @@
-"""minispec.joint_law: the packed next-token laws equal plain forwards, and the joint TV check
+"""minispec.lab.joint_law: the packed next-token laws equal plain forwards, and the joint TV check
 passes the right verifier (chapters 1-2's real-model checks; on SmolLM2 the notebooks also assert
 that a wrong verifier is flagged)."""
 
 import pytest
 import torch
 
-from minispec import exactness as ex
+from minispec.lab import exactness as ex
 from minispec import load
 from minispec.drafters import DraftModel
-from minispec.joint_law import (ALPHA, assert_loop_check, claim_uniform_q, first_tokens_law, joint_tv_check, loop_tv_check,
+from minispec.lab.joint_law import (ALPHA, assert_loop_check, claim_uniform_q, first_tokens_law, joint_tv_check, loop_tv_check,
                                 next_token_laws, peek_verifier_stream, share_verifier_stream, table_lm)
 from minispec.sampling import SamplingParams, probs
 
@@ -134,7 +134,7 @@ def test_prefix_p_value_is_the_bonferroni_min_over_prefix_laws():
     import numpy as np
     import scipy.stats
 
-    from minispec.joint_law import prefix_p_value
+    from minispec.lab.joint_law import prefix_p_value
 
     support = [(0, 0), (0, 1), (1, 0), (1, 1)]
     exact = np.array([0.25, 0.25, 0.25, 0.25, 0.0])

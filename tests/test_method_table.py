@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 import minispec
-from minispec import bench, dispatch, methods
+from minispec import dispatch, methods
+from minispec.lab import bench
 from minispec.drafters import TreeSpec, registry
 
 ROOT = Path(minispec.__file__).resolve().parent

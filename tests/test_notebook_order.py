@@ -179,7 +179,7 @@ def test_the_check_can_fail():
     assert any("all check cells sit in one section" in p for p in problems), problems
 
 
-# Chapters whose real-model TV check runs on SmolLM2 (minispec.joint_law) with a wrong control.
+# Chapters whose real-model TV check runs on SmolLM2 (minispec.lab.joint_law) with a wrong control.
 TV_CHAPTERS = ["01", "02", "03", "04", "05", "07"]
 
 

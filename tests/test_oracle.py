@@ -114,7 +114,7 @@ def _with_one_wrong_token(stream, pos, vocab):
 
 
 def _full_depth_tau(stats, k, n_new):
-    from minispec.scale import tau_check
+    from minispec.lab.scale import tau_check
     return tau_check(stats.tokens_per_step, k, 0.0, n_new)["tau_full"]
 
 
@@ -159,7 +159,7 @@ def test_oracle_does_not_reanchor_when_sampling(tiny):
 
 
 def test_tau_check_flags_a_collapse_and_accepts_the_promise():
-    from minispec.scale import tau_check
+    from minispec.lab.scale import tau_check
     k, p = 5, 0.3
     promise = expected_tau(p, k)
     budget = 400
@@ -177,7 +177,7 @@ def test_tau_check_flags_a_collapse_and_accepts_the_promise():
 def test_oracle_speedup_raises_when_tau_leaves_the_promise(tiny, monkeypatch):
     """Force a divergence in oracle_speedup's own oracle: without re-anchoring tau collapses and
     the comparison must fail loudly; with it the run keeps its promise."""
-    from minispec import scale
+    from minispec.lab import scale
 
     model, _ = tiny
     real = scale.OracleDrafter
@@ -203,7 +203,7 @@ def test_random_model_keeps_tied_embeddings_one_matrix():
     import dataclasses
 
     from minispec.model import Transformer
-    from minispec.scale import linear_params, llama_config, random_model
+    from minispec.lab.scale import linear_params, llama_config, random_model
 
     cfg = llama_config("tiny-draft")
     assert cfg.tie_embeddings

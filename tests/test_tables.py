@@ -1,6 +1,6 @@
-"""The one result-table formatter (``minispec.tables``), used by bench, tune, profile and demo."""
+"""The one result-table formatter (``minispec.lab.tables``), used by bench, tune, profile and demo."""
 
-from minispec.tables import Col, text_table
+from minispec.lab.tables import Col, text_table
 
 
 def test_columns_widen_to_fit_and_align():
@@ -12,7 +12,7 @@ def test_columns_widen_to_fit_and_align():
 
 
 def test_bench_table_goes_through_it():
-    from minispec.bench import format_table
+    from minispec.lab.bench import format_table
 
     summ = dict(tokens_per_s=12.345, speedup=None, vs_vanilla=1.5, tau=None, acceptance_by_position=[0.5, 0.25],
                 identical=3, n=4)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minispec import verify as vf
-from minispec.analysis import acceptance_rate, expected_tokens, speedup
+from minispec.lab.analysis import acceptance_rate, expected_tokens, speedup
 from minispec.sampling import SamplingParams, probs
 from minispec.tree import Tree
 from minispec.verify import (VerifyResult, accept_prob, residual, sample_candidates, verify_candidates, verify_chain,

@@ -66,7 +66,7 @@ def build_chapter(path: Path, out: Path, env: dict, timeout: int) -> tuple[str, 
 
 
 def build_note(fast: bool, env: dict) -> str:
-    from minispec.benchinfo import device_info
+    from minispec.lab.benchinfo import device_info
 
     info = device_info()
     machine = f"{info.get('cpu_model', info['cpu'])}, {os.cpu_count()} cores"

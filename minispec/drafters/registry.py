@@ -45,7 +45,7 @@ TABLE = {
 }
 
 HF_METHODS = ("hf", "hf_assisted", "hf_pld")
-"""transformers' baselines: ``bench`` runs them beside the table's methods (``minispec.bench``)."""
+"""transformers' baselines: ``bench`` runs them beside the table's methods (``minispec.lab.bench``)."""
 
 # --- how ``auto`` resolves (minispec.dispatch): a saved ``tune`` choice for this machine, else a quick
 # calibration over QUICK_CANDIDATES (batch 1), else DEFAULT_AUTO; ``tune`` tries DEFAULT_CANDIDATES

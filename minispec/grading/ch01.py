@@ -18,10 +18,10 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from minispec import exactness as ex
-from minispec import analysis
+from minispec.lab import exactness as ex
+from minispec.lab import analysis
 from minispec import verify as vf
-from minispec.cost_check import best_k
+from minispec.lab.cost_check import best_k
 
 from .checks import as_int, compare_laws, exercise, get, law
 

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import torch
 
-from minispec import exactness as ex
+from minispec.lab import exactness as ex
 from minispec import verify as vf
 
 from .checks import as_int, compare_laws, exercise, get, law

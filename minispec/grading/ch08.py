@@ -28,9 +28,9 @@ from unittest import mock
 
 import torch
 
-from minispec import graph_rules
+from minispec.lab import graph_rules
 from minispec.cuda_graphs import pad_inputs, pick_bucket, static_plan
-from minispec.graph_rules import SYNC_OPS, best_buckets, find_hazards, padding_waste, record_ops
+from minispec.lab.graph_rules import SYNC_OPS, best_buckets, find_hazards, padding_waste, record_ops
 
 from .checks import exercise, get
 
@@ -123,7 +123,7 @@ def _lib_mask(lengths, tree_mask, capacity):
 
 def library():
     """minispec's own functions behind the exercises' signatures (``--impl minispec``)."""
-    return SimpleNamespace(__name__="minispec.graph_rules / minispec.cuda_graphs (chapter 8 adapter)",
+    return SimpleNamespace(__name__="minispec.lab.graph_rules / minispec.cuda_graphs (chapter 8 adapter)",
                            capture_hazards=_lib_hazards, static_mask=_lib_mask, pad_to_bucket=reference_pad,
                            choose_buckets=best_buckets)
 

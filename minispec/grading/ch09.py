@@ -10,7 +10,7 @@
 Every check is exact on the CPU: the shapes of Llama-3.1-8B, Llama-3.2-1B, SmolLM2-135M, minispec's
 tiny presets, a few hand-made ones (multi-head, head_dim not d_model / n_head) and a hundred random
 Llama-family configurations, in fp32, bf16, fp16 and fp8. The references are written here from
-the shapes; ``--impl minispec`` answers with ``minispec.scale`` (which counts the weights of a
+the shapes; ``--impl minispec`` answers with ``minispec.lab.scale`` (which counts the weights of a
 model built on the meta device) and ``minispec.drafters.oracle``, so the two are checked against
 each other. A failure names the case and, for the usual slips, what was missed.
 """
@@ -84,11 +84,11 @@ def reference_crossover(cfg, nodes, tau, context, dtype, bandwidth, peak, max_ba
 
 # --------------------------------------------------------------------------- the library behind the signatures
 def library():
-    """minispec.scale and minispec.drafters.oracle behind the exercises' signatures (``--impl minispec``)."""
-    from minispec import scale
+    """minispec.lab.scale and minispec.drafters.oracle behind the exercises' signatures (``--impl minispec``)."""
+    from minispec.lab import scale
     from minispec.drafters.oracle import corruption_for_tau
 
-    return SimpleNamespace(__name__="minispec.scale (chapter 9)", step_bytes=scale.step_bytes,
+    return SimpleNamespace(__name__="minispec.lab.scale (chapter 9)", step_bytes=scale.step_bytes,
                            roofline_step_s=scale.roofline_step_s, corruption_for_tau=corruption_for_tau,
                            crossover_batch=scale.crossover_batch)
 
@@ -101,7 +101,7 @@ def _llama(name, vocab, n_layer, n_head, d_model, d_ff, n_kv_head, head_dim=None
 
 def configs(rng: random.Random, n_random: int = N_RANDOM):
     """Named shapes first, then random Llama-family ones."""
-    from minispec.scale import llama_config
+    from minispec.lab.scale import llama_config
 
     out = [llama_config(n) for n in ("llama-3.1-8b", "llama-3.2-1b", "tiny", "tiny-draft")]
     out += [_llama("smollm2-135m", 49152, 30, 9, 576, 1536, 3, tie=True),
@@ -140,7 +140,7 @@ def _bytes_cases(rng: random.Random):
         dtype = rng.choice(DTYPES)
         for batch, context in ((1, 0), (1, 1), (rng.randint(1, 64), rng.randint(0, 9000))):
             yield cfg, batch, context, dtype
-    from minispec.scale import llama_config
+    from minispec.lab.scale import llama_config
     yield llama_config("llama-3.1-8b"), 32, 131072, torch.bfloat16  # the KV cache outweighs the weights
 
 
@@ -176,7 +176,7 @@ def check_step_bytes(impl):
 
 # --------------------------------------------------------------------------- 9.2
 def _roof_cases(rng: random.Random):
-    from minispec.scale import llama_config
+    from minispec.lab.scale import llama_config
 
     big = llama_config("llama-3.1-8b")
     yield big, 1, 1, 1024, torch.bfloat16, *H100  # memory-bound
@@ -263,7 +263,7 @@ def check_corruption_for_tau(impl):
 
 # --------------------------------------------------------------------------- 9.4
 def _cross_cases(rng: random.Random):
-    from minispec.scale import llama_config
+    from minispec.lab.scale import llama_config
 
     big, small = llama_config("llama-3.1-8b"), _llama("smollm2-135m", 49152, 30, 9, 576, 1536, 3, tie=True)
     yield big, 5, 3.0, 0, torch.bfloat16, *H100, 4096  # short context: a crossover in the hundreds

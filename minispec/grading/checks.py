@@ -7,7 +7,7 @@ a stub's NotImplementedError or a crash included, is an AssertionError starting
 "Exercise 1.3 verify_chain: ...", the same text in pytest, in ``python -m minispec grade`` and in
 notebook feedback cells.
 
-Distribution checks use exact enumeration (``minispec.exactness``): the learner's function is
+Distribution checks use exact enumeration (``minispec.lab.exactness``): the learner's function is
 called with an ``EnumeratingChooser`` once per branch of its random choices, so the law of its
 output is computed exactly (float64) and compared with the target and with the law of
 minispec's own implementation on the same inputs.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from minispec.exactness import max_abs_error, outcome_distribution
+from minispec.lab.exactness import max_abs_error, outcome_distribution
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # minispec/: frames inside it are not the learner's
 TOL = 1e-9  # exact laws are equal up to float64 rounding (~1e-16); this leaves room for other formulas

@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..benchinfo import device_info, versions
+from ..lab.benchinfo import device_info, versions
 from ..config import cache_dir
 from . import TARGET, ddp
 

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    from ..benchinfo import versions
+    from ..lab.benchinfo import versions
     from ..models import load
 
     args = parse_args(argv)

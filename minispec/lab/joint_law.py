@@ -7,7 +7,7 @@ three tokens), and a speculative loop run n times must reproduce it up to the sa
 forward pass: the contexts are packed after the prompt with a tree attention mask (chapter 4), so
 each row equals a separate forward of prompt + context. ``TableLM`` serves the tables through
 ``exactness.ToyLM``'s interface (``p(ctx)``, ``q(ctx)``) on a compact vocabulary, so the step
-functions of ``minispec.exactness`` run on the real model unchanged.
+functions of ``minispec.lab.exactness`` run on the real model unchanged.
 
 Chapters 3-5 and 7 check the real decode loop itself: ``loop_tv_check`` runs ``minispec.batch.generate_batch``
 with a drafter (an EAGLE head, a static or dynamic tree) many times and compares the first tokens with
@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 from . import exactness as ex
-from . import verify as vf
-from .models import load
-from .sampling import probs
+from .. import verify as vf
+from ..models import load
+from ..sampling import probs
 
 
 def load_tv_models(fast: bool):
@@ -224,7 +224,7 @@ def loop_tv_check(target, tok, prompt_ids, drafters: dict[str, Callable], params
     """
     from tqdm.auto import tqdm
 
-    from .batch import generate_batch
+    from ..batch import generate_batch
 
     law = law if law is not None else first_tokens_law(target, prompt_ids, params, length)
     support = sorted(law)

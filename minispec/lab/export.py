@@ -41,8 +41,8 @@ def export_head(head, out_dir: str | Path, max_position_embeddings: int | None =
     """
     from safetensors.torch import save_file
 
-    from .drafters.eagle import EagleHead
-    from .drafters.eagle3 import Eagle3Head
+    from ..drafters.eagle import EagleHead
+    from ..drafters.eagle3 import Eagle3Head
 
     if isinstance(head, EagleHead):
         config = head.cfg.to_dict()
@@ -63,9 +63,9 @@ def export_head(head, out_dir: str | Path, max_position_embeddings: int | None =
 
 
 def main(argv=None) -> int:
-    from . import load
-    from .drafters import load_drafter
-    from .methods import shipped_head
+    from .. import load
+    from ..drafters import load_drafter
+    from ..methods import shipped_head
 
     ap = argparse.ArgumentParser(prog="python -m minispec export", description=__doc__.split("\n\n")[0])
     ap.add_argument("kind", choices=["eagle", "eagle3"], help="which shipped head (or --head) to export")

@@ -2,7 +2,7 @@
 
 Three parts, each a list of records:
     enumeration  exact law of one speculative step of every verifier on tiny vocabularies,
-                 summed over all random outcomes (``minispec.exactness``); pass: max abs
+                 summed over all random outcomes (``minispec.lab.exactness``); pass: max abs
                  error <= 1e-12.
     empirical    first-token samples of every verifier on real model distributions: a
                  GPT-2-architecture target and draft (``gpt2`` / ``distilgpt2`` where a hub
@@ -34,8 +34,9 @@ import sys
 import torch
 
 from . import exactness as ex
-from .config import fast
-from .sampling import SamplingParams, probs
+from .tables import Col, text_table
+from ..config import fast
+from ..sampling import SamplingParams, probs
 
 MODEL_VERIFIERS = ("chain_k1", "chain_k2", "mss_replacement_n3", "mss_no_replacement_n3", "onehot_n3")
 MODEL_SETTINGS = {  # name -> SamplingParams; top-k 20 keeps the support at most 20 tokens
@@ -58,7 +59,7 @@ def reduced_vocab(lp: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
 
 def model_pair():
     """(target name, draft name, p logits [V], q logits [V]) at the end of PROMPT."""
-    from .models import ModelNotFound, load
+    from ..models import ModelNotFound, load
 
     try:
         (t, tok), (d, _) = load("gpt2"), load("distilgpt2")
@@ -110,9 +111,9 @@ def run_batched_suite(n_samples: int, alpha: float, seed: int = 0, batch: int = 
     (``joint_law.claim_uniform_q``). The loop runs each row's drafter in Python, so this part takes
     fewer samples than the others and is judged by the TV bound of its own sample size.
     Returns (records, controls)."""
-    from .drafters import CopyingDrafter, DraftModel
+    from ..drafters import CopyingDrafter, DraftModel
     from .joint_law import claim_uniform_q, loop_tv_check
-    from .models import load
+    from ..models import load
 
     (t, tok), (d, _) = load("tiny-gpt2"), load("tiny-gpt2")
     with torch.no_grad():  # the draft: a noisy copy of the target, so its drafts are often right (an
@@ -178,6 +179,12 @@ def run_all(full: bool, samples: int | None = None, seed: int = 0, parts=PARTS) 
     return report
 
 
+EMPIRICAL_COLUMNS = [Col("empirical setting", width=58, left=True), Col("verifier", width=22, left=True),
+                     Col("TV", ".4f", 7), Col("limit", ".4f", 7), Col("p-value", ".3g", 8), Col(" verdict", left=True)]
+CONTROL_COLUMNS = [Col("part", width=11, left=True), Col("verifier", width=28, left=True),
+                   Col("setting", width=45, left=True), Col("statistic", width=22, left=True), Col("verdict", left=True)]
+
+
 def format_report(rep: dict) -> str:
     enum = rep["enumeration"]
     lines = [f"exactness ({rep['mode']} mode, {rep['samples_per_setting']} samples per empirical setting; "
@@ -187,18 +194,14 @@ def format_report(rep: dict) -> str:
         lines.append(f"enumeration: {sum(r['passed'] for r in enum)}/{len(enum)} pass; worst error "
                      f"{worst['max_abs_error']:.1e} ({worst['verifier']}, {worst['setting']}); "
                      f"limit {rep['criteria']['enumeration_max_abs_error']:.0e}")
-    lines += [f"{'empirical setting':<58} {'verifier':<22} {'TV':>7} {'limit':>7} {'p-value':>8}  verdict"]
-    for r in rep["empirical"]:
-        lines.append(f"{r['setting']:<58} {r['verifier']:<22} {r['tv']:>7.4f} {r['tv_limit']:>7.4f} {r['p_value']:>8.3g}  "
-                     f"{'PASS' if r['passed'] else 'FAIL'}")
-    for r in rep.get("batched", []):
-        lines.append(f"{r['setting']:<58} {r['verifier']:<22} {r['tv']:>7.4f} {r['tv_limit']:>7.4f} {r['p_value']:>8.3g}  "
-                     f"{'PASS' if r['passed'] else 'FAIL'}")
+    lines += text_table(EMPIRICAL_COLUMNS, [[r["setting"], r["verifier"], r["tv"], r["tv_limit"], r["p_value"],
+                                             "PASS" if r["passed"] else "FAIL"]
+                                            for r in rep["empirical"] + rep.get("batched", [])])
     lines.append("controls (deliberately wrong; must FAIL, not counted):")
-    for r in rep["controls"]:
-        stat = f"err {r['max_abs_error']:.2e}" if "max_abs_error" in r else f"TV {r['tv']:.3f} p {r['p_value']:.2g}"
-        lines.append(f"  {r['part']:<11} {r['verifier']:<28} {r['setting']:<45} {stat:<22} "
-                     f"{'FAIL' if not r['passed'] else 'not detected here'}")
+    lines += text_table(CONTROL_COLUMNS, [[r["part"], r["verifier"], r["setting"], f"err {r['max_abs_error']:.2e}"
+                                           if "max_abs_error" in r else f"TV {r['tv']:.3f} p {r['p_value']:.2g}",
+                                           "FAIL" if not r["passed"] else "not detected here"]
+                                          for r in rep["controls"]], indent="  ")
     lines.append(f"chi-square alpha {rep['criteria']['chi_square_alpha']:.2g} ({rep['criteria']['chi_square_correction']})")
     flagged = rep["controls_flagged"]
     lines.append(f"controls flagged as failing: {sum(flagged.values())}/{len(flagged)} "

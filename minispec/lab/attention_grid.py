@@ -40,7 +40,7 @@ import warnings
 
 import torch
 
-from .attention import dense_attention, dense_backend, sdpa_backend, split_attention, triton_available
+from ..attention import dense_attention, dense_backend, sdpa_backend, split_attention, triton_available
 
 L2_BYTES = 50 * 2**20  # H100 / H200: 50 MiB (used when torch does not report the L2 size)
 CALLS = 8  # back-to-back calls per timing on a GPU (at most the number of input copies)
@@ -197,7 +197,7 @@ def _methods(B, H, Hkv, P, T, S, mask, full, device, methods_ok, flex, max_gb, n
     else:
         notes.add(f"split_torch skipped where its fp32 score matrices exceed {max_gb} GB (--max-gb)")
     if methods_ok["split_triton"]:
-        from .attention.triton_split import split_attention_triton
+        from ..attention.triton_split import split_attention_triton
         fns["split_triton"] = lambda q, k, v: split_attention_triton(q, k, v, P, mask)
     if flex is not None:
         flex_attention, create_block_mask = flex

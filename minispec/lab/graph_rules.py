@@ -198,7 +198,7 @@ def padding_waste(sizes: Sequence[int], buckets: Sequence[int]) -> int:
     Returns:
         sum over sizes of (its bucket - size). ValueError if a size exceeds every bucket.
     """
-    from .cuda_graphs import pick_bucket
+    from ..cuda_graphs import pick_bucket
 
     return sum(pick_bucket(s, buckets) - s for s in sizes)
 

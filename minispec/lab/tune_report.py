@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from .dispatch import TuneResult
+from ..dispatch import TuneResult
 from .tables import Col, text_table
 
 TUNE_COLUMNS = [Col("method", width=16, left=True), Col("N", "d", 3), Col("tau", ".2f", 5), Col("tok/step", ".2f"),
@@ -34,7 +34,7 @@ def calibration_prompts(limit: int, path=None) -> list[str]:
     """``tune``'s prompts: the questions of the JSONL file ``path`` when one is given (spread over its
     categories), else minispec's calibration set (``prompts.calibration_set``). Never a benchmark's
     unless asked for: a choice tuned on the benchmark that measures it would flatter it."""
-    from .prompts import calibration_set, spec_bench
+    from ..prompts import calibration_set, spec_bench
 
     if path is not None:
         return [q["prompt"] for q in spec_bench(path, limit=limit)]

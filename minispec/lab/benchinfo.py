@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .config import cpu_model
+from ..config import cpu_model
 
 
 def device_info() -> dict:
@@ -25,7 +25,7 @@ def device_info() -> dict:
 def versions() -> dict:
     import transformers
 
-    from . import __version__
+    from .. import __version__
 
     return dict(python=platform.python_version(), torch=torch.__version__, transformers=transformers.__version__,
                 minispec=__version__)

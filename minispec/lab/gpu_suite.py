@@ -224,7 +224,7 @@ class Suite:
         return self.models[role]
 
     def cuda_graphs(self) -> dict:
-        from .cuda_graphs import greedy_decode
+        from ..cuda_graphs import greedy_decode
         from .scale import METHODS, method_tree, step_latency
 
         g = self.s["graphs"]
@@ -265,7 +265,7 @@ class Suite:
                     notes=notes)
 
     def llama_latency(self) -> dict:
-        from .attention import triton_available
+        from ..attention import triton_available
         from .scale import METHODS, latency_grid
 
         model = self._model("target")

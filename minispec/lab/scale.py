@@ -47,11 +47,11 @@ import time
 import torch
 
 from .attention_grid import timed
-from .cuda_graphs import GraphedForward, StaticKVCache
-from .drafters.oracle import OracleDrafter, expected_tau, tree_shape
-from .kv import KVCache
-from .model import ModelConfig, Transformer
-from .tree import Tree
+from ..cuda_graphs import GraphedForward, StaticKVCache
+from ..drafters.oracle import OracleDrafter, expected_tau, tree_shape
+from ..kv import KVCache
+from ..model import ModelConfig, Transformer
+from ..tree import Tree
 
 
 def llama_config(name: str) -> ModelConfig:
@@ -330,9 +330,9 @@ def oracle_speedup(model, prompt_len: int, max_new_tokens: int, p_corrupt: float
     Returns:
         dict(prompt_tokens, max_new_tokens, p_corrupt, methods={name: {...}}, identical_all, tau_ok_all).
     """
-    from .dispatch import predicted_tokens_per_s
-    from .generate import generate
-    from .tokenizer import ByteTokenizer
+    from ..dispatch import predicted_tokens_per_s
+    from ..generate import generate
+    from ..tokenizer import ByteTokenizer
 
     tok = ByteTokenizer()  # decodes any id (mod 256): text is not looked at
     g = torch.Generator().manual_seed(seed)
@@ -362,7 +362,7 @@ def oracle_speedup(model, prompt_len: int, max_new_tokens: int, p_corrupt: float
 
 def _oracle_run(model, tok, prompt, ref, stream, depth, nodes, p_corrupt, max_new_tokens, seed, reanchor, tau_z) -> dict:
     """One method of ``oracle_speedup`` (nodes 0: vanilla): warm-up, one timed generation, its row."""
-    from .generate import generate
+    from ..generate import generate
 
     drafter = None if nodes == 0 else OracleDrafter(stream, k=depth, p_corrupt=p_corrupt, seed=seed,
                                                     tree_nodes=nodes, vocab_size=model.cfg.vocab_size,

@@ -37,11 +37,12 @@ from dataclasses import dataclass
 from collections.abc import Sequence
 
 from .analysis import expected_tokens, speedup
-from .generate import add_by_depth
+from .tables import Col, text_table
+from ..generate import add_by_depth
 
 
 def best_k(alpha: float, c: float, k_max: int = 16) -> int:
-    """The chain length k in 0..k_max that chapter 1's model (``minispec.analysis.speedup``) predicts
+    """The chain length k in 0..k_max that chapter 1's model (``minispec.lab.analysis.speedup``) predicts
     fastest for acceptance alpha and cost ratio c; the smallest k on a tie (within 1e-12 relative)."""
     if not isinstance(k_max, int) or k_max < 0:
         raise ValueError(f"k_max must be an integer >= 0, got {k_max!r}")
@@ -80,10 +81,10 @@ class CostCheck:
     def table(self) -> str:
         rows = [f"alpha {self.alpha:.3f} (by depth " + " ".join(f"{a:.2f}" for a in self.alpha_by_depth) +
                 f"), tau {self.tau:.2f}, k {self.k}, c {self.c:.3f}, draft forwards/step {self.drafts_per_step:.2f}, "
-                f"v {self.v:.3f}, l {self.loop:.3f} (units: one vanilla decode step)",
-                f"{'model':<40} {'tokens/step':>11} {'step cost':>9} {'speedup':>8}"]
-        rows += [f"{name:<40} {t:>11.2f} {cost:>9.2f} {s:>7.2f}x" for name, t, cost, s in self.predictions()]
-        rows.append(f"{'measured (decode tokens/s ratio)':<40} {'':>11} {'':>9} {self.measured:>7.2f}x")
+                f"v {self.v:.3f}, l {self.loop:.3f} (units: one vanilla decode step)"]
+        cols = [Col("model", width=40, left=True), Col("tokens/step", ".2f"), Col("step cost", ".2f"), Col("speedup", width=8)]
+        rows += text_table(cols, [[name, t, cost, f"{s:.2f}x"] for name, t, cost, s in self.predictions()]
+                           + [["measured (decode tokens/s ratio)", "", "", f"{self.measured:.2f}x"]])
         return "\n".join(rows)
 
 

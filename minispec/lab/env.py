@@ -89,9 +89,9 @@ def row_invariance_lines(shapes=SMOLLM2_LINEARS) -> list[str]:
     alone, and names the plan each runs under."""
     import torch
 
-    from .attention import invariant_attention
-    from .attention.invariant import attention_plan
-    from .linear import Linear
+    from ..attention import invariant_attention
+    from ..attention.invariant import attention_plan
+    from ..linear import Linear
 
     n = torch.get_num_threads()
     lines, notes, broken = [], [], []

@@ -1,4 +1,5 @@
-"""One way to print a result table: ``bench``, ``tune``, ``profile`` and ``demo`` print theirs with it.
+"""One way to print a result table: ``bench``, ``tune``, ``profile``, ``demo``, the exactness report and
+the cost check print theirs with it.
 
     >>> print("\\n".join(text_table([Col("method", left=True), Col("tau", ".2f")], [["eagle", 2.5], ["vanilla", None]])))
     method   tau

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .generate import acceptance_by_depth, add_by_depth
-from .methods import HF_METHODS, METHOD_NAMES, MethodSpec, parse_methods
+from ..generate import acceptance_by_depth, add_by_depth
+from ..methods import HF_METHODS, METHOD_NAMES, MethodSpec, parse_methods
+from ..sampling import SamplingParams
 from .tables import Col, text_table
 
 METHODS = HF_METHODS + METHOD_NAMES  # the method table's (minispec.drafters.registry): transformers' and minispec's
@@ -66,9 +67,9 @@ def _runners(specs: list[MethodSpec], hf_methods, model_name, k, draft_path, pld
              batch_size=1, draft_vocab=None):
     """Build one callable per method: ids, params, seed -> (new tokens, seconds, stats or None); with
     ``batch_size`` > 1: B prompts, params, B seeds -> (B answers, seconds, B stats)."""
-    from . import generate, load
-    from .dispatch import resolve
-    from .methods import Methods
+    from .. import generate, load
+    from ..dispatch import resolve
+    from ..methods import Methods
 
     target, tok = load(model_name)
     made = Methods(target, model_name, k=k, pld_k=pld_k, tree=tree, draft_path=draft_path, drafter_path=drafter_path,
@@ -89,19 +90,19 @@ def _runners(specs: list[MethodSpec], hf_methods, model_name, k, draft_path, pld
 
 def _minispec_runner(target, tok, made, spec: MethodSpec, batch_size: int):
     """``generate`` (``generate_batch`` for B > 1) with the method's drafter, timed."""
-    from . import generate
-    from .batch import generate_batch
+    from .. import generate
+    from ..batch import generate_batch
 
     def run(ids, params, seed):
         t = time.perf_counter()
         r = generate(target, tok, ids, drafter=made.drafter(spec), max_new_tokens=params["max_new_tokens"],
-                     temperature=params["temperature"], top_p=params["top_p"], seed=seed)
+                     params=params["sampling"], seed=seed)
         return r.tokens, time.perf_counter() - t, r.stats
 
     def run_batch(ids, params, seeds):  # ids: B prompts -> (B answers, seconds, B stats)
         t = time.perf_counter()
         rs, _ = generate_batch(target, tok, ids, drafter=made.drafter(spec), max_new_tokens=params["max_new_tokens"],
-                               temperature=params["temperature"], top_p=params["top_p"], seed=seeds)
+                               params=params["sampling"], seed=seeds)
         return [r.tokens for r in rs], time.perf_counter() - t, [r.stats for r in rs]
 
     return run_batch if batch_size > 1 else run
@@ -109,13 +110,13 @@ def _minispec_runner(target, tok, made, spec: MethodSpec, batch_size: int):
 
 def _hf_runners(hf_methods, model_name, target, tok, k, pld_k, draft_path, batch_size) -> dict:
     """transformers' ``generate``: plain, assisted by minispec's distilled draft, prompt lookup."""
-    from . import load_hf
-    from .models import to_hf
+    from .. import load_hf
+    from ..models import to_hf
 
     hf, _ = load_hf(model_name)
     extra = {"hf": {}, "hf_pld": dict(prompt_lookup_num_tokens=pld_k)}
     if "hf_assisted" in hf_methods:
-        from .drafters.draft_checkpoint import load_draft_model
+        from ..drafters.draft_checkpoint import load_draft_model
 
         assistant = to_hf(load_draft_model(target, draft_path))
         assistant.generation_config.num_assistant_tokens = k
@@ -186,13 +187,13 @@ def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), mo
     Returns:
         {"summary": {method: {...}}, "by_category": {category: {method: {...}}}, "rows": [...]}.
     """
-    from .tokenizer import encode_prompt
+    from ..tokenizer import encode_prompt
 
     methods = [m.strip() for m in methods]
-    specs = _check(questions, methods, temperature, top_p, batch_size)
+    specs, sampling = _check(questions, methods, temperature, top_p, batch_size)
     runners, tok, resolved = _runners(specs, [m for m in methods if m in HF_METHODS], model, k, draft_path, pld_k, tree,
                                       drafter_path, batch_size=batch_size, draft_vocab=draft_vocab)
-    params = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    params = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, sampling=sampling)
     warm = encode_prompt(tok, "Hello!")
     for m in methods:  # warm-up: first calls allocate buffers and pick kernels
         if batch_size > 1:
@@ -216,11 +217,10 @@ def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), mo
                               identical_to="each question alone, vanilla greedy" if batch_size > 1 else "vanilla"))
 
 
-def _check(questions, methods, temperature, top_p, batch_size) -> list[MethodSpec]:
-    """Every argument checked before anything loads; minispec's methods parsed (once)."""
-    from .sampling import SamplingParams
-
-    SamplingParams(temperature, 0, top_p)
+def _check(questions, methods, temperature, top_p, batch_size) -> tuple[list[MethodSpec], SamplingParams]:
+    """Every argument checked before anything loads; minispec's methods parsed and the sampling
+    parameters built (once)."""
+    sampling = SamplingParams(temperature, 0, top_p)
     specs = parse_methods(methods)  # raises on an unknown method or tree
     if len(set(methods)) != len(methods):
         raise ValueError(f"a method is listed twice: {methods}")
@@ -239,7 +239,7 @@ def _run_questions(questions, methods, runners, tok, params, seed, batch_size, p
     per-category totals and one row per question."""
     from tqdm.auto import tqdm
 
-    from .tokenizer import encode_prompt
+    from ..tokenizer import encode_prompt
 
     totals = {m: _Totals() for m in methods}
     by_cat: dict[str, dict[str, _Totals]] = {}

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from .generate import PHASES
+from ..generate import PHASES
 from .tables import Col, text_table
 
 
@@ -49,7 +49,7 @@ def matmul_peak(n: int = 1024, reps: int = 5, device=None, dtype: torch.dtype = 
     another dtype) a plain ``torch.mm`` of ``dtype`` on ``device``."""
     device = torch.device(device or "cpu")
     if device.type == "cpu" and dtype == torch.float32:
-        from .linear import Linear
+        from ..linear import Linear
 
         lin, a = Linear(n, n, bias=False), torch.randn(n, n)
         fn = lambda: lin(a)  # noqa: E731
@@ -87,7 +87,7 @@ def step_breakdown(target, tok, prompts: list[str], drafters: dict, max_new_toke
     Args:
         drafters: method name -> drafter (None for vanilla).
     """
-    from . import generate
+    from .. import generate
 
     acc = {m: dict(phase=dict.fromkeys(PHASES, 0.0), steps=0, nodes=0, new=0, forwards=0) for m in drafters}
     for m, d in drafters.items():
@@ -111,9 +111,9 @@ def step_breakdown(target, tok, prompts: list[str], drafters: dict, max_new_toke
 def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new_tokens: int, sizes, context: int,
                 reps: int, draft_vocab=None) -> dict:
     """Everything ``python -m minispec profile`` reports, as one dict."""
-    from . import load
-    from .dispatch import verify_cost_curve
-    from .methods import Methods
+    from .. import load
+    from ..dispatch import verify_cost_curve
+    from ..methods import Methods
 
     target, tok = load(model_name)
     bw = copy_bandwidth()
@@ -156,9 +156,9 @@ def format_profile(r: dict) -> str:
 
 def main(argv=None) -> int:
     from .benchinfo import save_json
-    from .config import fast
+    from ..config import fast
     from .env import default_threads
-    from .prompts import own_prompts
+    from ..prompts import own_prompts
 
     ap = argparse.ArgumentParser(prog="python -m minispec profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads or default_threads())
     if args.no_prepack:
-        from .linear import Linear
+        from ..linear import Linear
 
         Linear.prepack = False
     n_prompts, tokens = (1, 8) if fast() else (args.prompts, args.max_new_tokens)
