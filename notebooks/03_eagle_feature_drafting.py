@@ -152,7 +152,10 @@ check("3.1")
 # %% [markdown]
 # The head itself (`EagleHead.forward`): `fc` on the concatenation, then one Llama decoder
 # layer without its input norm (the features are already normed) and no final norm; its
-# output is a predicted feature, scored by the target's own LM head.
+# output is a predicted feature, scored by the target's own LM head. The official heads have
+# that one layer; a deeper head (`num_hidden_layers` > 1 in its config, `train eagle --layers`)
+# runs ordinary pre-norm Llama layers after it, each with its own layer of the head's KV cache:
+# that is the loop over `self.layers`.
 
 # %%
 print(inspect.getsource(EagleHead.forward))

@@ -176,7 +176,7 @@ def eagle_head_step(target_name, lm_rows=None):
     with torch.device("meta"):
         head = EagleHead(EagleConfig.for_target(cfg)).to(torch.bfloat16)
         lm = torch.nn.Linear(cfg.d_model, lm_rows or cfg.vocab_size, bias=False, dtype=torch.bfloat16)
-    kvh = KVCache(1, cfg.n_kv_head, cfg.head_dim, 64, 1, torch.bfloat16, "meta")
+    kvh = KVCache(head.cfg.num_hidden_layers, cfg.n_kv_head, cfg.head_dim, 64, 1, torch.bfloat16, "meta")
     e = torch.zeros(1, 1, cfg.d_model, dtype=torch.bfloat16, device="meta")  # [1, 1, H] embedding and feature
     with torch.inference_mode():
         _, r = record_ops(lambda: lm(head(e, e, torch.zeros(1, dtype=torch.long, device="meta"), kv=kvh)))

@@ -56,6 +56,31 @@ def head(target):
     return h.eval()
 
 
+@pytest.fixture(scope="module")
+def head2(target, head):
+    """A 2-layer head: the trained head's fc and layer 0, then a random pre-norm layer 1 whose output
+    projections are scaled down, so that it changes the predictions but drafts stay often right."""
+    model, _ = target
+    h = EagleHead(EagleConfig.for_target(model.cfg, num_hidden_layers=2))
+    missing, unexpected = h.load_state_dict(head.state_dict(), strict=False)
+    assert not unexpected and missing and all(k.startswith("layers.1.") for k in missing)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in h.layers[1].named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                scale = 0.02 if name.startswith(("self_attn.wo", "mlp.down")) else 0.1
+                p.copy_(scale * torch.randn(p.shape, generator=g))
+    return h.eval()
+
+
+@pytest.fixture(params=[1, 2], ids=["1layer", "2layers"])
+def heads(request):
+    """The trained 1-layer head, and the 2-layer head built on it."""
+    return request.getfixturevalue("head" if request.param == 1 else "head2")
+
+
 def head_reference(model, head, ctx, path):
     """Logits of the last node of ``path`` by full recomputation: no KV cache, no tree mask. The committed
     pairs (x_{j+1}, f_j) use the target's features; each draft pair (y_d, g_{d-1}) the head's own prediction."""
@@ -71,10 +96,11 @@ def head_reference(model, head, ctx, path):
 
 
 @pytest.mark.parametrize("tree", TREES)
-def test_tree_node_logits_equal_full_recomputation(target, head, tree):
-    """Level-by-level drafting with the head's KV cache and tree mask gives every node the logits of
-    a full recomputation of the head over its own path."""
+def test_tree_node_logits_equal_full_recomputation(target, heads, tree):
+    """Level-by-level drafting with the head's KV cache (one layer of it per decoder layer) and tree mask
+    gives every node the logits of a full recomputation of the head over its own path."""
     model, tok = target
+    head = heads
     ctx = tok.encode("The tree mask at work")
     d = EagleDrafter(model, head, tree=tree)
     with torch.no_grad():
@@ -101,8 +127,9 @@ def test_tree_node_logits_equal_full_recomputation(target, head, tree):
 
 
 @pytest.mark.parametrize("tree", ["chain:5", "eagle", "4,3,10"])
-def test_greedy_eagle_decoding_equals_vanilla(target, head, tree):
+def test_greedy_eagle_decoding_equals_vanilla(target, heads, tree):
     model, tok = target
+    head = heads
     accepted = 0
     for prompt in PROMPTS:
         vanilla = generate(model, tok, prompt, max_new_tokens=60)
@@ -334,3 +361,84 @@ def test_copying_drafter_sampled_has_the_target_law(target, head):
                      exact, 1000, params)
     assert law.accepted > law.n / 10
     assert_same_law(law, exact)
+
+
+# --- heads of more than one decoder layer ------------------------------------------------------------
+
+def test_the_layer_count_round_trips_and_zero_layers_are_refused(target):
+    model, _ = target
+    for n in (1, 2, 3):
+        cfg = EagleConfig.for_target(model.cfg, num_hidden_layers=n)
+        conf = cfg.to_dict()
+        assert conf["num_hidden_layers"] == n and EagleConfig.from_dict(conf) == cfg
+        assert len(EagleHead(cfg).layers) == n
+    conf = EagleConfig.for_target(model.cfg).to_dict()
+    del conf["num_hidden_layers"]
+    assert EagleConfig.from_dict(conf).num_hidden_layers == 1  # absent: the official one layer
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="at least one decoder layer"):
+            EagleConfig.from_dict({**conf, "num_hidden_layers": bad})
+
+
+def test_two_layer_keys_are_official_llama_names_and_load_as_written(target, head2, tmp_path):
+    from safetensors.torch import save_file
+
+    from minispec.drafters.loader import load_drafter
+    from minispec.export import export_head
+
+    model, _ = target
+    layer1 = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+              "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
+              "post_attention_layernorm.weight"]
+    assert list(head2.state_dict()) == OFFICIAL_KEYS + [f"layers.1.{k}" for k in layer1]
+    assert "layers.0.input_layernorm.weight" not in head2.state_dict()  # EAGLE's layer 0 has none
+    d = load_drafter(export_head(head2, tmp_path / "official", dtype=torch.float32), model, verbose=False)
+    assert d.head.cfg.num_hidden_layers == 2 and d.kv.k.shape[0] == 2  # one cache layer per decoder layer
+    for k, v in head2.state_dict().items():
+        assert torch.equal(v, d.head.state_dict()[k]), k
+    conf = json.loads((tmp_path / "official" / "config.json").read_text())
+    (tmp_path / "official" / "config.json").write_text(json.dumps({**conf, "num_hidden_layers": 1}))
+    with pytest.raises(ValueError, match="layers.1"):  # a config that does not count the layers the weights hold
+        load_drafter(tmp_path / "official", model, verbose=False)
+    sd = {k: v.contiguous() for k, v in head2.state_dict().items() if k != "layers.1.input_layernorm.weight"}
+    save_file(sd, str(tmp_path / "official" / "model.safetensors"))
+    (tmp_path / "official" / "config.json").write_text(json.dumps(conf))
+    with pytest.raises(ValueError, match="input_layernorm"):
+        load_drafter(tmp_path / "official", model, verbose=False)
+
+
+def test_the_second_layer_changes_the_prediction(target, head, head2):
+    """head2 is not head in disguise: its layer 1 moves the predicted features (so the 2-layer tests test it)."""
+    model, tok = target
+    ctx = torch.tensor([tok.encode("The tree mask at work")])
+    with torch.no_grad():
+        f = model(ctx).hidden[:, :-1]
+        emb = model.tok_emb(ctx[:, 1:])
+        g1, g2 = head(emb, f, torch.arange(f.shape[1])), head2(emb, f, torch.arange(f.shape[1]))
+    assert (g1 - g2).abs().max() > 1e-2
+
+
+def test_two_layer_kv_rollback_redrafts_what_a_fresh_head_drafts(target, head2):
+    """Drafting a tree leaves both layers of the head's cache as they were: proposing again, and after a
+    commit, gives the proposals of a fresh drafter on the same context."""
+    model, tok = target
+    ctx = tok.encode("Hello world, hello world, hello")
+    with torch.no_grad():
+        f = model(torch.tensor([ctx])).hidden[0]  # [n, D]: features of every token of ctx
+
+    def fresh(n):
+        d = EagleDrafter(model, head2, tree="4,3,10")
+        d.prefill(ctx[:n], Features(f[:n - 1]))
+        t = d.propose(GREEDY, budget=10)
+        return t.tokens, t.parents
+
+    n = len(ctx) - 4
+    d = EagleDrafter(model, head2, tree="4,3,10")
+    d.prefill(ctx[:n], Features(f[:n - 1]))
+    first = d.propose(GREEDY, budget=10)
+    assert d.kv.length == n - 1 and len(first) == 10
+    again = d.propose(GREEDY, budget=10)
+    assert (again.tokens, again.parents) == (first.tokens, first.parents) == fresh(n)
+    d.commit(ctx[n:], Features(f[n - 1:len(ctx) - 1]))
+    t = d.propose(GREEDY, budget=10)
+    assert (t.tokens, t.parents) == fresh(len(ctx)) and d.kv.length == len(ctx) - 1

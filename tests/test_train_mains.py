@@ -115,3 +115,52 @@ def test_the_draft_model_trains_with_the_default_attention(tiny):
     kl, _ = distill_draft.distill_loss(draft, tokens, sel, top_idx, torch.zeros(30, 4))
     kl.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in draft.parameters() if p.requires_grad)
+
+
+def test_train_eagle_two_layers_from_a_one_layer_head_and_resume(patched, tmp_path, monkeypatch):
+    """``train eagle --layers 2 --init-from`` a 1-layer head: fc and layer 0 come from it, layer 1 starts as
+    the identity (the held-out metrics before training are the 1-layer head's), the record counts the
+    layers, and a run interrupted after its checkpoint resumes to the weights of the uninterrupted one."""
+    from minispec.drafters.eagle import EagleConfig, EagleHead, load_eagle
+
+    target, _, data = patched
+    one = tmp_path / "one.safetensors"
+    cfg = EagleConfig.for_target(target.cfg)
+    torch.manual_seed(0)
+    eagle.save_head(EagleHead(cfg), one, dict(format=eagle.FORMAT, config=cfg.to_dict(), command="train eagle"))
+    flags = COMMON + ["--draft-vocab", "0", "--eval-tau-seqs", "1", "--final-tau-seqs", "1", "--no-measure",
+                      "--layers", "2", "--init-from", str(one)]
+    straight = tmp_path / "straight.safetensors"
+    record = eagle.main(flags + ["--out", str(straight)])
+    assert record["config"]["num_hidden_layers"] == 2 and record["layers"] == 2 and record["settings"]["layers"] == 2
+    assert record["init_from"]["layers_from_checkpoint"] == 1
+    assert record["init_from"]["new_layers"].startswith("identity")
+    before = eagle.evaluate(load_eagle(one, target).head.float(), target, data.held, data.fheld, tau_seqs=1)
+    assert record["eval"]["heldout_before_training"] == before  # the identity layer changed nothing at step 0
+    head = load_eagle(straight, target).head
+    assert head.cfg.num_hidden_layers == 2 and head.layers[1].self_attn.wo.weight.abs().max() > 0  # it trained
+
+    out = tmp_path / "resumed.safetensors"
+    finish = loop.finish
+
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt  # after the last step: the checkpoint of step 2 stays
+
+    monkeypatch.setattr(loop, "finish", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        eagle.main(flags + ["--out", str(out)])
+    assert list((tmp_path / "cache").rglob("resumed.resume.pt"))
+    monkeypatch.setattr(loop, "finish", finish)
+    steps, make_batch = [], eagle.make_batch
+
+    def counted(seqs, feats, idx):
+        steps.extend([idx] if len(idx) == 2 else [])  # a training batch (held-out ones come one by one)
+        return make_batch(seqs, feats, idx)
+
+    monkeypatch.setattr(eagle, "make_batch", counted)
+    resumed = eagle.main(flags + ["--out", str(out), "--resume"])
+    assert len(steps) == 1  # it ran step 3 alone, from the checkpoint of step 2
+    assert resumed["training"]["steps"] == 3 and resumed["eval"]["heldout_before_training"] == before
+    again = load_eagle(out, target).head
+    for k, v in head.state_dict().items():
+        assert torch.equal(v, again.state_dict()[k]), k

@@ -4,7 +4,7 @@
     DraftModel     a smaller causal LM with the same tokenizer (vanilla speculative sampling)
     PromptLookup   n-gram match in the context (no model, deterministic drafts)
     CopyingDrafter the context's continuation when its last tokens repeat, else another drafter
-    EagleDrafter   EAGLE-1/2 head: one decoder layer over the target's last hidden state (chapter 3)
+    EagleDrafter   EAGLE-1/2 head: one decoder layer (or more) over the target's last hidden state (chapter 3)
     Eagle3Drafter  EAGLE-3 head: fused low/mid/high features, reduced draft vocabulary
     MedusaDrafter  Medusa heads: one residual block per future position on the last hidden state
     OracleDrafter  replays a known greedy stream with tokens corrupted at rate p: tau known in advance

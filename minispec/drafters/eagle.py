@@ -1,4 +1,4 @@
-"""EAGLE-1/2: a one-layer head that drafts at the target's FEATURE level.
+"""EAGLE-1/2: a small head (one decoder layer, or a few) that drafts at the target's FEATURE level.
 
 EAGLE (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty")
 observes that the target's last hidden state f_t (after the final norm) is easier to
@@ -6,7 +6,8 @@ extrapolate than tokens, provided the head also sees the token actually sampled 
 predicts the next feature from
 
     x_t     = fc(cat[embed(x_{t+1}), f_t])          # [H]; embedding FIRST, then the feature
-    g_{t+1} = DecoderLayer(x_{t..})                  # one Llama layer, no input_layernorm,
+    g_{t+1} = DecoderLayers(x_{t..})                 # Llama layer 0 without input_layernorm
+                                                     # (then layers 1.., ordinary pre-norm ones),
                                                      # no final norm: the predicted f_{t+1}
     logits  = target.lm_head(g_{t+1})                # the target's frozen, shared LM head
 
@@ -21,11 +22,15 @@ j (RoPE position j) takes (embed(x_{j+1}), f_j) and outputs g_{j+1}, whose logit
 The head's KV cache keeps the pairs built from target features (the committed context); tree
 nodes take (embed(y), g_parent) at position root + depth and are rolled back in ``_end``.
 
-The decoder layer is built from the target's own ``Attention`` and ``MLP`` (``minispec.model``:
+The decoder layers are built from the target's own ``Attention`` and ``MLP`` (``minispec.model``:
 fused q/k/v and gate/up projections, grouped-query attention, the same RoPE and attention plan).
+The official heads have one layer (config ``num_hidden_layers`` 1); a head with more, as the
+official code builds them, runs layers 1.. after layer 0 as ordinary pre-norm Llama decoder
+layers (with input_layernorm), one attention plan and one head KV cache layer each.
 Checkpoints use the official EAGLE-1/2 key names (``EagleHead.state_dict()``, mapped by
 ``model.hf_names``): fc.weight [H, 2H] (+ fc.bias), layers.0.self_attn.{q,k,v,o}_proj.weight,
-layers.0.mlp.{gate,up,down}_proj.weight, layers.0.post_attention_layernorm.weight.
+layers.0.mlp.{gate,up,down}_proj.weight, layers.0.post_attention_layernorm.weight; layers i >= 1
+add layers.i.input_layernorm.weight to the same names.
 ``load_eagle`` reads minispec's single file (``name.safetensors`` + ``name.json`` whose "config"
 is the Llama-style config.json) or an official directory (``config.json`` + ``model.safetensors``).
 
@@ -66,53 +71,63 @@ class EagleConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     bias: bool = True  # fc bias (official configs: absent means True)
+    num_hidden_layers: int = 1  # decoder layers: 1 in the official heads; layers 1.. are pre-norm Llama layers
+
+    def __post_init__(self):
+        if not isinstance(self.num_hidden_layers, int) or self.num_hidden_layers < 1:
+            raise ValueError(f"an EAGLE-1/2 head needs at least one decoder layer, the config says "
+                             f"num_hidden_layers={self.num_hidden_layers!r}")
 
     @classmethod
     def from_dict(cls, d: dict) -> "EagleConfig":
-        """From an official-style Llama ``config.json`` dict of an EAGLE-1/2 head."""
-        if d.get("num_hidden_layers", 1) != 1:
-            raise ValueError(f"an EAGLE-1/2 head has one decoder layer, the config says {d['num_hidden_layers']}")
+        """From an official-style Llama ``config.json`` dict of an EAGLE-1/2 head (``num_hidden_layers``
+        absent means 1); ValueError for fewer than one layer."""
         nh = d["num_attention_heads"]
         return cls(d["hidden_size"], nh, d.get("num_key_value_heads", nh), d.get("head_dim") or d["hidden_size"] // nh,
                    d["intermediate_size"], d["vocab_size"], d.get("rms_norm_eps", 1e-5),
-                   d.get("rope_theta", 10000.0), d.get("bias", True))
+                   d.get("rope_theta", 10000.0), d.get("bias", True), d.get("num_hidden_layers", 1))
 
     def to_dict(self) -> dict:
         """The Llama-style config.json of an official EAGLE-1/2 checkpoint."""
-        return dict(architectures=["LlamaForCausalLM"], model_type="llama", num_hidden_layers=1, hidden_act="silu",
-                    **asdict(self))
+        d = asdict(self)
+        return dict(architectures=["LlamaForCausalLM"], model_type="llama",
+                    num_hidden_layers=d.pop("num_hidden_layers"), hidden_act="silu", **d)
 
     @classmethod
-    def for_target(cls, cfg, bias: bool = True) -> "EagleConfig":
-        """A head shaped like one layer of a minispec Llama target (``ModelConfig``)."""
+    def for_target(cls, cfg, bias: bool = True, num_hidden_layers: int = 1) -> "EagleConfig":
+        """A head of ``num_hidden_layers`` layers shaped like the layers of a minispec Llama target (``ModelConfig``)."""
         return cls(cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.d_ff, cfg.vocab_size, cfg.norm_eps,
-                   cfg.rope_theta, bias)
+                   cfg.rope_theta, bias, num_hidden_layers)
 
 
 class _Layer(nn.Module):
-    """A Llama decoder layer without input_layernorm (EAGLE's layer 0): the target's ``Attention`` and
-    ``MLP`` (GQA, RoPE, prepacked ``Linear``), saved under the official names (``hf_names``)."""
+    """Decoder layer ``index`` of the head: the target's ``Attention`` and ``MLP`` (GQA, RoPE, prepacked
+    ``Linear``), saved under the official Llama names (``hf_names``). Layer 0 has no input_layernorm
+    (EAGLE's: its input is fc's output); layers 1.. are ordinary pre-norm Llama layers. ``index`` is
+    also the layer of the head's KV cache that its attention uses."""
 
-    def __init__(self, c: EagleConfig):
+    def __init__(self, c: EagleConfig, index: int = 0):
         super().__init__()
         H = c.hidden_size
-        self.self_attn = hf_names(Attention(H, c.num_attention_heads, c.num_key_value_heads, c.head_dim))
+        self.self_attn = hf_names(Attention(H, c.num_attention_heads, c.num_key_value_heads, c.head_dim, layer=index))
         self.mlp = hf_names(MLP(H, c.intermediate_size))
+        self.input_layernorm = RMSNorm(H, c.rms_norm_eps) if index else None
         self.post_attention_layernorm = RMSNorm(H, c.rms_norm_eps)
 
     def forward(self, x, rope, plan: Plan, kv):
-        x = x + self.self_attn(x, rope, plan, kv)
+        h = x if self.input_layernorm is None else self.input_layernorm(x)  # [B, T, H]
+        x = x + self.self_attn(h, rope, plan, kv)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class EagleHead(nn.Module):
-    """The EAGLE-1/2 head; ``state_dict()`` keys are the official ones."""
+    """The EAGLE-1/2 head (``cfg.num_hidden_layers`` decoder layers); ``state_dict()`` keys are the official ones."""
 
     def __init__(self, cfg: EagleConfig):
         super().__init__()
         self.cfg = cfg
         self.fc = Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
-        self.layers = nn.ModuleList([_Layer(cfg)])
+        self.layers = nn.ModuleList(_Layer(cfg, i) for i in range(cfg.num_hidden_layers))
 
     def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor | None = None, kv: KVCache | None = None) -> torch.Tensor:
@@ -123,7 +138,7 @@ class EagleHead(nn.Module):
             feat: [B, T, H] features f_t (target's, or the head's own predictions in a tree).
             positions: [T] or [B, T] RoPE positions.
             mask: None (causal after the cached prefix) or boolean [T, S] / [B, T, S], True = may attend.
-            kv: optional KVCache(n_layer=1); new entries are left pending (commit / discard).
+            kv: optional KVCache with one layer per decoder layer; new entries are left pending (commit / discard).
         Returns:
             [B, T, H] predicted features g_{t+1}.
         """
@@ -132,7 +147,9 @@ class EagleHead(nn.Module):
         rope = rope_cos_sin(plan.positions, self.cfg.head_dim, self.cfg.rope_theta)  # [B, 1, T, hd] each
         try:
             x = self.fc(torch.cat([emb, feat], dim=-1))  # [B, T, 2H] -> [B, T, H]
-            return self.layers[0](x, rope, plan, kv)
+            for layer in self.layers:  # one plan for all: each layer writes its own layer of the cache
+                x = layer(x, rope, plan, kv)  # [B, T, H]
+            return x
         except BaseException:
             if kv is not None:
                 kv.discard()
@@ -171,7 +188,8 @@ class EagleDrafter(TreeDrafter):
         prepack(self.head), prepack(self.lm_head)  # not on the first timed draft
         c = head.cfg
         p = next(head.parameters())
-        self.kv = KVCache(1, c.num_key_value_heads, c.head_dim, capacity, dtype=p.dtype, device=p.device)
+        self.kv = KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, capacity, dtype=p.dtype,
+                          device=p.device)
         self.prefill([])
 
     @classmethod
@@ -181,7 +199,8 @@ class EagleDrafter(TreeDrafter):
 
     def __repr__(self):
         vocab = f", draft vocab {self.draft_vocab}" if self.draft_vocab else ""
-        return f"EagleDrafter(hidden {self.head.cfg.hidden_size}, {self.spec.name}{vocab})"
+        layers = f", {self.head.cfg.num_hidden_layers} layers" if self.head.cfg.num_hidden_layers > 1 else ""
+        return f"EagleDrafter(hidden {self.head.cfg.hidden_size}{layers}, {self.spec.name}{vocab})"
 
     def check_target(self, target, head: EagleHead | None = None) -> None:
         c, t = (head or self.head).cfg, target.cfg
@@ -288,4 +307,5 @@ def eagle_from_state(state: dict, meta: dict, target, weights: Path, tree=None, 
     load_strict(head, state, weights)
     head = head.to(device=target.device, dtype=target.dtype).eval()
     drafter = EagleDrafter(target, head, tree=tree if tree is not None else default_tree("eagle"), **kw)
-    return drafter, f"EAGLE-1/2 head (hidden {H}, 1 layer, vocab {V}, fc bias {bias}"
+    n = head.cfg.num_hidden_layers
+    return drafter, f"EAGLE-1/2 head (hidden {H}, {n} layer{'s' if n > 1 else ''}, vocab {V}, fc bias {bias}"

@@ -3,7 +3,9 @@
     EAGLE-1/2   official dir: config.json (Llama, num_hidden_layers 1, optional "bias") +
                 model.safetensors or pytorch_model.bin with fc.weight [H, 2H] (+ fc.bias),
                 layers.0.*, sometimes an embed_tokens.weight copy (checked against the target's
-                embedding: a warning when they differ). Li et al. 2024 (EAGLE, EAGLE-2).
+                embedding: a warning when they differ). Li et al. 2024 (EAGLE, EAGLE-2). A head
+                of num_hidden_layers > 1 adds layers.1.* ... (pre-norm Llama layers, with
+                input_layernorm), as the official code builds them.
     EAGLE-3     official dir: config.json (+ draft_vocab_size; no rope_theta means 10000) + weights
                 with fc.weight [H, 3H], midlayer.*, norm.weight, lm_head.weight [Vd, H], d2t, t2d.
                 Li et al. 2025.

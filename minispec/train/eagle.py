@@ -18,8 +18,10 @@ target's next feature f_{t+1}; its logits are the target's LM head on the predic
          torchrun (DDP). ``--minutes`` makes the schedule follow wall time (the cosine runs over the
          fraction of the time budget spent; training stops when it is spent and ``--steps`` is
          ignored), which suits a shared CPU whose speed changes during the run.
+  head   ``--layers`` decoder layers (official EAGLE-1/2: one; layers 1.. are pre-norm Llama
+         layers). ``--init-from`` a head with fewer layers starts the others as the identity.
   save   fp16 ``name.safetensors`` with the official EAGLE-1 keys + ``name.json`` (the Llama-style
-         head config under "config", settings, data sizes, metrics, timings, the command).
+         head config under "config", its layer count, settings, data sizes, metrics, timings, the command).
 
 Held-out metrics: "acceptance" = P(head argmax == target greedy token) with true features
 (teacher forcing); "tau_chain5" = greedy chain tau with depth 5 along the target's own greedy
@@ -220,12 +222,17 @@ def parse_args(argv=None):
                     help="add this many parts of python -m minispec.train.selfdistill (features recorded while the "
                          "target decoded) to the training data")
     ap.add_argument("--noise", type=float, default=0.1, help="uniform feature noise U(-a, a) * std(f)")
+    ap.add_argument("--layers", type=int, default=1,
+                    help="decoder layers of the head (official EAGLE-1/2: 1); layers 1.. are pre-norm Llama layers")
     ap.add_argument("--init-layer", type=int, default=None,
-                    help="copy this target layer's attention/MLP/post-norm into the head (default: random init, "
-                         "which trained much faster in a 20-step check than a copy of the last layer)")
+                    help="copy this target layer's attention/MLP/post-norm into the head's layer 0 (default: random "
+                         "init, which trained much faster in a 20-step check than a copy of the last layer)")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="warm start: the head weights of this EAGLE-1/2 checkpoint (e.g. the shipped head), "
-                         "then train on the data chosen here with a fresh optimizer and schedule")
+                         "then train on the data chosen here with a fresh optimizer and schedule. A checkpoint with "
+                         "fewer layers than --layers fills layers 0.. and fc; each further layer starts as the "
+                         "identity (random weights, its o_proj and down_proj zero), so the deeper head starts as "
+                         "exactly the checkpoint's function and its metrics, and any gain is the extra capacity's")
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--eval-tau-seqs", type=int, default=4, help="held-out sequences for the periodic chain-tau walk")
     ap.add_argument("--final-tau-seqs", type=int, default=32, help="held-out sequences for the final chain-tau walk")
@@ -240,6 +247,8 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.init_layer is not None and args.init_from is not None:
         ap.error("--init-layer and --init-from both set the head's starting weights: choose one")
+    if args.layers < 1:
+        ap.error(f"--layers must be at least 1, got {args.layers}")
     return args
 
 
@@ -253,7 +262,7 @@ def run_measure(args, target, tok, held, record: dict) -> dict:
 
 
 def init_from_target(head: EagleHead, target, layer: int) -> None:
-    """Start the head's decoder layer from a target layer (the same fused modules)."""
+    """Start the head's decoder layer 0 from a target layer (the same fused modules)."""
     blk, lay = target.blocks[layer], head.layers[0]
     with torch.no_grad():
         for dst, src in [(lay.self_attn.wqkv, blk.attn.wqkv), (lay.self_attn.wo, blk.attn.wo),
@@ -263,23 +272,45 @@ def init_from_target(head: EagleHead, target, layer: int) -> None:
 
 
 def warm_start(head: EagleHead, path: Path, target) -> None:
-    """Start ``head`` from the weights of the EAGLE-1/2 checkpoint at ``path`` (fp16 on disk, fp32 here);
-    ValueError when that head's shape differs from ``head``'s."""
+    """Start ``head`` from the weights of the EAGLE-1/2 checkpoint at ``path`` (fp16 on disk, fp32 here).
+    A checkpoint with fewer layers fills fc and layers 0..n-1; the layers after start as the identity
+    (``identity_layer``). ValueError when that head's shape differs from ``head``'s other than by
+    having fewer layers."""
     src = load_eagle(path, target).head
-    if src.cfg.to_dict() != head.cfg.to_dict():
+    n, want = src.cfg.num_hidden_layers, head.cfg.num_hidden_layers
+    if {**src.cfg.to_dict(), "num_hidden_layers": 0} != {**head.cfg.to_dict(), "num_hidden_layers": 0} or n > want:
         raise ValueError(f"{path}: its head config {src.cfg.to_dict()} differs from the head trained here "
-                         f"{head.cfg.to_dict()}")
-    head.load_state_dict({k: v.float() for k, v in src.state_dict().items()})
+                         f"{head.cfg.to_dict()}" + (" (more layers)" if n > want else ""))
+    missing, unexpected = head.load_state_dict({k: v.float() for k, v in src.state_dict().items()}, strict=False)
+    assert not unexpected and all(k.startswith(tuple(f"layers.{i}." for i in range(n, want))) for k in missing)
+    for layer in head.layers[n:]:
+        identity_layer(layer)
 
 
-def warm_start_record(path: Path) -> dict:
+def identity_layer(layer) -> None:
+    """Make a decoder layer with its residual connections the identity: its two output projections
+    (attention's o_proj, the MLP's down_proj) zero, the rest as it is. Gradients reach them at once
+    and every other weight of the layer from the next step on."""
+    with torch.no_grad():
+        layer.self_attn.wo.weight.zero_()
+        layer.mlp.down.weight.zero_()
+
+
+def warm_start_record(path: Path, layers: int | None = None) -> dict:
     """What a warm-started head started from: the checkpoint's name, and its own training command and
-    data when its minispec .json is beside it."""
+    data when its minispec .json is beside it; given the head's ``layers``, how many came from the
+    checkpoint and how the others started."""
+    from ..drafters.layouts import files
+
     rec = dict(path=path.name)
     meta = path.with_suffix(".json")
     if meta.is_file():
         prev = json.loads(meta.read_text())
         rec.update(command=prev.get("command"), data=prev.get("data"), training_steps=prev.get("training", {}).get("steps"))
+    meta = files(path)[1]
+    n = meta.get("config", meta).get("num_hidden_layers", 1)  # minispec's record, or an official config.json
+    if layers is not None and layers > n:
+        rec.update(layers_from_checkpoint=n, new_layers="identity (o_proj and down_proj zero, other weights random)")
     return rec
 
 
@@ -294,9 +325,9 @@ def save_head(head: EagleHead, path: Path, record: dict) -> None:
 
 
 def new_head(args, target) -> EagleHead:
-    """The head to train: random (seeded), or from a target layer (``--init-layer``) or a checkpoint
-    (``--init-from``)."""
-    head = EagleHead(EagleConfig.for_target(target.cfg))
+    """The head of ``--layers`` layers to train: random (seeded), or layer 0 from a target layer
+    (``--init-layer``), or from a checkpoint (``--init-from``; further layers start as the identity)."""
+    head = EagleHead(EagleConfig.for_target(target.cfg, num_hidden_layers=args.layers))
     if args.init_layer is not None:
         init_from_target(head, target, args.init_layer % target.cfg.n_layer)
     if args.init_from is not None:
@@ -350,7 +381,8 @@ def make_record(args, argv, head: EagleHead, data: FeatureData, run: loop.Run) -
         format=FORMAT, target=TARGET, config=head.cfg.to_dict(), dtype="float16",
         shared=["embed_tokens (target tok_emb)", "lm_head (target)"],
         command=loop.command("python -m minispec train eagle", argv), settings=loop.settings(args),
-        init_from=None if args.init_from is None else warm_start_record(args.init_from),
+        layers=head.cfg.num_hidden_layers,
+        init_from=None if args.init_from is None else warm_start_record(args.init_from, head.cfg.num_hidden_layers),
         data=dict(train_sequences=len(train), train_tokens=n_tok(train),
                   train_distill_sequences=sum(s.source == "distill" for s in train),
                   train_sharegpt_sequences=sum(s.source == "sharegpt" for s in train),
