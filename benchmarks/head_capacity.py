@@ -38,7 +38,7 @@ import time
 import torch
 
 import minispec
-from minispec.benchinfo import save_json
+from minispec.lab.benchinfo import save_json
 from minispec.dispatch import predicted_tokens_per_s, verify_cost_curve
 from minispec.drafters.base import Features
 from minispec.drafters.layouts import read_checkpoint

@@ -384,7 +384,7 @@ def test_two_layer_keys_are_official_llama_names_and_load_as_written(target, hea
     from safetensors.torch import save_file
 
     from minispec.drafters.loader import load_drafter
-    from minispec.export import export_head
+    from minispec.lab.export import export_head
 
     model, _ = target
     layer1 = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
