@@ -28,8 +28,9 @@ from unittest import mock
 
 import torch
 
-from minispec.lab import graph_rules
 from minispec.cuda_graphs import pad_inputs, pick_bucket, static_plan
+from minispec.lab import graph_rules
+from minispec.tree import Tree
 from minispec.lab.graph_rules import SYNC_OPS, best_buckets, find_hazards, padding_waste, record_ops
 
 from .checks import exercise, get
@@ -225,15 +226,7 @@ def check_capture_hazards(impl):
 # --------------------------------------------------------------------------- 8.2
 def _tree_masks(rng: random.Random, B: int, T: int) -> torch.Tensor:
     """B random tree ancestor masks [B, T, T] (root at 0, each node after its parent)."""
-    out = torch.zeros(B, T, T, dtype=torch.bool)
-    for b in range(B):
-        parents = [-1] + [rng.randrange(i) for i in range(1, T)]
-        for i in range(T):
-            j = i
-            while j >= 0:
-                out[b, i, j] = True
-                j = parents[j]
-    return out
+    return torch.stack([Tree([0] * (T - 1), [rng.randrange(i) - 1 for i in range(1, T)]).mask() for _ in range(B)])
 
 
 def _mask_cases(rng: random.Random):

@@ -41,6 +41,7 @@ import warnings
 import torch
 
 from ..attention import dense_attention, dense_backend, sdpa_backend, split_attention, triton_available
+from ..tree import Tree
 
 L2_BYTES = 50 * 2**20  # H100 / H200: 50 MiB (used when torch does not report the L2 size)
 CALLS = 8  # back-to-back calls per timing on a GPU (at most the number of input copies)
@@ -55,15 +56,10 @@ def l2_bytes(device: torch.device) -> int:
 
 def tree_mask(T: int, B: int, g: torch.Generator) -> torch.Tensor:
     """[B, T, T] ancestor masks of random trees (each node: itself and its ancestors)."""
-    out = torch.zeros(B, T, T, dtype=torch.bool)
-    for b in range(B):
-        parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]
-        for i in range(T):
-            j = i
-            while j >= 0:
-                out[b, i, j] = True
-                j = parents[j]
-    return out
+    def one() -> torch.Tensor:  # row 0 the root; node i's parent drawn from 0..i-1 (Tree counts nodes after the root)
+        return Tree([0] * (T - 1), [int(torch.randint(0, i, (1,), generator=g)) - 1 for i in range(1, T)]).mask()
+
+    return torch.stack([one() for _ in range(B)])
 
 
 def flush_buffer(device: torch.device) -> torch.Tensor:
