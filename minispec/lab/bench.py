@@ -231,7 +231,7 @@ def _check(questions, methods, temperature, top_p, batch_size) -> tuple[list[Met
     if batch_size > 1 and {"hf_assisted", "hf_pld"} & set(methods):
         raise ValueError("hf_assisted and hf_pld generate one sequence at a time (transformers); bench them at "
                          "--batch-size 1")
-    return specs
+    return specs, sampling
 
 
 def _run_questions(questions, methods, runners, tok, params, seed, batch_size, progress):
