@@ -93,3 +93,17 @@ def test_default_threads_leave_busy_cores_alone():
     assert default_threads(cores=2, load=1.0) == 1  # one busy process beside it: one thread, not a collapse
     assert default_threads(cores=2, load=5.0) == 1
     assert default_threads(cores=8, load=2.2) == 6
+    assert default_threads(cores=2, idle=2.0) == 2 and default_threads(cores=2, idle=0.9) == 1
+    assert default_threads(cores=2, idle=0.1) == 1 and default_threads(cores=8, idle=5.6) == 6
+
+
+def test_idle_cores_are_measured_now_not_averaged_over_the_last_minute(tmp_path):
+    from minispec.lab.env import _cpu_times, idle_cores
+
+    readings = iter([(100, 1000), (250, 1200)])  # 150 of the 200 jiffies that passed were idle
+    assert idle_cores(0.0, read=lambda: next(readings), cores=2) == 1.5
+    assert idle_cores(0.0, read=lambda: None, cores=2) is None  # no /proc/stat: the caller falls back
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  10 1 5 80 4 0 0 0 0 0\ncpu0 5 0 2 40 2 0 0 0 0 0\n")
+    assert _cpu_times(str(stat)) == (84, 100)
+    assert _cpu_times(str(tmp_path / "missing")) is None

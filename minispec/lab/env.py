@@ -17,24 +17,57 @@ REQUIRED = ["torch", "numpy", "transformers", "safetensors", "gguf", "accelerate
             "matplotlib", "ipywidgets", "jupyterlab", "nbmake", "pytest"]
 
 
-def default_threads(cores: int | None = None, load: float | None = None) -> int:
+def default_threads(cores: int | None = None, load: float | None = None, idle: float | None = None) -> int:
     """Torch CPU threads to use unless told (``--threads``): the cores that are idle now.
 
     torch's threads wait for each other at every matrix product, so one more thread than there
     are free cores makes decoding collapse (``benchmarks/threads.py``: several times slower on a
-    2-core machine beside one busy process). Idle cores = cores - the 1-minute load average,
-    rounded; at least 1.
+    2-core machine beside one busy process). Idle cores are measured over a quarter second
+    (``idle_cores``: /proc/stat). Where that cannot be read, cores - the 1-minute load average,
+    which lags: right after an install it still counts the install's work, and would give a
+    2-core machine one thread for a demo that has both. Rounded; at least 1.
 
     Args:
-        cores: CPU cores (default ``os.cpu_count()``); load: the load average (default ``os.getloadavg()[0]``).
+        cores: CPU cores (default ``os.cpu_count()``).
+        load: a load average to use instead of measuring (the old rule: cores - load).
+        idle: idle cores to use instead of measuring.
     """
     cores = cores or os.cpu_count() or 1
-    if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except (AttributeError, OSError):  # not on every platform
-            load = 0.0
-    return max(1, min(cores, round(cores - load)))
+    if idle is None and load is None:
+        idle = idle_cores()
+    if idle is None:
+        if load is None:
+            try:
+                load = os.getloadavg()[0]
+            except (AttributeError, OSError):  # not on every platform
+                load = 0.0
+        idle = cores - load
+    return max(1, min(cores, round(idle)))
+
+
+def _cpu_times(path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(idle, total) jiffies of all CPUs from /proc/stat's first line; None where there is none."""
+    try:
+        with open(path) as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 5:
+        return None
+    return fields[3] + fields[4], sum(fields)
+
+
+def idle_cores(interval: float = 0.25, read=_cpu_times, cores: int | None = None) -> float | None:
+    """Cores idle over the next ``interval`` seconds (CPU count x idle share of /proc/stat's jiffies);
+    None where /proc/stat cannot be read or no time passed."""
+    import time
+
+    a = read()
+    time.sleep(interval)
+    b = read()
+    if a is None or b is None or b[1] <= a[1]:
+        return None
+    return (cores or os.cpu_count() or 1) * (b[0] - a[0]) / (b[1] - a[1])
 
 
 def _version(mod) -> str:
