@@ -37,7 +37,7 @@ def test_spec_bench_questions_are_banned(tmp_path, monkeypatch):
     path.write_text(json.dumps({"turns": ["What is  2+2?", "And 3+3?"]}) + "\n")
     assert spec_bench_texts(path) == {"What is 2+2?", "And 3+3?"}
     monkeypatch.setattr(selfdistill, "spec_bench_texts", lambda path=None: {"What is 2+2?"})
-    import minispec.train.distill_draft as dd
-    monkeypatch.setattr(dd, "sharegpt_prompts", lambda: ["What is 2+2?"] * 700 + [f"prompt {i}" for i in range(50)])
+    import minispec.train.sharegpt as sharegpt  # prompt_order reads the prompts there
+    monkeypatch.setattr(sharegpt, "sharegpt_prompts", lambda: ["What is 2+2?"] * 700 + [f"prompt {i}" for i in range(50)])
     order = selfdistill.prompt_order(seed=0)
     assert "What is 2+2?" not in order and len(order) <= 750 - selfdistill.SKIP

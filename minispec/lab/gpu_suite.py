@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: minispec/lab/gpu_suite.py -> ./
 SECTIONS = ("gpu_tests", "copy_bandwidth", "attention_grid", "cuda_graphs", "llama_latency", "llama_speedup")
 TESTS_S = 150.0  # the GPU tests' own budget (seconds), outside the measurement sections' deadlines
 DEADLINES = dict(copy_bandwidth=0.02, attention_grid=0.47, cuda_graphs=0.58, llama_latency=0.86,
