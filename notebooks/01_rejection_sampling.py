@@ -62,9 +62,7 @@ import inspect
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minispec import expected tokens, speedup
-
-from minispec.lab import analysis as an  # chapter 1's formulas: acceptance rate
+from minispec.lab import analysis as an  # chapter 1's formulas: acceptance rate, expected tokens, speedup
 from minispec.lab import exactness as ex
 from minispec import sampling
 from minispec import verify as vf
