@@ -385,7 +385,7 @@ for a, c in [(0.6, 0.05), (0.8, 0.05), (0.8, 0.2), (0.9, 0.02)]:
 # frontend; in a static view, the figure and the table above show fixed settings.)
 
 # %%
-import ipywidgets as widgets
+from minispec.lab.notebook import interact
 
 def explore(alpha=0.8, k=4, c=0.1):
     ks = np.arange(0, 13)
@@ -399,10 +399,7 @@ def explore(alpha=0.8, k=4, c=0.1):
     print(f"k={k}: expected tokens/step {an.expected_tokens(alpha, k):.3f}, speedup {an.speedup(alpha, k, c):.3f}x; "
           f"best k in 0..12: {ks[s.argmax()]} ({s.max():.3f}x)")
 
-widgets.interact(explore,
-                 alpha=widgets.FloatSlider(value=0.8, min=0.0, max=1.0, step=0.01),
-                 k=widgets.IntSlider(value=4, min=0, max=12),
-                 c=widgets.FloatSlider(value=0.1, min=0.0, max=1.0, step=0.01));
+interact(explore, alpha=(0.0, 1.0, 0.01), k=(0, 12), c=(0.0, 1.0, 0.01));  # sliders (fast mode: the defaults once)
 
 # %% [markdown]
 # ### Exercise 1.4 — `expected_tokens(alpha, k)`

@@ -287,7 +287,7 @@ for mode in MODES:
     print(f"{mode:<20} " + "  ".join(f"n={n}: {p_accept(mode, n, q):.3f}" for n in ns))
 
 # %%
-import ipywidgets as widgets
+from minispec.lab.notebook import interact
 
 def explore(n=2, draft_temperature=1.0):
     q_t = sampling.probs(logits_q, temperature=draft_temperature)
@@ -298,8 +298,7 @@ def explore(n=2, draft_temperature=1.0):
     plt.show()
     print("  ".join(f"{m}: {a:.3f}" for m, a in zip(MODES, acc)))
 
-widgets.interact(explore, n=widgets.IntSlider(value=2, min=1, max=3),
-                 draft_temperature=widgets.FloatSlider(value=1.0, min=0.2, max=2.0, step=0.1));
+interact(explore, n=(1, 3), draft_temperature=(0.2, 2.0, 0.1));  # sliders (fast mode: the defaults once)
 
 # %% [markdown]
 # ## 5. Trees, level by level

@@ -396,7 +396,7 @@ check("4.5")
 # plain greedy decoding's.
 
 # %%
-import ipywidgets as widgets
+from minispec.lab.notebook import interact
 from IPython.display import display
 
 n_steps = 3 if FAST else 6
@@ -414,29 +414,20 @@ vanilla = generate(smol, tok, prompt, max_new_tokens=len(new))
 assert new == vanilla.tokens, "the tree steps must commit exactly the greedy tokens"
 print(f"{n_steps} tree steps committed {len(new)} tokens (= plain greedy decoding): {tok.decode(new)!r}")
 
-step_w = widgets.IntSlider(value=0, min=0, max=n_steps - 1, description="step")
-stage_w = widgets.ToggleButtons(options=["drafted", "verified"], value="verified")
-view = widgets.Output()
-
-def update(*_):
-    s = steps[step_w.value]
+def show_step(step=0, stage="verified"):
+    s = steps[step]
     tree, res = s["tree"], s["res"]
-    verified = stage_w.value == "verified"
-    with view:
-        view.clear_output(wait=True)
-        fig, ax = plt.subplots(figsize=(15, 6))
-        draw_tree(ax, tree, s["root"], notes=[f"p={x:.2f}" for x in s["p_node"]] if verified else None,
-                  path=res.path if verified else (),
-                  title=(f"step {step_w.value}: accepted {len(res.path)}, next {label(res.next_token)}" if verified
-                         else f"step {step_w.value}: the draft's EAGLE tree after {label(s['root'])}"))
-        plt.tight_layout(); plt.show()
-        if verified:
-            print(f"committed {tok.decode(res.emitted)!r} ({len(res.emitted)} tokens)")
+    verified = stage == "verified"
+    fig, ax = plt.subplots(figsize=(15, 6))
+    draw_tree(ax, tree, s["root"], notes=[f"p={x:.2f}" for x in s["p_node"]] if verified else None,
+              path=res.path if verified else (),
+              title=(f"step {step}: accepted {len(res.path)}, next {label(res.next_token)}" if verified
+                     else f"step {step}: the draft's EAGLE tree after {label(s['root'])}"))
+    plt.tight_layout(); plt.show()
+    if verified:
+        print(f"committed {tok.decode(res.emitted)!r} ({len(res.emitted)} tokens)")
 
-step_w.observe(update, "value")
-stage_w.observe(update, "value")
-display(widgets.VBox([widgets.HBox([step_w, stage_w]), view]))
-update()  # draw once now (also when the notebook runs without a browser, e.g. under nbmake)
+interact(show_step, step=(0, n_steps - 1), stage=["drafted", "verified"]);  # fast mode: step 0, verified, once
 
 # %% [markdown]
 # ## 5. Chain vs static tree on SmolLM2 (on this CPU)

@@ -654,7 +654,7 @@ assert n_ref == ns[pred.argmax()]
 # (The widget needs a live Jupyter frontend; in a static view it shows the default setting.)
 
 # %%
-import ipywidgets as widgets
+from minispec.lab.notebook import interact
 from minispec.tree import Tree
 
 level_s = draft_s / spec.depth  # seconds per draft level, from the SmolLM2 tree timed above
@@ -679,8 +679,7 @@ def explore_tree(D=3, K=2, N=5):
           f"{D} x {level_s * 1e3:.1f} ms -> predicted {tps:.1f} tokens/s ({tps / vanilla_tps:.2f}x vanilla's "
           f"{vanilla_tps:.1f})")
 
-widgets.interact(explore_tree, D=widgets.IntSlider(value=3, min=1, max=5),
-                 K=widgets.IntSlider(value=2, min=1, max=V_TOY), N=widgets.IntSlider(value=5, min=1, max=40));
+interact(explore_tree, D=(1, 5), K=(1, V_TOY), N=(1, 40));  # sliders (fast mode: the defaults once)
 
 # %% [markdown]
 # The dispatcher does the same with measured numbers for every candidate: $\tau$ and the draft

@@ -437,7 +437,7 @@ plt.tight_layout(); plt.show()
 # a static view it shows the default setting.)
 
 # %%
-import ipywidgets as widgets
+from minispec.lab.notebook import interact
 
 
 def block_usage(lengths, bs, T):
@@ -484,8 +484,7 @@ def explore_blocks(block_size=16, T=26):
           f"{len(mixed) * T * per_token / GB:.3f} GiB; longest block table: {max(during)} entries")
 
 
-widgets.interact(explore_blocks, block_size=widgets.SelectionSlider(options=SWEEP, value=16),
-                 T=widgets.IntSlider(value=26, min=0, max=64));
+interact(explore_blocks, block_size=list(SWEEP), T=(0, 64));  # a choice and a slider (fast mode: the defaults once)
 
 # %% [markdown]
 # ## 5. Ragged acceptance in a batch
