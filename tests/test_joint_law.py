@@ -8,8 +8,9 @@ import torch
 from minispec.lab import exactness as ex
 from minispec import load
 from minispec.drafters import DraftModel
-from minispec.lab.joint_law import (ALPHA, assert_loop_check, claim_uniform_q, first_tokens_law, joint_tv_check, loop_tv_check,
-                                next_token_laws, peek_verifier_stream, share_verifier_stream, table_lm)
+from minispec.lab.joint_law import (ALPHA, assert_loop_check, claim_uniform_q, first_tokens_law, flagged, joint_tv_check,
+                                    loop_tv_check, next_token_laws, peek_verifier_stream, share_verifier_stream,
+                                    table_lm)
 from minispec.sampling import SamplingParams, probs
 
 
@@ -91,6 +92,34 @@ def test_a_drafter_that_reads_the_verifiers_coin_flips_is_flagged_and_company_ch
     assert len(support) == 27
     assert_loop_check(res, bound)
     assert res["WRONG: peeks"]["p_value"] < ALPHA and res["WRONG: peeks"]["tv"] <= bound  # subtle
+
+
+@pytest.mark.ch04
+def test_controls_are_tested_sequentially_until_flagged_at_a_level_split_over_the_looks():
+    """``control_max``: a wrong control too subtle to be flagged at n runs gets looks at 2n, 4n, ...
+    (each at ALPHA / looks, so an exact sampler stays flagged with probability <= 2 ALPHA over all
+    of them) and stops at the first look that flags; honest runs take n and ALPHA; a blatant
+    control stops at the first look."""
+    target, tok = load("tiny-gpt2")
+    draft = _noisy_copy(target)
+    params = SamplingParams(temperature=1.0, top_k=3)
+    makers = {"tree": lambda: DraftModel(draft, tree="3,2,6"),
+              "WRONG: peeks": lambda: peek_verifier_stream(DraftModel(draft, tree="3,2,6"), band=0.3),
+              "WRONG: lying": lambda: claim_uniform_q(DraftModel(draft, tree="3,2,6"))}
+    with pytest.raises(ValueError, match="control_max"):
+        loop_tv_check(target, tok, tok.encode("abc"), makers, params, n=128, control_max=64, progress=False)
+    fixed, bound, _, _ = loop_tv_check(target, tok, tok.encode("abc"), makers, params, n=96, batch=96, progress=False)
+    assert not flagged(fixed["WRONG: peeks"], bound)  # 96 runs are too few to see the subtle control
+    res, bound, support, exact = loop_tv_check(target, tok, tok.encode("abc"), makers, params, n=96, batch=96,
+                                               progress=False, control_max=1536)
+    assert len(res["tree"]["draws"]) == 96 and "alpha" not in res["tree"]  # honest: fixed n, ALPHA
+    peeks, lying = res["WRONG: peeks"], res["WRONG: lying"]
+    assert peeks["looks"] == lying["looks"] == 5 and peeks["alpha"] == lying["alpha"] == ALPHA / 5
+    assert len(lying["draws"]) == 96  # flagged at the first look
+    assert len(peeks["draws"]) in (192, 384, 768, 1536) and flagged(peeks, None)
+    assert peeks["bound"] == ex.tv_bound(len(peeks["draws"]), len(exact), delta=ALPHA / 5)
+    assert (peeks["draws"][:96] == fixed["WRONG: peeks"]["draws"]).all()  # the same seeds, extended
+    assert_loop_check(res, bound)
 
 
 @pytest.mark.ch03

@@ -173,7 +173,8 @@ def peek_verifier_stream(drafter, band: float):
     p is above 1 - band) it swaps the root's first two children, so the second gets the doomed
     draw and the first a fresh one. The drafts stay the draft's own top tokens and every tree is
     valid; only their order depends on u, which the proof of exactness forbids (the drafts
-    must be independent of the verifier's coin flips). The bias grows with ``band``."""
+    must be independent of the verifier's coin flips). The bias depends on ``band`` and vanishes
+    at 0 and at 1 (the order is then independent of u)."""
     propose = drafter.propose
 
     def peeking(params, budget, generator=None):
@@ -206,7 +207,7 @@ def _root_of(parents, i: int) -> int:
 
 def loop_tv_check(target, tok, prompt_ids, drafters: dict[str, Callable], params, n: int, length: int = 3,
                   batch: int = 32, seed: int = 0, law: dict | None = None, progress: bool = True,
-                  company: Sequence[Sequence[int]] = ()):
+                  company: Sequence[Sequence[int]] = (), control_max: int | None = None):
     """Run the real decode loop ``n`` times per drafter and compare its first ``length`` tokens with
     the exact law.
 
@@ -221,10 +222,23 @@ def loop_tv_check(target, tok, prompt_ids, drafters: dict[str, Callable], params
     the same factory and their own seeds; their tokens are not counted. They make the forwards
     ragged (other prefix lengths, other trees, other acceptance), which must not change the law
     of the checked rows (chapter 7).
+
+    ``control_max``: the wrong controls (names starting with "WRONG") are tested sequentially, so
+    that their power does not hang on how good the drafter happens to be: looks at n, 2n, 4n, ...
+    up to ``control_max`` runs, stopping at the first look that flags. Each look tests at level
+    ``ALPHA / looks`` (chi-square and TV bound both), so by the union bound an exact sampler would
+    still be flagged with probability at most 2 * ALPHA over all looks. A control's record then
+    carries its own ``alpha`` and ``bound``, which ``flagged`` uses. Honest runs always take n.
     """
     from tqdm.auto import tqdm
 
     from ..batch import generate_batch
+
+    if control_max is not None and control_max < n:
+        raise ValueError(f"control_max ({control_max}) must be at least n ({n})")
+    looks = [n]
+    while control_max is not None and looks[-1] < control_max:
+        looks.append(min(2 * looks[-1], control_max))
 
     law = law if law is not None else first_tokens_law(target, prompt_ids, params, length)
     support = sorted(law)
@@ -233,21 +247,30 @@ def loop_tv_check(target, tok, prompt_ids, drafters: dict[str, Callable], params
     out = {}
     for name, make in drafters.items():
         draws, tested, accepted = [], 0, 0
-        for start in tqdm(range(0, n, batch), desc=f"loop {name}", leave=False, disable=not progress or None):
-            rows = min(batch, n - start)
-            prompts = [list(prompt_ids)] * rows + [list(c) for c in company]
-            seeds = [seed * 10_000_019 + start + j for j in range(rows)]
-            seeds += [seed * 10_000_019 + 5_000_000 + start * len(company) + j for j in range(len(company))]
-            got, _ = generate_batch(target, tok, prompts, drafter=make, chat=False,
-                                    max_new_tokens=length + 1, stop_at_eos=False, temperature=params.temperature,
-                                    top_k=params.top_k, top_p=params.top_p, seed=seeds)
-            for r in got[:rows]:
-                draws.append(index.get(tuple(r.tokens[:length]), len(support)))
-                tested += sum(r.stats.tested_at_depth)
-                accepted += sum(r.stats.accepted_at_depth)
-        counts = np.bincount(np.array(draws), minlength=len(exact))
-        out[name] = dict(tv=0.5 * float(np.abs(counts / n - exact).sum()), p_value=prefix_p_value(draws, support, exact),
-                         counts=counts, draws=np.array(draws), drafts_tested=tested, drafts_accepted=accepted)
+        plan = looks if name.startswith("WRONG") else [n]
+        alpha = ALPHA / len(plan)
+        for m in plan:
+            for start in tqdm(range(len(draws), m, batch), desc=f"loop {name} (N = {m})", leave=False,
+                              disable=not progress or None):
+                rows = min(batch, m - start)
+                prompts = [list(prompt_ids)] * rows + [list(c) for c in company]
+                seeds = [seed * 10_000_019 + start + j for j in range(rows)]
+                seeds += [seed * 10_000_019 + 5_000_000 + start * len(company) + j for j in range(len(company))]
+                got, _ = generate_batch(target, tok, prompts, drafter=make, chat=False,
+                                        max_new_tokens=length + 1, stop_at_eos=False, temperature=params.temperature,
+                                        top_k=params.top_k, top_p=params.top_p, seed=seeds)
+                for r in got[:rows]:
+                    draws.append(index.get(tuple(r.tokens[:length]), len(support)))
+                    tested += sum(r.stats.tested_at_depth)
+                    accepted += sum(r.stats.accepted_at_depth)
+            counts = np.bincount(np.array(draws), minlength=len(exact))
+            out[name] = dict(tv=0.5 * float(np.abs(counts / m - exact).sum()),
+                             p_value=prefix_p_value(draws, support, exact), counts=counts, draws=np.array(draws),
+                             drafts_tested=tested, drafts_accepted=accepted)
+            if len(plan) > 1:
+                out[name].update(alpha=alpha, bound=ex.tv_bound(m, len(exact), delta=alpha), looks=len(plan))
+                if flagged(out[name], None):
+                    break
     return out, ex.tv_bound(n, len(exact)), support, exact
 
 
@@ -272,12 +295,13 @@ def prefix_p_value(draws, support, exact) -> float:
 ALPHA = 1e-6  # an exact sampler fails the chi-square test with this probability (the TV bound's too)
 
 
-def flagged(r: dict, bound: float) -> bool:
+def flagged(r: dict, bound: float | None) -> bool:
     """A run is flagged when its TV exceeds ``tv_bound`` or the chi-square test rejects the exact law
     at level ``ALPHA``. An exact sampler is flagged with probability at most 2 * ALPHA. The TV test
     catches a large deviation whatever its shape; the chi-square test, weighing each outcome by its
-    own variance, catches a small one with far fewer runs."""
-    return r["tv"] > bound or r["p_value"] < ALPHA
+    own variance, catches a small one with far fewer runs. A sequentially tested control (``alpha``
+    and ``bound`` in its record, ``loop_tv_check(control_max=...)``) is judged at its own level."""
+    return r["tv"] > r.get("bound", bound) or r["p_value"] < r.get("alpha", ALPHA)
 
 
 def show_loop_check(tok, support, exact, res, bound, title: str):
@@ -289,9 +313,11 @@ def show_loop_check(tok, support, exact, res, bound, title: str):
           f"tv_bound(N, K={len(exact)}) = {bound:.4f} or the chi-square p-value < {ALPHA:g}")
     for name, r in res.items():
         print(f"  {name:<44} N = {len(r['draws']):>5}  TV = {r['tv']:.4f}  p = {r['p_value']:8.2g}  "
-              f"{'FLAGGED' if flagged(r, bound) else 'passes '}  drafts accepted {r['drafts_accepted']}/{r['drafts_tested']}")
+              f"{'FLAGGED' if flagged(r, bound) else 'passes '}  drafts accepted {r['drafts_accepted']}/{r['drafts_tested']}"
+              + (f"  (sequential, up to {r['looks']} looks: TV bound {r['bound']:.4f}, alpha {r['alpha']:.2g})"
+                 if "looks" in r else ""))
     for name, r in res.items():
-        if name.startswith("WRONG") and r["tv"] <= bound:  # flagged, if at all, by the chi-square test alone
+        if name.startswith("WRONG") and r["tv"] <= r.get("bound", bound):  # flagged, if at all, by the chi-square test alone
             need = ex.samples_for_tv(0.8 * r["tv"], len(exact))
             print(f"  {name}: TV {r['tv']:.3f} at N = {len(r['draws'])} (sampling noise included); for the TV "
                   f"test alone to flag a deviation this large takes about {need:,} runs (tv_bound(n, K) = 0.8 TV)")
@@ -312,7 +338,8 @@ def assert_loop_check(res, bound) -> None:
     every other run must pass (TV within the bound, chi-square p-value at least ``ALPHA``, no
     sequence outside the target's support)."""
     for name, r in res.items():
-        what = f"TV {r['tv']:.4f} (bound {bound:.4f}), chi-square p {r['p_value']:.2g} (alpha {ALPHA:g})"
+        what = (f"TV {r['tv']:.4f} (bound {r.get('bound', bound):.4f}), chi-square p {r['p_value']:.2g} "
+                f"(alpha {r.get('alpha', ALPHA):g}), N = {len(r['draws'])}")
         if name.startswith("WRONG"):
             assert flagged(r, bound), f"{name}: the wrong control must be flagged: {what}"
         else:
