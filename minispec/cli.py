@@ -62,17 +62,24 @@ def _demo_runs(args, model, tok, method: str, drafter) -> dict:
     if drafter is None or args.no_compare:
         return {method: [r]}
     # the run above paid one-time costs (kernel set-up for each row count, lazy loads) that vanilla,
-    # run after it, would not: time both again, warm, interleaved prompt by prompt, on this prompt and
-    # a few of minispec's own (one short prompt alone gives a noisy ratio)
-    from .prompts import own_prompts
-
-    prompts = [args.prompt] + [p["prompt"] for p in own_prompts()][:args.compare_prompts]
+    # run after it, would not: time both again, warm, interleaved prompt by prompt
+    prompts = compare_prompts(args.prompt, args.compare_prompts)
     print(f"\n(timing vanilla and {method} again, both warm, interleaved on {len(prompts)} prompts ...)", flush=True)
     runs = {"vanilla": [], method: []}
     for p in prompts:
         runs["vanilla"].append(generate(model, tok, p, **kw))
         runs[method].append(generate(model, tok, p, drafter=drafter, **kw))
     return runs
+
+
+def compare_prompts(prompt: str, n: int) -> list[str]:
+    """The demo's timed prompts: ``prompt`` and ``n`` of minispec's own (one short prompt alone gives a
+    noisy ratio), mixed as ``auto``'s calibration mixes them (one in three reuses its input,
+    ``prompts.calibration_set``) but not the ones it calibrated on."""
+    from .dispatch import QUICK_PROMPTS
+    from .prompts import calibration_set
+
+    return [prompt] + calibration_set(QUICK_PROMPTS + n)[QUICK_PROMPTS:]
 
 
 def demo_table(runs, sampled: bool) -> str:
@@ -146,8 +153,9 @@ def _check_env(args) -> int:
     return check_env()
 
 
-THREADS_HELP = ("torch CPU threads (default: one per idle core, i.e. cores minus the load average: a thread more "
-                "than the free cores makes decoding several times slower)")
+THREADS_HELP = ("torch CPU threads (default: one per core idle now, measured over a quarter second from /proc/stat, "
+                "else cores minus the load average: a thread more than the free cores makes decoding several times "
+                "slower)")
 DRAFT_VOCAB_HELP = ("eagle/eagle2 draft over the K most frequent tokens (FR-Spec; default: minispec.methods.DRAFT_VOCAB, "
                     "0: the full vocabulary); verification always uses the full vocabulary")
 
@@ -163,7 +171,8 @@ def _demo_flags(d) -> None:
     d.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     d.add_argument("--no-compare", action="store_true", help="skip the vanilla run that the speedup is measured against")
     d.add_argument("--compare-prompts", type=int, default=3,
-                   help="minispec's own prompts timed beside yours for the comparison (interleaved, warm)")
+                   help="minispec's own prompts timed beside yours for the comparison (interleaved, warm; one in "
+                        "three reuses its input, as in auto's calibration, which uses others)")
     d.add_argument("--method", default="auto", help="vanilla, pld, sps, eagle, eagle2, eagle3, medusa, NAME@TREE or "
                    "auto (default: the tree dispatcher's choice, see tune)")
     d.add_argument("--drafter", default=None, help="head checkpoint for eagle/eagle2/eagle3/medusa (default: shipped)")

@@ -70,6 +70,7 @@ class TuneResult:
     choice: str = "vanilla"
     skipped: dict = field(default_factory=dict)  # method -> why it could not run
     calibration_s: float | None = None  # wall time of a quick calibration (resolve_auto); None for tune
+    drafters: str | None = None  # registry.shipped_fingerprint of the checkpoints it measured (save_choice)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -237,29 +238,49 @@ def tune_path(model_name: str, batch_size: int = 1):
 
 
 def save_choice(r: TuneResult):
+    from .drafters.registry import shipped_fingerprint
+
+    r.drafters = shipped_fingerprint(r.model)
     path = tune_path(r.model, r.batch_size)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(r.as_dict(), indent=2) + "\n")
     return path
 
 
-def auto_method(model_name: str = "smollm2-135m", batch_size: int = 1, strict: bool = False) -> str:
-    """The method ``tune`` (or ``resolve_auto``'s quick calibration) chose on this machine; without a
-    saved result, ``DEFAULT_AUTO`` (the method table's). Nothing is measured here. ``strict``: raise
-    FileNotFoundError instead of falling back to the default."""
+def saved_choice(model_name: str, batch_size: int = 1) -> dict | None:
+    """The saved tuning result for this machine, model, thread count and batch size, or None when there is
+    none or it was measured with other shipped checkpoints than these (a release with a new head): a
+    stale choice is not a choice."""
+    from .drafters.registry import shipped_fingerprint
+
     path = tune_path(model_name, batch_size)
     if not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    return saved if saved.get("drafters", "") == shipped_fingerprint(model_name) else None
+
+
+def auto_method(model_name: str = "smollm2-135m", batch_size: int = 1, strict: bool = False) -> str:
+    """The method ``tune`` (or ``resolve_auto``'s quick calibration) chose on this machine with the
+    shipped checkpoints (``saved_choice``); without one, ``DEFAULT_AUTO`` (the method table's). Nothing
+    is measured here. ``strict``: raise FileNotFoundError instead of falling back to the default."""
+    saved = saved_choice(model_name, batch_size)
+    if saved is None:
         if strict:
-            raise FileNotFoundError(f"no tuning result for {model_name} at batch {batch_size} on this machine ({path}); "
+            raise FileNotFoundError(f"no tuning result for {model_name} at batch {batch_size} with the shipped "
+                                    f"checkpoints on this machine ({tune_path(model_name, batch_size)}); "
                                     f"run: python -m minispec tune --model {model_name} --batch-size {batch_size}")
         return DEFAULT_AUTO
-    return json.loads(path.read_text())["choice"]
+    return saved["choice"]
 
 
 QUICK_SIZES = (0, 1, 2, 3, 4, 5, 8, 12)
 
 
-def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=None, prompts: int = 3,
+QUICK_PROMPTS = 3  # quick_tune's calibration prompts: the first of ``prompts.calibration_set``
+
+
+def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=None, prompts: int = QUICK_PROMPTS,
                max_new_tokens: int = 32, methods=None, progress: bool = False) -> TuneResult:
     """``tune`` in about half a minute on a 2-core CPU: the verify-cost curve over a few tree sizes and
     the candidates (and vanilla) on ``prompts`` of minispec's own prompts, one in three a request that
@@ -275,22 +296,27 @@ def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=None, p
     return r
 
 
-def resolve_auto(target, tok, model_name: str = "smollm2-135m", batch_size: int = 1, methods=None) -> tuple[str, str]:
+def resolve_auto(target, tok, model_name: str = "smollm2-135m", batch_size: int = 1, methods=None,
+                 say=None) -> tuple[str, str]:
     """What ``auto`` means here: the saved choice for this machine, model, thread count and batch size,
-    else a quick calibration (``quick_tune``, batch 1) made now and saved for next time.
+    else a quick calibration (``quick_tune``, batch 1) made now and saved for next time, announced
+    first through ``say`` when given.
 
     Returns:
         (method, one line that says what was chosen and how).
     """
     path = tune_path(model_name, batch_size)
-    if path.exists():
-        saved = json.loads(path.read_text())
+    saved = saved_choice(model_name, batch_size)
+    if saved is not None:
         how = f"calibrated on this machine in {saved['calibration_s']:.0f} s" if saved.get("calibration_s") else \
             "chosen by python -m minispec tune on this machine"
         return saved["choice"], f"auto = {saved['choice']} ({how}; {path})"
     if batch_size != 1:
         return DEFAULT_AUTO, (f"auto = {DEFAULT_AUTO} (minispec's default: run python -m minispec tune --batch-size "
                               f"{batch_size} to measure this batch size)")
+    if say is not None:
+        stale = " (its last calibration measured other shipped heads)" if path.exists() else ""
+        say(f"calibrating 'auto' for this machine{stale} (once, about half a minute) ...")
     r = quick_tune(target, tok, model_name, methods=methods)
     save_choice(r)
     best = max(r.candidates, key=lambda c: c.predicted_tok_s)
@@ -305,8 +331,6 @@ def resolve(spec: "str | MethodSpec", methods: Methods, tok, batch_size: int = 1
     spec = parse_method(spec)
     if spec.base != "auto":
         return spec
-    if batch_size == 1 and not tune_path(methods.model_name).exists():
-        say("calibrating 'auto' for this machine (once, about half a minute) ...")
-    name, line = resolve_auto(methods.target, tok, methods.model_name, batch_size, methods=methods)
+    name, line = resolve_auto(methods.target, tok, methods.model_name, batch_size, methods=methods, say=say)
     say(line)
     return parse_method(name)

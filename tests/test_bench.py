@@ -35,3 +35,13 @@ def test_bad_arguments_are_refused_before_the_model_loads(kwargs, match):
     args = dict(questions=QUESTIONS, methods=["vanilla"], model="no-such-model", progress=False) | kwargs
     with pytest.raises(ValueError, match=match):  # a load of "no-such-model" would raise something else
         run_bench(**args)
+
+
+def test_a_sampled_bench_does_not_report_token_identity():
+    """Sampled, each method's answers follow the target's law but not vanilla's tokens, so the table shows
+    "-" under identical and says why, instead of a misleading 0/n."""
+    r = run_bench(QUESTIONS[:2], methods=["vanilla", "pld"], model="tiny-llama", max_new_tokens=8, progress=False,
+                  temperature=0.7, seed=1)
+    text = format_table(r)
+    assert "not compared when sampling" in text and "/2" not in text
+    assert r["settings"]["temperature"] == 0.7 and r["summary"]["pld"]["tokens_per_s"] > 0

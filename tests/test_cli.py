@@ -42,6 +42,20 @@ def test_demo_shows_the_method_beside_vanilla():
     assert "both warm, interleaved on 4 prompts" in r.stdout  # the first (cold) run printed the text; the table times warm runs
 
 
+def test_the_demo_times_the_calibration_mix_on_other_prompts():
+    """The demo's comparison: your prompt, then minispec's own mixed as auto's calibration mixes them (one
+    in three reuses its input) without the prompts auto calibrated on."""
+    from minispec.cli import compare_prompts
+    from minispec.dispatch import QUICK_PROMPTS
+    from minispec.prompts import calibration_set, reuse_prompts
+
+    got = compare_prompts("mine", 3)
+    reuse = {p["prompt"] for p in reuse_prompts()}
+    assert got[0] == "mine" and len(got) == 4 and len(set(got)) == 4
+    assert not set(got) & set(calibration_set(QUICK_PROMPTS)) and sum(p in reuse for p in got) == 1
+    assert compare_prompts("mine", 0) == ["mine"]
+
+
 def test_demo_auto_calibrates_once_and_says_so(tmp_path):
     """Without a saved choice, 'auto' calibrates this machine (announced), saves it, and reads it back
     the next time (here no head loads, so every candidate is skipped and vanilla is the choice)."""

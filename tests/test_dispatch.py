@@ -89,6 +89,39 @@ def test_auto_reads_the_saved_choice(tmp_path, monkeypatch):
     assert dispatch.auto_method("tiny-llama") == "pld"
 
 
+def test_a_choice_measured_with_other_shipped_heads_is_stale(tmp_path, monkeypatch):
+    """A release that ships another head changes ``shipped_fingerprint``; a choice saved with the old
+    heads is then no choice: ``auto_method`` falls back to the default and ``resolve`` recalibrates,
+    saying why."""
+    from minispec.drafters import registry
+
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
+    heads = tmp_path / "ckpt"
+    heads.mkdir()
+    monkeypatch.setattr(registry, "shipped_head", lambda kind, model_name="m": heads / f"{model_name}-{kind}.st")
+    assert registry.shipped_fingerprint("m") == ""  # nothing shipped
+    (heads / "m-eagle.st").write_bytes(b"head one")
+    one = registry.shipped_fingerprint("m")
+    (heads / "m-eagle.st").write_bytes(b"head two")
+    two = registry.shipped_fingerprint("m")
+    (heads / "m-draft.st").write_bytes(b"a draft")
+    assert len({one, two, registry.shipped_fingerprint("m")}) == 3 and len(one) == 16
+    (heads / "m-draft.st").unlink()
+    path = dispatch.tune_path("m")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"choice": "pld", "drafters": one}))
+    assert dispatch.saved_choice("m") is None and dispatch.auto_method("m") == DEFAULT_AUTO
+    with pytest.raises(FileNotFoundError, match="shipped checkpoints"):
+        dispatch.auto_method("m", strict=True)
+    path.write_text(json.dumps({"choice": "pld", "drafters": two}))
+    assert dispatch.auto_method("m") == "pld"
+    r = dispatch.TuneResult("m", 1, 16, {1: {0: 0.01}}, choice="sps")
+    (heads / "m-eagle.st").write_bytes(b"head three")
+    dispatch.save_choice(r)
+    assert json.loads(path.read_text())["drafters"] == registry.shipped_fingerprint("m") != two
+    assert dispatch.auto_method("m") == "sps"
+
+
 def test_tune_cli_on_a_tiny_model(tmp_path):
     env = dict(__import__("os").environ, MINISPEC_CACHE=str(tmp_path), OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-m", "minispec", "tune", "--model", "tiny-llama", "--candidates", "vanilla,pld",

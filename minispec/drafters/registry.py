@@ -86,3 +86,21 @@ def shipped_head(kind: str, model_name: str = "smollm2-135m"):
     """The checkpoint shipped for ``model_name`` of a kind: ``draft``, ``eagle``, ``eagle3``, ``medusa``
     (or ``token-counts``, the FR-Spec counts)."""
     return shipped(f"{model_name}-{kind}")
+
+
+SHIPPED_KINDS = ("draft", "eagle", "eagle3", "medusa", "token-counts")
+
+
+def shipped_fingerprint(model_name: str = "smollm2-135m") -> str:
+    """A short hash of every checkpoint shipped for ``model_name`` (the ``SHIPPED_KINDS`` present): it
+    changes when a release ships another head, so a choice measured with the old ones (``auto``'s
+    calibration) can tell it is stale. "" when none is shipped."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for kind in SHIPPED_KINDS:
+        f = shipped_head(kind, model_name)
+        if f.is_file():
+            h.update(kind.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16] if h.digest() != hashlib.sha256().digest() else ""

@@ -24,6 +24,7 @@ Shapes: N draft nodes per step.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import torch
@@ -78,7 +79,8 @@ def weight_bytes(model) -> int:
     return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
-def step_breakdown(target, tok, prompts: list[str], drafters: dict, max_new_tokens: int) -> dict:
+def step_breakdown(target, tok, prompts: list[str], drafters: dict, max_new_tokens: int, params=None,
+                   seed: int = 0) -> dict:
     """Mean ms per decode step of each phase (``generate.PHASES``) with tau and nodes, per method.
 
     Methods are interleaved per prompt (so drift of a shared machine hits all alike), after one
@@ -86,15 +88,21 @@ def step_breakdown(target, tok, prompts: list[str], drafters: dict, max_new_toke
 
     Args:
         drafters: method name -> drafter (None for vanilla).
+        params: a ``SamplingParams`` (None: greedy); sampled runs are seeded with ``seed``, the
+            same seed for every method, so each method sees the same prompts and seeds.
     """
     from .. import generate
+    from ..sampling import GREEDY
+
+    params = params or GREEDY
+    kw = dict(params=params, seed=None if params.greedy else seed)
 
     acc = {m: dict(phase=dict.fromkeys(PHASES, 0.0), steps=0, nodes=0, new=0, forwards=0) for m in drafters}
     for m, d in drafters.items():
-        generate(target, tok, prompts[0], drafter=d, max_new_tokens=8)  # warm-up
+        generate(target, tok, prompts[0], drafter=d, max_new_tokens=8, **kw)  # warm-up
     for p in prompts:
         for m, d in drafters.items():
-            s, a = generate(target, tok, p, drafter=d, max_new_tokens=max_new_tokens).stats, acc[m]
+            s, a = generate(target, tok, p, drafter=d, max_new_tokens=max_new_tokens, **kw).stats, acc[m]
             for k, v in s.phase_s.items():
                 a["phase"][k] += v
             a["steps"] += len(s.nodes)
@@ -109,10 +117,11 @@ def step_breakdown(target, tok, prompts: list[str], drafters: dict, max_new_toke
 
 
 def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new_tokens: int, sizes, context: int,
-                reps: int, draft_vocab=None) -> dict:
+                reps: int, draft_vocab=None, params=None) -> dict:
     """Everything ``python -m minispec profile`` reports, as one dict."""
     from .. import load
     from ..dispatch import verify_cost_curve
+    from ..sampling import GREEDY
     from ..methods import Methods
 
     target, tok = load(model_name)
@@ -124,7 +133,7 @@ def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new
         curve = verify_cost_curve(target, sizes=sizes, context=context, reps=reps)[1]
     t0 = curve[min(curve)]
     made = Methods(target, model_name, draft_vocab=draft_vocab)
-    rows = step_breakdown(target, tok, prompts, {m: made.drafter(m) for m in methods}, max_new_tokens)
+    rows = step_breakdown(target, tok, prompts, {m: made.drafter(m) for m in methods}, max_new_tokens, params)
     base = rows.get("vanilla")
     for r in rows.values():
         r["ms_per_token"] = r["step_ms"] / r["tau"]
@@ -135,7 +144,8 @@ def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new
                 peak_gflop_s=peak, flop_per_row=flops_row,
                 compute_floor_ms={n: (n + 1) * flops_row / (peak * 1e9) * 1e3 for n in curve},
                 extra_rows_gflop_s={n: n * flops_row / ((t - t0) * 1e9) for n, t in curve.items() if n and t > t0},
-                context=context, methods=rows, prompts=len(prompts), max_new_tokens=max_new_tokens)
+                context=context, methods=rows, prompts=len(prompts), max_new_tokens=max_new_tokens,
+                sampling=dataclasses.asdict(params or GREEDY))
 
 
 def format_profile(r: dict) -> str:
@@ -144,6 +154,8 @@ def format_profile(r: dict) -> str:
              f"fp32 matmul peak {r['peak_gflop_s']:.0f} GFLOP/s; {r['flop_per_row'] / 1e6:.0f} MFLOP per row -> compute "
              "floor " + ", ".join(f"N={n} {ms:.1f} ms" for n, ms in r["compute_floor_ms"].items()),
              "extra rows run at " + ", ".join(f"N={n} {g:.0f} GFLOP/s" for n, g in r["extra_rows_gflop_s"].items()),
+             "decode steps: " + ("greedy" if not r.get("sampling", {}).get("temperature") else
+                                 "sampled (temperature {temperature}, top_k {top_k}, top_p {top_p}), seeded".format(**r["sampling"])),
              "target forward over N + 1 tokens (context %d): " % r["context"] + ", ".join(
                  f"N={n} {ms:.1f} ms ({r['verify_ratio'][n]:.2f}x)" for n, ms in r["verify_ms"].items()),
              ""]
@@ -171,8 +183,17 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-vocab", type=int, default=None)
     ap.add_argument("--no-prepack", action="store_true", help="F.linear instead of the weight panels (the before figure)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: one per idle core)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); else sampled, seeded")
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--json", default=None, help="write the result (device, versions, settings) here")
     args = ap.parse_args(argv)
+    from ..sampling import SamplingParams
+
+    try:
+        params = SamplingParams(args.temperature, args.top_k, args.top_p)
+    except ValueError as e:
+        ap.error(str(e))
     torch.set_num_threads(args.threads or default_threads())
     if args.no_prepack:
         from ..linear import Linear
@@ -181,7 +202,7 @@ def main(argv=None) -> int:
     n_prompts, tokens = (1, 8) if fast() else (args.prompts, args.max_new_tokens)
     prompts = [p["prompt"] for p in own_prompts()][:n_prompts]
     r = run_profile(args.model, [m.strip() for m in args.methods.split(",") if m.strip()], prompts, tokens,
-                    [int(s) for s in args.sizes.split(",")], args.context, args.reps, args.draft_vocab)
+                    [int(s) for s in args.sizes.split(",")], args.context, args.reps, args.draft_vocab, params)
     print(format_profile(r))
     if args.json:
         print(f"saved {save_json(args.json, dict(benchmark='profile', threads=torch.get_num_threads(), prepacked=not args.no_prepack, **r))}")
