@@ -21,7 +21,7 @@ import torch
 from .cuda_graphs import GraphedForward, StaticKVCache, pick_bucket, static_prefill, token_buckets
 from .drafters.base import Drafter, Features, Vanilla
 from .kv import KVCache, PagedKVCache
-from .sampling import GREEDY, SamplingParams, as_params, next_token, probs
+from .sampling import GREEDY, SamplingParams, as_params, next_token
 from .tokenizer import encode_prompt
 from .tree import Tree
 from .verify import verify_tree
@@ -136,7 +136,8 @@ class Decoder:
 
         tree = drafter.propose(...)                      draft: the drafter knows the context
         out  = target(root + tree.tokens, tree mask)     one forward scores every node
-        res  = verify_tree(tree, p, tree.verify_mode())  the proposal says how to verify it
+        res  = verify_tree(tree, logits, mode, params)   the proposal says how to verify it; p = probs(row, params)
+                                                         for each row the walk reaches
         kv.commit(root + accepted path)                  keep their keys and values
         drafter.commit(emitted, features of kept rows)   tell the drafter what was committed
 
@@ -261,8 +262,9 @@ class Decoder:
     def verify(self, tree: Tree, logits: torch.Tensor):
         """Verify ``tree`` against the target's logits [N + 1, V] over root + nodes; returns the
         verification result and the rows to keep in the KV cache (the root and the accepted path)."""
-        p = logits if self.params.greedy else probs(logits, self.params)  # [N + 1, V]
-        res = verify_tree(tree, p, mode=tree.verify_mode(self.params.greedy), generator=self.gen, p_from_probs=True)
+        # logits [N + 1, V]; sampled, each row the walk reaches becomes probs(row, params) there, the others never
+        res = verify_tree(tree, logits, mode=tree.verify_mode(self.params.greedy), generator=self.gen,
+                          params=self.params)
         return res, [0] + [i + 1 for i in res.path]
 
     def advance(self, tree: Tree, res, out, rows: list[int], r: int = 0) -> list[int]:

@@ -82,15 +82,29 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
         x = x.masked_fill(x < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_x, order = torch.sort(x, dim=-1, descending=True)  # [..., V]
-        sorted_p = torch.softmax(sorted_x, dim=-1)
-        # mass strictly before each token; a token is kept while that mass is < top_p,
-        # so the most likely token is always kept.
-        before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-        drop_sorted = before >= params.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        x = x.masked_fill(drop, float("-inf"))
+        x = _nucleus(x, params.top_p)
     return x
+
+
+def _nucleus(x: torch.Tensor, top_p: float, first: int = 64) -> torch.Tensor:
+    """Top-p on processed logits x [..., V]: a token is kept while the mass of the tokens ranked before
+    it is < top_p, so the most likely token always stays. The nucleus is found among the ``first``
+    most likely tokens (``torch.topk``, sorted), 4x more while their mass stays below top_p, the
+    whole vocabulary at worst: a nucleus of tens of tokens costs a top-k of 64 instead of a sort of
+    all V (the decode loop takes top-p for every row it verifies and every draft it samples)."""
+    V = x.shape[-1]
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [..., 1]: the full softmax's normaliser
+    m = min(first, V)
+    while True:
+        top_x, order = torch.topk(x, m, dim=-1)  # [..., m], most likely first
+        top_p_sorted = torch.exp(top_x - lse)  # their probabilities under the full softmax
+        mass = torch.cumsum(top_p_sorted, dim=-1)  # [..., m]
+        if m == V or bool((mass[..., -1] >= top_p).all()):  # token m + 1 on has mass >= top_p before it
+            break
+        m = min(4 * m, V)
+    keep_sorted = (mass - top_p_sorted) < top_p  # mass strictly before each of the m
+    keep = torch.zeros(x.shape, dtype=torch.bool, device=x.device).scatter(-1, order, keep_sorted)
+    return x.masked_fill(~keep, float("-inf"))
 
 
 def probs(logits: torch.Tensor, params: SamplingParams | None = None, **kwargs) -> torch.Tensor:

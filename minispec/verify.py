@@ -33,7 +33,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
-from .sampling import sample
+from .sampling import SamplingParams, probs, sample
 from .tree import Tree
 
 MODES = ("greedy", "chain", "mss_replacement", "mss_no_replacement", "onehot")
@@ -233,11 +233,16 @@ def sample_candidates(q: torch.Tensor, n: int, replacement: bool = True,
 
 
 def _mss_replacement(xs: list[int], p: torch.Tensor, q: torch.Tensor, ch: Chooser):
-    """Candidates i.i.d. from q. Each round is one Leviathan step; q never changes."""
+    """Candidates i.i.d. from q. Each round is one Leviathan step; q never changes.
+
+    p and q may come in float32: an acceptance reads two entries (a float32 read as a Python float is
+    its float64 value exactly), and the float64 copies the residuals need are made at the first
+    rejection only, so a step whose drafts are all accepted converts nothing."""
     for i, x in enumerate(xs):
         if ch.bernoulli(accept_prob(p[x].item(), q[x].item())):
             return i, x
-        p = residual(p, q)  # [V]
+        q = q.double()  # no copy after the first rejection
+        p = residual(p.double(), q)  # [V]
     return None, ch.categorical(p)
 
 
@@ -252,8 +257,8 @@ def _mss_no_replacement(xs: list[int], p: torch.Tensor, q: torch.Tensor, ch: Cho
     for i, x in enumerate(xs):
         if ch.bernoulli(accept_prob(p[x].item(), q[x].item())):
             return i, x
-        p = residual(p, q)  # [V]
-        q = q.clone()
+        q = q.to(torch.float64, copy=True)  # [V], one copy per rejection (zeroed below)
+        p = residual(p.double(), q)  # [V]
         q[x] = 0
         q = _normalise(q)  # all zeros only if q's support ran out (cannot happen honestly)
     return None, ch.categorical(p)
@@ -263,12 +268,17 @@ def _mss_onehot(xs: list[int], p: torch.Tensor, ch: Chooser):
     """Candidate i is treated as drawn from q = one-hot(x_i) (EAGLE's code).
 
     Accept x_i with probability p_i(x_i); on rejection p_{i+1} = norm(max(0, p_i -
-    one_hot(x_i))) = p_i with x_i zeroed, renormalised.
+    one_hot(x_i))) = p_i with x_i zeroed, renormalised (written so, in float64: the same numbers as
+    ``residual(p, one_hot(x_i))`` without building the one-hot row).
     """
     for i, x in enumerate(xs):
         if ch.bernoulli(min(1.0, p[x].item())):
             return i, x
-        p = residual(p, torch.nn.functional.one_hot(torch.tensor(x), p.shape[-1]).to(p))  # [V]
+        r = p.to(torch.float64, copy=True)  # [V]
+        r[x] = 0.0
+        s = r.sum()
+        if s > 0:  # else residual's empty case (all of p's mass on x, so x was accepted): p stays
+            p = r / s
     return None, ch.categorical(p)
 
 
@@ -321,14 +331,13 @@ def _verify_node(xs, p, q, mode, ch):
     if mode == "greedy":
         best = int(p.argmax())
         return (xs.index(best), best) if best in xs else (None, best)
-    p = p.double()
-    if not xs:  # a leaf: the bonus token
+    if not xs:  # a leaf: the bonus token (``sample`` draws in float64 from any float dtype)
         return None, ch.categorical(p)
     if mode == "onehot":
         return _mss_onehot(xs, p, ch)
     if mode == "mss_replacement":
-        return _mss_replacement(xs, p, q.double(), ch)
-    return _mss_no_replacement(xs, p, q.double(), ch)
+        return _mss_replacement(xs, p, q, ch)
+    return _mss_no_replacement(xs, p, q, ch)
 
 
 # --------------------------------------------------------------------------- trees
@@ -352,7 +361,8 @@ class VerifyResult:
 
 
 def verify_tree(tree: Tree, p: torch.Tensor, *, mode: str, generator: torch.Generator | None = None,
-                chooser: Chooser | None = None, p_from_probs: bool = False) -> VerifyResult:
+                chooser: Chooser | None = None, p_from_probs: bool = False,
+                params: SamplingParams | None = None) -> VerifyResult:
     """Verify a whole draft tree, level by level, with ``verify_candidates`` at each node.
 
     Indexing convention ("row = node + 1"): the root is the last committed token; row 0 of
@@ -375,6 +385,9 @@ def verify_tree(tree: Tree, p: torch.Tensor, *, mode: str, generator: torch.Gene
         generator / chooser: source of the random choices.
         p_from_probs: p is ``sampling.probs``'s output (the decode loop's own): its rows are not
             checked again (a check costs as much as a node's verification). q always is.
+        params: p holds the target's logits instead, and a row becomes ``sampling.probs(row, params)``
+            only when the walk reaches it (the decode loop's way): the walk visits at most depth + 1
+            of the N + 1 rows, so a tree's other rows are never turned into distributions.
     Returns:
         VerifyResult(path, next_token, emitted).
     """
@@ -385,7 +398,7 @@ def verify_tree(tree: Tree, p: torch.Tensor, *, mode: str, generator: torch.Gene
     N, V, tok = len(tree), p.shape[1], tree.tokens
     _check_tokens(tok, V, "tokens")
     _check_rows(p, [N + 1], V, "p")
-    if mode != "greedy" and not p_from_probs:
+    if mode != "greedy" and not p_from_probs and params is None:
         _check_dist(p, "p")
     if mode in _REAL_Q_MODES[1:]:
         _check_rows(q, [N, N + 1], V, "q")
@@ -401,7 +414,8 @@ def verify_tree(tree: Tree, p: torch.Tensor, *, mode: str, generator: torch.Gene
     while True:
         kids = children[row]
         qrow = q[row] if mode in _REAL_Q_MODES[1:] and kids else None
-        idx, token = _verify_node([tok[i] for i in kids], p[row], qrow, mode, ch)
+        prow = p[row] if params is None or mode == "greedy" else probs(p[row], params)  # [V]
+        idx, token = _verify_node([tok[i] for i in kids], prow, qrow, mode, ch)
         if idx is None:
             return VerifyResult(path, token, [tok[i] for i in path] + [token])
         path.append(kids[idx])

@@ -130,6 +130,47 @@ def test_profile_command_on_a_tiny_model(tmp_path):
     assert res["peak_gflop_s"] > 0 and res["flop_per_row"] == res["weight_bytes"] // 2  # fp32: 4 bytes, 2 FLOP
     floor = res["compute_floor_ms"]
     assert floor["2"] == pytest.approx(3 * floor["0"])  # (N + 1) rows
+    assert res["sampling"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0} and "decode steps: greedy" in r.stdout
+
+
+def test_step_breakdown_decodes_with_the_sampling_it_is_given(monkeypatch):
+    """profile's phases come from generate runs with the given SamplingParams and one seed for every
+    method (greedy: no seed), warm-up included."""
+    import minispec
+    from minispec.lab.profile import step_breakdown
+    from minispec.sampling import SamplingParams
+
+    target, tok = minispec.load("tiny-llama")
+    seen, real = [], minispec.generate
+    monkeypatch.setattr(minispec, "generate", lambda *a, **kw: seen.append((kw["params"], kw["seed"])) or real(*a, **kw))
+    params = SamplingParams(0.7, 5, 0.9)
+    step_breakdown(target, tok, ["hi", "abc"], {"vanilla": None}, 6, params, seed=3)
+    assert seen == [(params, 3)] * 3  # the warm-up and the two prompts
+    seen.clear()
+    step_breakdown(target, tok, ["hi"], {"vanilla": None}, 6)
+    assert seen == [(SamplingParams(), None)] * 2
+
+
+def test_profile_command_sampled_and_its_bad_sampling_arguments(tmp_path):
+    """``profile --temperature``: the phases of sampled (seeded) steps; bad sampling parameters are
+    refused before any model loads, with the parameter named."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "p.json"
+    base = [sys.executable, "-m", "minispec", "profile", "--model", "tiny-llama", "--methods", "vanilla,pld",
+            "--prompts", "1", "--max-new-tokens", "12", "--sizes", "0", "--reps", "1", "--threads", "1"]
+    r = subprocess.run(base + ["--temperature", "0.7", "--top-k", "20", "--json", str(out)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["sampling"] == {"temperature": 0.7, "top_k": 20, "top_p": 1.0}
+    assert "sampled (temperature 0.7, top_k 20, top_p 1.0), seeded" in r.stdout
+    assert res["methods"]["vanilla"]["phase_ms"]["verify"] > 0
+    for bad, name in (["--temperature", "-1"], "temperature"), (["--top-p", "0"], "top_p"):
+        r = subprocess.run(base + bad, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and name in r.stderr, r.stderr
 
 
 @torch.no_grad()

@@ -37,6 +37,28 @@ def test_top_p_keeps_smallest_prefix_reaching_mass():
     assert torch.allclose(probs(logits, temperature=1.0, top_p=1.0), base)
 
 
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.99])
+def test_top_p_keeps_what_transformers_keeps(top_p):
+    """minispec's nucleus (a top-k of 64 tokens, widened while their mass is below top_p) keeps the same
+    tokens as transformers' TopPLogitsWarper (a sort of the whole vocabulary), on peaked and flat rows
+    of a 49,152-token vocabulary, whose nuclei range from one token to tens of thousands. Float32
+    rounding of a cumulative mass (which depends on the CPU's vector width) may decide a token whose
+    float64 mass before it lies within 1e-4 of top_p, in either implementation; every other token must
+    agree."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    g = torch.Generator().manual_seed(5)
+    logits = torch.cat([4 * torch.randn(3, 49152, generator=g), 0.3 * torch.randn(3, 49152, generator=g)])  # [6, V]
+    ours = probs(logits, SamplingParams(temperature=1.0, top_p=top_p)) > 0
+    theirs = torch.isfinite(TopPLogitsWarper(top_p)(None, logits.clone()))
+    p64, order = torch.sort(torch.softmax(logits.double(), -1), -1, descending=True)
+    before = torch.zeros_like(p64).scatter(-1, order, p64.cumsum(-1) - p64)  # float64 mass ranked before each token
+    clear = (before - top_p).abs() > 1e-4
+    assert torch.equal(ours[clear], theirs[clear]) and torch.equal(ours[clear], (before < top_p)[clear])
+    assert clear.float().mean() > 0.99  # the undecided band is a sliver of the vocabulary
+    assert (ours.sum(-1) >= 1).all() and (top_p < 0.5 or (ours.sum(-1) > 64).any())  # the widening is exercised
+
+
 def test_top_k_and_top_p_compose_identically_for_p_and_q():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 50, generator=g)

@@ -117,6 +117,73 @@ def test_verify_chain_forced_outcomes():
         assert n == 0 and t in (0, 1)
 
 
+class _Rejecting:
+    """A chooser that rejects every draft and records the distribution the final token is drawn from."""
+
+    def bernoulli(self, prob):
+        return False
+
+    def categorical(self, dist):
+        self.dist = dist
+        return int(dist.argmax())
+
+
+@pytest.mark.parametrize("mode", ["onehot", "chain", "mss_no_replacement"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rejections_reach_the_residuals_of_the_formulas_in_float64(mode, dtype):
+    """A sampled step converts p and q to float64 only at a rejection, and onehot's residual is written
+    without building the one-hot row: after rejecting every candidate the final draw is from exactly
+    (bit for bit) the residual chain of ``residual`` in float64, from float32 or float64 inputs."""
+    p, q = _random_pq(40, 1, 7)
+    p, q = p[0].to(dtype), q[0].to(dtype)
+    xs = [int(i) for i in torch.topk(q, 4).indices]
+    ch = _Rejecting()
+    verify_candidates(xs, p, q, mode=mode, chooser=ch)
+    want, qq = p.double(), q.double()
+    for x in xs:
+        if mode == "onehot":
+            want = residual(want, torch.nn.functional.one_hot(torch.tensor(x), 40).double())
+        else:
+            want = residual(want, qq)
+            if mode == "mss_no_replacement":
+                qq = qq.clone()
+                qq[x] = 0
+                qq = qq / qq.sum()
+    assert ch.dist.dtype == torch.float64 and torch.equal(ch.dist, want)
+    one = torch.zeros(40, dtype=dtype)
+    one[xs[0]] = 1.0  # all of p's mass on the candidate: residual's empty case keeps p
+    ch2 = _Rejecting()
+    verify_candidates(xs[:1], one, mode="onehot", chooser=ch2)
+    assert torch.equal(ch2.dist.double(), one.double())
+
+
+@pytest.mark.parametrize("params", [SamplingParams(0.7), SamplingParams(1.0, top_k=5), SamplingParams(1.3, top_p=0.8)])
+def test_verify_tree_turns_only_the_visited_rows_of_the_logits_into_p(params, monkeypatch):
+    """``verify_tree(..., params=)``, the decode loop's way: p holds the logits, and only the rows the walk
+    reaches are turned into probabilities, each equal to its row of ``probs`` over all of them, so the
+    same generator gives the same tokens as verifying ``probs(logits)``, on every sampled mode."""
+    calls = []
+    real = vf.probs
+    monkeypatch.setattr(vf, "probs", lambda x, prm: calls.append(x.shape) or real(x, prm))
+    g = torch.Generator().manual_seed(3)
+    for trial in range(60):
+        N = 1 + trial % 6
+        parents = [-1] + [int(torch.randint(-1, i, (), generator=g)) for i in range(1, N)]
+        logits = 3 * torch.randn(N + 1, 30, generator=g)
+        q = probs(torch.randn(N + 1, 30, generator=g), params)
+        toks = [int(torch.multinomial(q[j + 1], 1, generator=g)) for j in parents]
+        for mode in ("onehot", "chain"):
+            tree = Tree(toks, parents, q)
+            calls.clear()
+            lazy = verify_tree(tree, logits, mode=mode, generator=torch.Generator().manual_seed(trial), params=params)
+            assert len(calls) == len(lazy.path) + 1 and all(c == (30,) for c in calls)  # the path's rows, one by one
+            full = verify_tree(tree, real(logits, params), mode=mode, generator=torch.Generator().manual_seed(trial),
+                               p_from_probs=True)
+            assert (lazy.path, lazy.emitted) == (full.path, full.emitted)
+    for r in range(4):
+        assert torch.equal(real(logits[r], params), real(logits, params)[r])
+
+
 def test_tree_on_chain_same_outputs_as_verify_chain():
     for seed in range(40):
         k = seed % 4

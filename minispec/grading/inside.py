@@ -32,11 +32,14 @@ def _verify_tree(fn):
     p, q, mode, chooser) -> (path, next_token)``: greedy is verified as one-hot drafts against the
     one-hot p of the argmax (exactly greedy), a sampled chain as MSS with replacement over one child
     per node."""
+    from ..sampling import probs
     from ..verify import TorchChooser, VerifyResult
 
-    def verify_tree(tree, p, *, mode, generator=None, chooser=None, p_from_probs=False):
+    def verify_tree(tree, p, *, mode, generator=None, chooser=None, p_from_probs=False, params=None):
         ch = chooser if chooser is not None else TorchChooser(generator)
         q, tokens = tree.q, tree.tokens
+        if params is not None and mode != "greedy":  # the decode loop passes logits and the sampling parameters
+            p = probs(p, params)  # [N + 1, V]: every row, as chapter 2's signature takes them
         if mode == "greedy":  # p holds logits: the target's choice is their argmax
             p = torch.zeros(p.shape, dtype=torch.float64).scatter_(-1, p.argmax(-1, keepdim=True).cpu(), 1.0)
             mode, q = "onehot", None
