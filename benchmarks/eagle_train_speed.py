@@ -37,7 +37,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     target, _ = load("smollm2-135m")
     target.requires_grad_(False)
-    seqs, feats = selfdistill_data(1, args.max_len)
+    seqs, feats = selfdistill_data(1, args.max_len, target)
     with torch.no_grad():  # the stored top-k the full-vocabulary loss reads
         for f in feats:
             top = torch.log_softmax(target.lm_head(f["hidden"].float()), -1).topk(32, dim=-1)

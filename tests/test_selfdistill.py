@@ -41,3 +41,70 @@ def test_spec_bench_questions_are_banned(tmp_path, monkeypatch):
     monkeypatch.setattr(sharegpt, "sharegpt_prompts", lambda: ["What is 2+2?"] * 700 + [f"prompt {i}" for i in range(50)])
     order = selfdistill.prompt_order(seed=0)
     assert "What is 2+2?" not in order and len(order) <= 750 - selfdistill.SKIP
+
+
+def _decode(model, tok, prompts, n=12):
+    recorders = [FeatureRecorder() for _ in prompts]
+    results, _ = generate_batch(model, tok, prompts, drafter=recorders, max_new_tokens=n, chat=False,
+                                stop_at_eos=False)
+    return [dict(tokens=torch.tensor(r.prompt_tokens + r.tokens, dtype=torch.int32), prompt_len=len(r.prompt_tokens),
+                 hidden=rec.features) for r, rec in zip(results, recorders)]
+
+
+def test_ids_round_trip_and_features_rebuilt_from_them_equal_the_recorded(tmp_path, monkeypatch):
+    """A fresh machine has the committed ids but not the recorded features: one teacher-forced forward
+    (``target_features``, sequences batched with padding) rebuilds them bit for bit, EAGLE-3's layers too."""
+    import pytest
+
+    from minispec.drafters.eagle3 import eagle3_layers
+    from minispec.train.data import selfdistill_data
+
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path / "cache"))
+    model, tok = load("tiny-llama")
+    seqs = _decode(model, tok, [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8, 9, 7], [2, 7]])
+    ids = tmp_path / "ids"
+    ids.mkdir()
+    selfdistill.write_ids(selfdistill.part_path(ids, 0, "ids"), seqs)
+    back = selfdistill.read_ids(selfdistill.part_path(ids, 0, "ids"))
+    assert [(b["tokens"].tolist(), b["prompt_len"]) for b in back] == [(s["tokens"].tolist(), s["prompt_len"]) for s in seqs]
+
+    with pytest.raises(ValueError, match="pass the target"):
+        selfdistill_data(1, 64, folder=ids)  # nothing recorded here and no target to rebuild with
+    got, feats = selfdistill_data(1, 10, model, folder=ids)  # max_len 10 cuts the two longer ones
+    for s, g, f in zip(seqs, got, feats):
+        n = min(len(s["tokens"]) - 1, 10)
+        assert g.tokens.tolist() == s["tokens"][:n].tolist() and g.source == "selfdistill"
+        assert torch.equal(f["hidden"], s["hidden"][:n])  # bit for bit
+    _, feats3 = selfdistill_data(1, 64, model, layers=eagle3_layers(model.cfg.n_layer), topk=4, folder=ids)
+    assert set(feats3[0]["layers"]) == set(eagle3_layers(model.cfg.n_layer)) and feats3[0]["top_idx"].shape[1] == 4
+
+    recorded = tmp_path / "cache" / "selfdistill"
+    recorded.mkdir(parents=True)
+    marked = [dict(s, hidden=s["hidden"] + 1) for s in seqs]  # to tell the recording from a rebuild
+    torch.save(dict(sequences=marked), selfdistill.part_path(recorded, 0))
+    _, feats = selfdistill_data(1, 64, folder=ids)  # read as recorded: no target needed
+    assert all(torch.equal(f["hidden"], m["hidden"]) for f, m in zip(feats, marked))
+    with pytest.raises(SystemExit, match="holds 1 self-distilled parts, 2 asked"):
+        selfdistill_data(2, 64, model, folder=ids)
+
+
+def test_main_resumes_at_the_next_part_and_keeps_its_settings(tmp_path, monkeypatch):
+    import pytest
+
+    import minispec.models
+
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(minispec.models, "load", lambda name: load("tiny-llama"))
+    monkeypatch.setattr(selfdistill, "prompt_order", lambda seed=0: [f"prompt {i}" for i in range(5)])
+    flags = ["--part-prompts", "2", "--batch-size", "2", "--max-new-tokens", "4", "--ids-out", str(tmp_path / "ids")]
+    selfdistill.main(flags + ["--parts", "1"])
+    first = selfdistill.read_ids(selfdistill.part_path(tmp_path / "ids", 0, "ids"))
+    selfdistill.main(flags + ["--parts", "5"])  # resumes at part 1; the five prompts end within part 2
+    index = json.loads((tmp_path / "ids" / "index.json").read_text())
+    assert [p["part"] for p in index["parts"]] == [0, 1, 2] and [p["sequences"] for p in index["parts"]] == [2, 2, 1]
+    assert selfdistill.existing_parts(tmp_path / "ids") == 3
+    assert selfdistill.existing_parts(tmp_path / "cache" / "selfdistill", "part") == 3
+    again = selfdistill.read_ids(selfdistill.part_path(tmp_path / "ids", 0, "ids"))
+    assert all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(first, again))  # part 0 was not redone
+    with pytest.raises(SystemExit, match="--max-new-tokens 4"):
+        selfdistill.main(flags[:-4] + ["--max-new-tokens", "8", "--ids-out", str(tmp_path / "ids")])

@@ -164,3 +164,41 @@ def test_train_eagle_two_layers_from_a_one_layer_head_and_resume(patched, tmp_pa
     again = load_eagle(out, target).head
     for k, v in head.state_dict().items():
         assert torch.equal(v, again.state_dict()[k]), k
+
+
+def test_train_eagle3_from_a_checkpoint_on_selfdistilled_ids(patched, tmp_path, monkeypatch):
+    """``train eagle3 --init-from --selfdistill-parts``: the head starts as the checkpoint (its held-out figures
+    before training are that head's), keeps its draft vocabulary, and trains on the self-distilled sequences
+    too, their three layers' features rebuilt from the ids."""
+    from minispec.drafters.loader import load_drafter
+    from minispec.train import selfdistill
+
+    target, _, data = patched
+    ids = tmp_path / "ids"
+    ids.mkdir()
+    g = torch.Generator().manual_seed(1)
+    selfdistill.write_ids(selfdistill.part_path(ids, 0, "ids"),
+                          [dict(tokens=torch.randint(0, target.cfg.vocab_size, (n,), generator=g), prompt_len=3)
+                           for n in (14, 10, 18)])
+    monkeypatch.setattr(selfdistill, "ids_dir", lambda: ids)
+    flags = COMMON + ["--draft-vocab", "64", "--ttt-steps", "2", "--no-bf16", "--no-measure", "--topk", "4"]
+    first = tmp_path / "first.safetensors"
+    eagle3.main(flags + ["--out", str(first)])
+    start = load_drafter(first, target, verbose=False).head.float()
+    out = tmp_path / "second.safetensors"
+    record = eagle3.main(flags + ["--out", str(out), "--init-from", str(first), "--selfdistill-parts", "1"])
+    assert record["data"]["train_selfdistill_sequences"] == 3 and record["data"]["train_sequences"] == 9
+    assert record["training"]["init"] == "warm start from first.safetensors"
+    layers = eagle3_layers(target.cfg.n_layer)
+    before = eagle3.evaluate(start, target.tok_emb, data.held, data.fheld, layers, 2, eagle3.target_map(start))
+    assert record["eval"]["heldout_before_training"] == before
+    trained = load_drafter(out, target, verbose=False).head
+    assert torch.equal(trained.d2t, start.d2t)
+    assert not torch.equal(trained.fc.weight.float(), start.fc.weight.half().float())  # it trained
+    from minispec.drafters.eagle import EagleConfig, EagleHead
+
+    one = tmp_path / "eagle1.safetensors"
+    cfg = EagleConfig.for_target(target.cfg)
+    eagle.save_head(EagleHead(cfg), one, dict(format=eagle.FORMAT, config=cfg.to_dict(), command="train eagle"))
+    with pytest.raises(ValueError, match="not an EAGLE-3 head"):
+        eagle3.warm_start(one, target)

@@ -340,7 +340,7 @@ def load_data(args, target, tok) -> tuple[FeatureData, torch.Tensor | None]:
     rows [K, D] (None with ``--draft-vocab 0``)."""
     data = feature_data(args, target, tok, seed=args.seed)
     if args.selfdistill_parts:
-        sd, fsd = selfdistill_data(args.selfdistill_parts, args.max_len)
+        sd, fsd = selfdistill_data(args.selfdistill_parts, args.max_len, target)
         data.train, data.ftrain = data.train + sd, data.ftrain + fsd
     if not args.draft_vocab:
         return data, None

