@@ -131,6 +131,38 @@ def test_profile_command_on_a_tiny_model(tmp_path):
     floor = res["compute_floor_ms"]
     assert floor["2"] == pytest.approx(3 * floor["0"])  # (N + 1) rows
     assert res["sampling"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0} and "decode steps: greedy" in r.stdout
+    b = res["breakdown"]
+    assert b["aten_ops"] > 0 and "ATen ops per forward" in r.stdout and "of the floor" in r.stdout
+    assert b["small_op_us"]["hot"] > 0 and b["small_op_us"]["after_weight_stream"] > 0
+
+
+def test_forward_breakdown_splits_a_forward_into_its_modules_own_time(monkeypatch):
+    """Each section is a module kind's own time (its children's removed), the rest is what no hook saw (so
+    the sections add up to the hooked forward), and the hooks are gone afterwards."""
+    import time
+
+    import minispec
+    from minispec.lab import profile
+    from minispec.model import RMSNorm
+
+    target, _ = minispec.load("tiny-llama")
+    real = RMSNorm.forward
+
+    def slow(self, x):  # every norm takes 2 ms more: the norm section grows by that, no other section
+        time.sleep(0.002)
+        return real(self, x)
+
+    b0 = profile.forward_breakdown(target, context=16, reps=3)
+    monkeypatch.setattr(RMSNorm, "forward", slow)
+    b = profile.forward_breakdown(target, context=16, reps=3)
+    norms = sum(isinstance(m, RMSNorm) for m in target.modules())
+    assert set(b["section_ms"]) == set(profile.SECTIONS)
+    assert b["section_ms"]["norm"] - b0["section_ms"]["norm"] >= 2 * norms * 0.9
+    assert b["section_ms"]["attention"] < b0["section_ms"]["attention"] + 2  # a norm's sleep is not the attention's
+    assert sum(b["section_ms"].values()) == pytest.approx(b["hooked_forward_ms"])
+    assert b["section_ms"]["rest"] > 0  # no time counted twice (a child's time left in its parent's)
+    assert b["forward_ms"] >= 2 * norms  # the forward without hooks is timed too
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in target.modules())
 
 
 def test_step_breakdown_decodes_with_the_sampling_it_is_given(monkeypatch):

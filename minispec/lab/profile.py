@@ -12,7 +12,10 @@ rest of the loop; dividing by the number of steps gives milliseconds per step. I
               rows: (N + 1) x 2 x (linear weights) FLOP / peak. Extra rows pay at least this, so
               it bounds how cheap verification can get on this machine;
   verify      a target forward over N + 1 tokens against N (``dispatch.verify_cost_curve``),
-              as a ratio to N = 0: how much verifying N drafts costs beyond decoding one token.
+              as a ratio to N = 0: how much verifying N drafts costs beyond decoding one token;
+  breakdown   where a one-row forward's time goes beyond the floor (``forward_breakdown``): the
+              linear products, attention, norms, the MLP's activation and the rest, the number of
+              ATen ops it runs, and what one small op costs hot and right after a weight stream.
 
 The speedup model of chapter 1 reads off the same numbers: per step a method pays
 draft + target(N) + verify + commit + hand-off + other and commits tau tokens; vanilla pays the
@@ -79,6 +82,99 @@ def weight_bytes(model) -> int:
     return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
+SECTIONS = ("linear", "attention", "norm", "mlp_act", "rest")
+
+
+@torch.inference_mode()
+def forward_breakdown(target, context: int = 256, reps: int = 20) -> dict:
+    """Where a one-row decode forward's time goes, after ``context`` cached tokens.
+
+    Forward hooks time each module's own share (its time less its children's): "linear" the weight
+    products with their row padding (``minispec.linear.Linear``; the LM head included), "attention" the
+    attention module less its projections (rope, KV write, the row-invariant attention), "norm" the
+    norms, "mlp_act" the MLP less its projections (SiLU and product), "rest" the forward less all of
+    these (embedding, residual adds, the plan, Python). The hooks cost time of their own, so the forward
+    without them is reported beside (``forward_ms``). Also: the ATen ops one forward runs, and the time
+    of one small op (``x + x`` on a row) hot and right after the LM head has streamed its weights,
+    which is what most of those ops pay in a forward.
+    """
+    from ..kv import KVCache
+    from ..linear import Linear
+    from ..model import MLP, Attention, RMSNorm
+
+    kinds = {Linear: "linear", Attention: "attention", RMSNorm: "norm", torch.nn.LayerNorm: "norm", MLP: "mlp_act"}
+    kv = KVCache.for_model(target, context + 2)
+    target(torch.randint(0, target.cfg.vocab_size, (1, context), device=target.device), kv=kv)
+    kv.commit()
+    x = torch.tensor([[1]], device=target.device)
+
+    def forward():
+        target(x, kv=kv)
+        kv.discard()
+
+    def timed(fn, n: int) -> float:
+        for _ in range(3):
+            fn()
+        ts = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return sorted(ts)[len(ts) // 2] * 1e3  # median ms
+
+    plain = timed(forward, reps)
+    totals, stack, handles = dict.fromkeys(SECTIONS, 0.0), [], []
+
+    def pre(module, args):
+        stack.append([time.perf_counter(), 0.0])
+
+    def post(kind):
+        def hook(module, args, out):
+            t0, children = stack.pop()
+            elapsed = time.perf_counter() - t0
+            totals[kind] += elapsed - children
+            if stack:
+                stack[-1][1] += elapsed
+        return hook
+
+    for m in target.modules():
+        kind = next((k for cls, k in kinds.items() if type(m) is cls), None)
+        if kind:
+            handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post(kind))]
+    try:
+        forward(), forward()
+        for k in totals:
+            totals[k] = 0.0
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            forward()
+        hooked = (time.perf_counter() - t0) / reps * 1e3
+    finally:
+        for h in handles:
+            h.remove()
+    ms = {k: v / reps * 1e3 for k, v in totals.items()}
+    ms["rest"] = hooked - sum(ms.values())
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        forward()
+    ops = sum(1 for e in prof.events() if e.cpu_parent is None)
+    row = torch.randn(1, target.cfg.d_model, device=target.device)
+    small_hot = timed(lambda: row + row, 200) * 1e3
+
+    def after_stream():
+        target.lm_head(row)
+        t0 = time.perf_counter()
+        row + row
+        return time.perf_counter() - t0
+
+    for _ in range(3):
+        after_stream()
+    small_cold = sorted(after_stream() for _ in range(50))[25] * 1e6
+    return dict(context=context, forward_ms=plain, hooked_forward_ms=hooked, section_ms=ms, aten_ops=ops,
+                small_op_us=dict(hot=small_hot, after_weight_stream=small_cold))
+
+
 def step_breakdown(target, tok, prompts: list[str], drafters: dict, max_new_tokens: int, params=None,
                    seed: int = 0) -> dict:
     """Mean ms per decode step of each phase (``generate.PHASES``) with tau and nodes, per method.
@@ -117,8 +213,8 @@ def step_breakdown(target, tok, prompts: list[str], drafters: dict, max_new_toke
 
 
 def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new_tokens: int, sizes, context: int,
-                reps: int, draft_vocab=None, params=None) -> dict:
-    """Everything ``python -m minispec profile`` reports, as one dict."""
+                reps: int, draft_vocab=None, params=None, breakdown: bool = True) -> dict:
+    """Everything ``python -m minispec profile`` reports, as one dict (``breakdown``: with ``forward_breakdown``)."""
     from .. import load
     from ..dispatch import verify_cost_curve
     from ..sampling import GREEDY
@@ -132,6 +228,7 @@ def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new
     with torch.inference_mode():
         curve = verify_cost_curve(target, sizes=sizes, context=context, reps=reps)[1]
     t0 = curve[min(curve)]
+    parts = forward_breakdown(target, context) if breakdown else None
     made = Methods(target, model_name, draft_vocab=draft_vocab)
     rows = step_breakdown(target, tok, prompts, {m: made.drafter(m) for m in methods}, max_new_tokens, params)
     base = rows.get("vanilla")
@@ -145,7 +242,16 @@ def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new
                 compute_floor_ms={n: (n + 1) * flops_row / (peak * 1e9) * 1e3 for n in curve},
                 extra_rows_gflop_s={n: n * flops_row / ((t - t0) * 1e9) for n, t in curve.items() if n and t > t0},
                 context=context, methods=rows, prompts=len(prompts), max_new_tokens=max_new_tokens,
-                sampling=dataclasses.asdict(params or GREEDY))
+                sampling=dataclasses.asdict(params or GREEDY), breakdown=parts)
+
+
+def format_breakdown(b: dict, floor_ms: float) -> list[str]:
+    """``forward_breakdown``'s lines for the profile's header."""
+    ms = b["section_ms"]
+    return [f"one-row forward (context {b['context']}): {b['forward_ms']:.1f} ms = {floor_ms / b['forward_ms']:.2f} of the "
+            f"floor; with timing hooks {b['hooked_forward_ms']:.1f} ms: " + ", ".join(f"{k} {ms[k]:.1f}" for k in SECTIONS),
+            f"  {b['aten_ops']} ATen ops per forward; one small op {b['small_op_us']['hot']:.1f} us hot, "
+            f"{b['small_op_us']['after_weight_stream']:.1f} us right after a weight stream"]
 
 
 def format_profile(r: dict) -> str:
@@ -158,6 +264,7 @@ def format_profile(r: dict) -> str:
                                  "sampled (temperature {temperature}, top_k {top_k}, top_p {top_p}), seeded".format(**r["sampling"])),
              "target forward over N + 1 tokens (context %d): " % r["context"] + ", ".join(
                  f"N={n} {ms:.1f} ms ({r['verify_ratio'][n]:.2f}x)" for n, ms in r["verify_ms"].items()),
+             *(format_breakdown(r["breakdown"], r["weight_floor_ms"]) if r.get("breakdown") else []),
              ""]
     cols = [Col("method", width=16, left=True), Col("nodes", ".1f", 5), Col("tau", ".2f", 5), Col("step ms", ".1f", 8),
             *(Col(p, ".2f", 8) for p in PHASES), Col("ms/token", ".1f", 8), Col("vs vanilla", width=10)]
@@ -186,6 +293,8 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); else sampled, seeded")
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--breakdown", action=argparse.BooleanOptionalAction, default=True,
+                    help="where a one-row forward's time goes (sections, ATen ops, a small op hot and cold)")
     ap.add_argument("--json", default=None, help="write the result (device, versions, settings) here")
     args = ap.parse_args(argv)
     from ..sampling import SamplingParams
@@ -202,7 +311,8 @@ def main(argv=None) -> int:
     n_prompts, tokens = (1, 8) if fast() else (args.prompts, args.max_new_tokens)
     prompts = [p["prompt"] for p in own_prompts()][:n_prompts]
     r = run_profile(args.model, [m.strip() for m in args.methods.split(",") if m.strip()], prompts, tokens,
-                    [int(s) for s in args.sizes.split(",")], args.context, args.reps, args.draft_vocab, params)
+                    [int(s) for s in args.sizes.split(",")], args.context, args.reps, args.draft_vocab, params,
+                    args.breakdown)
     print(format_profile(r))
     if args.json:
         print(f"saved {save_json(args.json, dict(benchmark='profile', threads=torch.get_num_threads(), prepacked=not args.no_prepack, **r))}")
