@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from minispec import load
@@ -38,9 +39,12 @@ def test_spec_bench_questions_are_banned(tmp_path, monkeypatch):
     assert spec_bench_texts(path) == {"What is 2+2?", "And 3+3?"}
     monkeypatch.setattr(selfdistill, "spec_bench_texts", lambda path=None: {"What is 2+2?"})
     import minispec.train.sharegpt as sharegpt  # prompt_order reads the prompts there
-    monkeypatch.setattr(sharegpt, "sharegpt_prompts", lambda: ["What is 2+2?"] * 700 + [f"prompt {i}" for i in range(50)])
+    first = ["What is 2+2?"] * 700 + [f"prompt {i}" for i in range(50)]
+    monkeypatch.setattr(sharegpt, "sharegpt_prompts", lambda: list(first))
+    monkeypatch.setattr(sharegpt, "sharegpt_later_prompts", lambda: ["later 1", "What is 2+2?", "later 2"])
     order = selfdistill.prompt_order(seed=0)
-    assert "What is 2+2?" not in order and len(order) <= 750 - selfdistill.SKIP
+    assert "What is 2+2?" not in order and len(order) <= 750 - selfdistill.SKIP + 2
+    assert sorted(order[-2:]) == ["later 1", "later 2"]  # every first-turn prompt comes first
 
 
 def _decode(model, tok, prompts, n=12):
@@ -108,3 +112,86 @@ def test_main_resumes_at_the_next_part_and_keeps_its_settings(tmp_path, monkeypa
     assert all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(first, again))  # part 0 was not redone
     with pytest.raises(SystemExit, match="--max-new-tokens 4"):
         selfdistill.main(flags[:-4] + ["--max-new-tokens", "8", "--ids-out", str(tmp_path / "ids")])
+
+
+def _flags(tmp_path, *more):
+    return ["--part-prompts", "2", "--batch-size", "4", "--max-new-tokens", "6", "--ids-out", str(tmp_path / "ids"),
+            "--out", str(tmp_path / "feats"), *more]
+
+
+def test_transformers_generator_gives_minispecs_greedy_answers_from_an_exported_prompts_file(tmp_path, monkeypatch):
+    """The GPU path (transformers' batched generate, several parts per call, prompts read from an
+    ``--export-prompts`` file on a machine without ShareGPT) writes the parts minispec's batch decoder writes
+    on the CPU: the same sequences, token for token (tiny-llama, float32, no EOS: every answer runs to the end)."""
+    import minispec.models
+
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(minispec.models, "load", lambda name: load("tiny-llama"))
+    load_hf = minispec.models.load_hf
+    monkeypatch.setattr(minispec.models, "load_hf", lambda name: load_hf("tiny-llama"))
+    monkeypatch.setattr(selfdistill, "prompt_order", lambda seed=0: [f"prompt number {i}" for i in range(7)])
+    prompts = tmp_path / "prompts.npz"
+    selfdistill.main(_flags(tmp_path, "--parts", "4", "--export-prompts", str(prompts)))
+    assert not (tmp_path / "ids" / "index.json").exists()  # exporting generates nothing
+    assert [len(v) for v in selfdistill.read_prompts(prompts).values()] == [2, 2, 2, 1]
+
+    monkeypatch.setattr(selfdistill, "prompt_order", lambda seed=0: 1 / 0)  # no ShareGPT on the GPU machine
+    gpu = _flags(tmp_path, "--generator", "transformers", "--prompts-file", str(prompts))
+    selfdistill.main(gpu + ["--parts", "1"])
+    selfdistill.main(gpu + ["--parts", "3"])  # resumes at part 1; parts 1 and 2 in one call (batch 4)
+    with pytest.raises(SystemExit, match="not of part 4"):
+        selfdistill.main(gpu + ["--parts", "1"])
+    index = json.loads((tmp_path / "ids" / "index.json").read_text())
+    assert [p["part"] for p in index["parts"]] == [0, 1, 2, 3]
+    assert all(p["generator"] == "transformers generate (cpu)" for p in index["parts"])
+    got = [s for i in range(4) for s in selfdistill.read_ids(selfdistill.part_path(tmp_path / "ids", i, "ids"))]
+
+    model, tok = load("tiny-llama")
+    ids = [s["tokens"][:s["prompt_len"]].tolist() for s in got]
+    assert [bytes(x).decode() for x in ids] == [f"prompt number {i}" for i in range(7)]
+    results, _ = generate_batch(model, tok, ids, max_new_tokens=6, chat=False)
+    assert [s["tokens"].tolist() for s in got] == [r.prompt_tokens + r.tokens for r in results]
+
+
+def test_bad_flag_combinations_are_refused():
+    with pytest.raises(SystemExit):
+        selfdistill.parse_args(["--device", "cuda"])  # minispec's decoder runs on the CPU
+    with pytest.raises(SystemExit):
+        selfdistill.parse_args(["--export-prompts", "a.npz", "--prompts-file", "b.npz"])
+
+
+def test_committed_parts_match_their_index():
+    """The parts in data/selfdistill are whole: each holds the sequences and tokens its index entry counts."""
+    folder = selfdistill.ids_dir()
+    index = json.loads((folder / "index.json").read_text())
+    n = selfdistill.existing_parts(folder)
+    assert n == len(index["parts"]) and [p["part"] for p in index["parts"]] == list(range(n))
+    for entry in index["parts"]:
+        seqs = selfdistill.read_ids(selfdistill.part_path(folder, entry["part"], "ids"))
+        assert len(seqs) == entry["sequences"] and sum(len(s["tokens"]) for s in seqs) == entry["tokens"]
+        assert all(0 < s["prompt_len"] < len(s["tokens"]) for s in seqs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_transformers_generator_on_the_gpu(tmp_path, monkeypatch):
+    """``--generator transformers --device cuda`` (what tools/gpu_heads.sh runs): the parts are written whole,
+    their index names the GPU, and the prompts are the file's. Without CUDA it is skipped; the CPU test above
+    runs every other line of that path."""
+    import minispec.models
+
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path / "cache"))
+    load_hf = minispec.models.load_hf
+    monkeypatch.setattr(minispec.models, "load_hf", lambda name: load_hf("tiny-llama"))
+    _, tok = load("tiny-llama")
+    prompts = tmp_path / "prompts.npz"
+    sent = {0: [list(b"first prompt"), list(b"second")], 1: [list(b"third one here")]}
+    selfdistill.export_prompts(prompts, sent)
+    selfdistill.main(_flags(tmp_path, "--generator", "transformers", "--device", "cuda", "--prompts-file",
+                            str(prompts), "--parts", "2"))
+    index = json.loads((tmp_path / "ids" / "index.json").read_text())
+    assert [p["generator"] for p in index["parts"]] == [f"transformers generate ({torch.cuda.get_device_name()})"] * 2
+    for i, want in sent.items():
+        got = selfdistill.read_ids(selfdistill.part_path(tmp_path / "ids", i, "ids"))
+        assert [s["tokens"][:s["prompt_len"]].tolist() for s in got] == want
+        assert all(len(s["tokens"]) == s["prompt_len"] + 6 for s in got)  # no EOS in tiny-llama: 6 new tokens

@@ -22,7 +22,8 @@ RECORDS = [
     conv(("human", "Écrivez un poème élégant à propos de l'été, s'il vous plaît."), ("gpt", "Non-ASCII prompt.")),
     conv(("human", "A prompt without any assistant reply at all.")),
     conv(("human", "Explain recursion to a five year old."), ("gpt", "It calls itself."), ("human", "More?"),
-         ("gpt", "Again and again.")),
+         ("gpt", "Again and again."), ("human", "What is a binary search tree?"),
+         ("human", "And now explain it to a professor.")),
 ]
 
 
@@ -48,6 +49,8 @@ def test_prompts_pairs_and_replies_are_filters_of_the_records(fake_dataset):
     replies = sharegpt.sharegpt_replies()
     assert replies[0] == "A tree where left < node < right." and replies[-1] == "Again and again." and len(replies) == 7
     assert sharegpt.sharegpt_replies(limit=2) == replies[:2]
+    # later turns: "More?" is too short, a first-turn prompt asked again later is not taken twice
+    assert sharegpt.sharegpt_later_prompts() == ["Fine by me, thanks a lot.", "And now explain it to a professor."]
 
 
 def test_english_ish():
@@ -61,5 +64,5 @@ def test_the_distill_cache_and_selfdistill_read_the_same_prompts():
     from minispec.train import data, distill_draft, selfdistill
 
     assert distill_draft.sharegpt_prompts is sharegpt.sharegpt_prompts
-    assert "from .sharegpt import sharegpt_prompts" in inspect.getsource(selfdistill.prompt_order)
+    assert "from .sharegpt import sharegpt_later_prompts, sharegpt_prompts" in inspect.getsource(selfdistill.prompt_order)
     assert data.sharegpt_pairs is sharegpt.sharegpt_pairs

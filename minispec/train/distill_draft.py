@@ -85,12 +85,12 @@ def generate_responses(hf, tok, prompts: list[list[int]], gen_tokens: int, batch
     """Greedy target responses with the target's top-k log-probs at every response position.
 
     Args:
-        hf: the transformers target model.
+        hf: the transformers target model (on any device; the responses come back on the CPU).
         tok: its tokenizer.
         prompts: token ids per prompt (chat template applied).
         gen_tokens: max new tokens per response.
         batch_size: prompts per ``generate`` call (left padding).
-        topk: how many log-probs to keep per position.
+        topk: how many log-probs to keep per position (0: none, and no "top_idx" / "top_logp").
         done: examples already generated for ``prompts[:len(done)]`` (they are kept, not redone).
         on_batch: called with the list so far after every batch (to save progress).
     Returns:
@@ -101,23 +101,28 @@ def generate_responses(hf, tok, prompts: list[list[int]], gen_tokens: int, batch
     from tqdm import tqdm
     from transformers import LogitsProcessorList
 
-    eos, pad = tok.eos_token_id, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    eos = tok.eos_token_id
+    pad = next((t for t in (getattr(tok, "pad_token_id", None), eos) if t is not None), 0)  # left padding, never attended
     out = list(done or [])
     for s in tqdm(range(len(out), len(prompts), batch_size), desc="target responses", unit="batch"):
         batch = prompts[s:s + batch_size]
         L = max(len(p) for p in batch)
         ids = torch.tensor([[pad] * (L - len(p)) + p for p in batch])  # [B, L] left-padded
         attn = (torch.arange(L)[None] >= torch.tensor([L - len(p) for p in batch])[:, None]).long()  # [B, L]
-        rec = TopKRecorder(topk)
-        seq = hf.generate(input_ids=ids, attention_mask=attn, max_new_tokens=gen_tokens, do_sample=False,
-                          pad_token_id=pad, eos_token_id=eos, logits_processor=LogitsProcessorList([rec]))
-        new = seq[:, L:]  # [B, <=gen_tokens]
-        top_idx, top_logp = torch.stack(rec.idx, 1), torch.stack(rec.logp, 1)  # [B, steps, K]
+        rec = TopKRecorder(topk) if topk else None
+        seq = hf.generate(input_ids=ids.to(hf.device), attention_mask=attn.to(hf.device), max_new_tokens=gen_tokens,
+                          do_sample=False, pad_token_id=pad, eos_token_id=eos,
+                          logits_processor=LogitsProcessorList([rec] if rec else []))
+        new = seq[:, L:].cpu()  # [B, <=gen_tokens]
+        if rec:
+            top_idx, top_logp = torch.stack(rec.idx, 1).cpu(), torch.stack(rec.logp, 1).cpu()  # [B, steps, K]
         for b, p in enumerate(batch):
-            ends = (new[b] == eos).nonzero()
+            ends = (new[b] == eos).nonzero() if eos is not None else []
             n = int(ends[0]) + 1 if len(ends) else new.shape[1]
-            out.append(dict(prompt=torch.tensor(p), response=new[b, :n].clone(),
-                            top_idx=top_idx[b, :n].clone(), top_logp=top_logp[b, :n].clone()))
+            ex = dict(prompt=torch.tensor(p), response=new[b, :n].clone())
+            if rec:
+                ex.update(top_idx=top_idx[b, :n].clone(), top_logp=top_logp[b, :n].clone())
+            out.append(ex)
         if on_batch:
             on_batch(out)
     return out

@@ -6,6 +6,7 @@ reads it record by record and drops the truncated tail. Every trainer's view of 
 filter over those records, in file order:
 
   sharegpt_prompts   unique first user turns (the distilled data: the target answers them itself)
+  sharegpt_later_prompts   unique later user turns, as prompts of their own (five times as many)
   sharegpt_pairs     (first user turn, first assistant reply): the dataset's own answers
   sharegpt_replies   every assistant turn (token counts for the draft vocabulary)
 
@@ -61,6 +62,21 @@ def sharegpt_prompts(min_chars: int = 16, max_chars: int = 600) -> list[str]:
         if min_chars <= len(p) <= max_chars and english_ish(p) and p not in seen:
             seen.add(p)
             out.append(p)
+    return out
+
+
+def sharegpt_later_prompts(min_chars: int = 16, max_chars: int = 600) -> list[str]:
+    """Unique user turns after the first of a conversation, as prompts of their own (without the turns before
+    them), English-ish and ``min_chars``..``max_chars`` long, none equal to a first-turn prompt
+    (``sharegpt_prompts``), in file order. The wheel's truncated file holds ~7k first-turn prompts and ~39k of
+    these: together ~12M tokens of the target's answers."""
+    seen, out = set(sharegpt_prompts(min_chars, max_chars)), []
+    for rec in sharegpt_records():
+        for t in _turns(rec)[1:]:
+            p = t.get("value", "").strip() if t.get("from") == "human" else ""
+            if min_chars <= len(p) <= max_chars and english_ish(p) and p not in seen:
+                seen.add(p)
+                out.append(p)
     return out
 
 
