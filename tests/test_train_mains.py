@@ -153,9 +153,9 @@ def test_train_eagle_two_layers_from_a_one_layer_head_and_resume(patched, tmp_pa
     monkeypatch.setattr(loop, "finish", finish)
     steps, make_batch = [], eagle.make_batch
 
-    def counted(seqs, feats, idx):
+    def counted(seqs, feats, idx, device="cpu"):
         steps.extend([idx] if len(idx) == 2 else [])  # a training batch (held-out ones come one by one)
-        return make_batch(seqs, feats, idx)
+        return make_batch(seqs, feats, idx, device)
 
     monkeypatch.setattr(eagle, "make_batch", counted)
     resumed = eagle.main(flags + ["--out", str(out), "--resume"])
@@ -202,3 +202,32 @@ def test_train_eagle3_from_a_checkpoint_on_selfdistilled_ids(patched, tmp_path, 
     eagle.save_head(EagleHead(cfg), one, dict(format=eagle.FORMAT, config=cfg.to_dict(), command="train eagle"))
     with pytest.raises(ValueError, match="not an EAGLE-3 head"):
         eagle3.warm_start(one, target)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("draft_vocab", ["0", "64"])
+def test_train_eagle_on_the_gpu(draft_vocab, tiny, tmp_path, monkeypatch):
+    """``--device cuda``: the same trainer with the tiny target on the GPU (features, batches, noise and the CE
+    subsampling there) trains, saves and resumes; the head it saves loads on the CPU. Without CUDA it is
+    skipped; the CPU path of every line is what the other tests here run."""
+    import copy
+
+    import minispec.drafters.vocab as vocab
+    from minispec.drafters.eagle import load_eagle
+
+    target, tok, data = tiny
+    gpu = copy.deepcopy(target).to("cuda")
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(loop, "start", lambda args: (gpu, tok))
+    monkeypatch.setattr(eagle, "feature_data", lambda args, target, tok, seed=0, features=True:
+                        FeatureData(list(data.train), list(data.held), list(data.ftrain), list(data.fheld)))
+    monkeypatch.setattr(vocab, "load_counts", lambda path=None: torch.arange(target.cfg.vocab_size))
+    out = tmp_path / "gpu.safetensors"
+    flags = COMMON + ["--device", "cuda", "--draft-vocab", draft_vocab, "--eval-tau-seqs", "1",
+                      "--final-tau-seqs", "1", "--no-measure", "--out", str(out)]
+    record = eagle.main(flags)
+    assert record["training"]["steps"] == 3 and record["settings"]["device"] == "cuda"
+    assert 0 <= record["eval"]["heldout"]["acceptance"] <= 1
+    head = load_eagle(out, target).head  # on the CPU target
+    assert head.fc.weight.device.type == "cpu" and torch.isfinite(head.fc.weight).all()

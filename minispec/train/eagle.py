@@ -56,8 +56,8 @@ FORMAT = "minispec-eagle-v1"
 DEFAULT_OUT = Path(str(shipped_head("eagle")))  # minispec/checkpoints/smollm2-135m-eagle.safetensors
 
 
-def make_batch(seqs, feats, idx: list[int]):
-    """Right-padded batch of sequences ``idx``.
+def make_batch(seqs, feats, idx: list[int], device: str | torch.device = "cpu"):
+    """Right-padded batch of sequences ``idx``, built on the CPU and moved to ``device``.
 
     Returns:
         tokens [B, T] long, hidden [B, T, D] float32, top_idx [B, T, K] long, top_logp [B, T, K]
@@ -68,19 +68,20 @@ def make_batch(seqs, feats, idx: list[int]):
     D = feats[idx[0]]["hidden"].shape[1]
     K = max((feats[i]["top_idx"].shape[1] for i in idx if "top_idx" in feats[i]), default=1)  # self-distilled: none
     tokens = torch.zeros(len(idx), T, dtype=torch.long)
-    hidden = torch.zeros(len(idx), T, D)
+    hidden = torch.zeros(len(idx), T, D, dtype=torch.float16)  # the stored precision; float32 on the device
     top_idx = torch.zeros(len(idx), T, K, dtype=torch.long)
     top_logp = torch.zeros(len(idx), T, K)
     mask = torch.zeros(len(idx), T - 1, dtype=torch.bool)
     for b, i in enumerate(idx):
         n, P = len(seqs[i].tokens), seqs[i].prompt_len
         tokens[b, :n] = seqs[i].tokens
-        hidden[b, :n] = feats[i]["hidden"].float()
+        hidden[b, :n] = feats[i]["hidden"]
         if "top_idx" in feats[i]:
             top_idx[b, :n] = feats[i]["top_idx"].long()
             top_logp[b, :n] = feats[i]["top_logp"].float()
         mask[b, max(0, P - 2):n - 1] = True
-    return tokens, hidden, top_idx, top_logp, mask
+    hidden = hidden.to(device, non_blocking=True).float()
+    return tokens.to(device), hidden, top_idx.to(device), top_logp.to(device), mask.to(device)
 
 
 def eagle_loss(head: EagleHead, target, batch, ce_weight: float, ce_frac: float, noise: float,
@@ -105,13 +106,13 @@ def eagle_loss(head: EagleHead, target, batch, ce_weight: float, ce_frac: float,
         emb = target.tok_emb(tokens[:, 1:]).float()  # [B, T-1, D] embeddings of x_{j+1}
     feat = hidden[:, :-1]  # [B, T-1, D] f_j
     if noise > 0:
-        u = torch.rand(feat.shape, generator=generator) * 2 - 1  # U(-1, 1)
+        u = torch.rand(feat.shape, generator=generator, device=feat.device) * 2 - 1  # U(-1, 1)
         feat = feat + noise * feat.std() * u
-    pred = head(emb, feat, torch.arange(T - 1))  # [B, T-1, D] predicted f_{j+1}
+    pred = head(emb, feat, torch.arange(T - 1, device=feat.device))  # [B, T-1, D] predicted f_{j+1}
     tgt = hidden[:, 1:]
     pos = mask.nonzero()  # [M, 2]
     l1, _ = share(F.smooth_l1_loss(pred[mask], tgt[mask]), len(pos))
-    pick = pos[torch.randperm(len(pos), generator=generator)[:max(1, int(ce_frac * len(pos)))]]  # [N, 2]
+    pick = pos[torch.randperm(len(pos), generator=generator, device=pos.device)[:max(1, int(ce_frac * len(pos)))]]  # [N, 2]
     if draft_head is not None:
         z = pred[pick[:, 0], pick[:, 1]] @ draft_head.T  # [N, K] the head's logits over the draft vocabulary
         with torch.no_grad():
@@ -145,7 +146,8 @@ def train_step(head, target, seqs, feats, idx: list[int], opt, ce_weight: float,
     Under torchrun ``loop.fit`` takes the steps (it wraps the head in DDP once)."""
     loop.one_process("train.eagle.train_step")
     objective = loop.Objective(head, loss_fn(target, ce_weight, ce_frac, noise, draft_head))
-    n = loop.train_step(objective, opt, make_batch(seqs, feats, idx), generator, clip)
+    n = loop.train_step(objective, opt, make_batch(seqs, feats, idx, target.device), generator, clip,
+                        device=target.device)
     return n["loss"], n["smooth_l1"], n["ce"], n["acc"], n["grad_norm"]
 
 
@@ -154,7 +156,7 @@ def greedy_tokens(target, feat: dict) -> torch.Tensor:
     head on the stored features (self-distilled data keeps features only)."""
     if "top_idx" in feat:
         return feat["top_idx"][:, 0].long()
-    return target.lm_head(feat["hidden"].float()).argmax(-1)
+    return target.lm_head(feat["hidden"].to(target.device).float()).argmax(-1).cpu()
 
 
 @torch.no_grad()
@@ -170,17 +172,17 @@ def evaluate(head: EagleHead, target, seqs, feats, depth: int = 5, tau_seqs: int
     head.eval()
     hits = total = 0
     for i in range(len(seqs)):
-        tokens, hidden, _, _, mask = make_batch(seqs, feats, [i])
+        tokens, hidden, _, _, mask = make_batch(seqs, feats, [i], target.device)
         emb = target.tok_emb(tokens[:, 1:]).float()
-        z = target.lm_head(head(emb, hidden[:, :-1], torch.arange(tokens.shape[1] - 1))[mask])  # [M, V]
-        hits += int((z.argmax(-1) == greedy_tokens(target, feats[i])[1:][mask[0]]).sum())
+        z = target.lm_head(head(emb, hidden[:, :-1], torch.arange(tokens.shape[1] - 1, device=emb.device))[mask])  # [M, V]
+        hits += int((z.argmax(-1).cpu() == greedy_tokens(target, feats[i])[1:][mask[0].cpu()]).sum())
         total += int(mask.sum())
     committed = forwards = 0
     drafter = EagleDrafter(target, head, tree=depth)
     for i in range(len(seqs) if tau_seqs is None else min(tau_seqs, len(seqs))):
         toks, P = seqs[i].tokens.tolist(), seqs[i].prompt_len
         greedy = greedy_tokens(target, feats[i]).tolist()  # greedy[t]: the target's token after toks[:t+1]
-        h = feats[i]["hidden"].float()
+        h = feats[i]["hidden"].to(target.device).float()
         drafter.prefill(toks[:P + 1], Features(h[:P]))  # the prefill emits toks[P], the first root
         t = P  # toks[t] is the root (committed); the drafter holds the features of toks[:t]
         committed, forwards = committed + 1, forwards + 1
@@ -221,6 +223,8 @@ def parse_args(argv=None):
     ap.add_argument("--selfdistill-parts", type=int, default=0,
                     help="add this many parts of python -m minispec.train.selfdistill (features recorded while the "
                          "target decoded) to the training data")
+    ap.add_argument("--selfdistill-dir", type=Path, default=None,
+                    help="folder of those parts' ids (default: a checkout's data/selfdistill, else the cache)")
     ap.add_argument("--noise", type=float, default=0.1, help="uniform feature noise U(-a, a) * std(f)")
     ap.add_argument("--layers", type=int, default=1,
                     help="decoder layers of the head (official EAGLE-1/2: 1); layers 1.. are pre-norm Llama layers")
@@ -239,6 +243,11 @@ def parse_args(argv=None):
     ap.add_argument("--ckpt-every", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="where the target computes the features and the head trains "
+                                                    "(cuda: a GPU; one process)")
+    ap.add_argument("--tf32", action="store_true",
+                    help="on a GPU, matrix products in TF32 (features and training ~8x faster on Hopper; their rounding, "
+                         "~1e-3, is far below the training noise --noise adds to the features)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--measure", action=argparse.BooleanOptionalAction, default=True,
                     help="after training, measure greedy tau with minispec.generate and store it in the record")
@@ -319,7 +328,7 @@ def save_head(head: EagleHead, path: Path, record: dict) -> None:
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().to(torch.float16).contiguous() for k, v in head.state_dict().items()}
+    sd = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in head.state_dict().items()}
     save_file(sd, str(path), metadata={"format": FORMAT, "target": TARGET})
     loop.write_record(path, record)
 
@@ -327,7 +336,7 @@ def save_head(head: EagleHead, path: Path, record: dict) -> None:
 def new_head(args, target) -> EagleHead:
     """The head of ``--layers`` layers to train: random (seeded), or layer 0 from a target layer
     (``--init-layer``), or from a checkpoint (``--init-from``; further layers start as the identity)."""
-    head = EagleHead(EagleConfig.for_target(target.cfg, num_hidden_layers=args.layers))
+    head = EagleHead(EagleConfig.for_target(target.cfg, num_hidden_layers=args.layers)).to(target.device)
     if args.init_layer is not None:
         init_from_target(head, target, args.init_layer % target.cfg.n_layer)
     if args.init_from is not None:
@@ -340,13 +349,14 @@ def load_data(args, target, tok) -> tuple[FeatureData, torch.Tensor | None]:
     rows [K, D] (None with ``--draft-vocab 0``)."""
     data = feature_data(args, target, tok, seed=args.seed)
     if args.selfdistill_parts:
-        sd, fsd = selfdistill_data(args.selfdistill_parts, args.max_len, target)
+        sd, fsd = selfdistill_data(args.selfdistill_parts, args.max_len, target, folder=args.selfdistill_dir)
         data.train, data.ftrain = data.train + sd, data.ftrain + fsd
     if not args.draft_vocab:
         return data, None
     from ..drafters.vocab import load_counts, top_tokens
 
-    return data, target.lm_head.weight[top_tokens(load_counts(), args.draft_vocab)].detach()  # [K, D]
+    rows = top_tokens(load_counts(), args.draft_vocab).to(target.device)  # [K]
+    return data, target.lm_head.weight[rows].detach()  # [K, D]
 
 
 def loop_settings(args) -> loop.Settings:
@@ -366,7 +376,7 @@ def trainer(args, target, head: EagleHead, data: FeatureData, draft_head: torch.
                     heldout_acceptance=ev["acceptance"], heldout_tau_chain5=ev.get("tau_chain5"))
 
     return loop.Trainer(model=head, lengths=[len(s.tokens) for s in data.train],
-                        batch=lambda idx: make_batch(data.train, data.ftrain, idx),
+                        batch=lambda idx: make_batch(data.train, data.ftrain, idx, target.device),
                         loss=loss_fn(target, args.ce_weight, args.ce_frac, args.noise, draft_head),
                         log=log, before=heldout)
 
@@ -401,6 +411,8 @@ def main(argv=None) -> dict:
     saved head, measure; returns the record (rank 0; {} elsewhere)."""
     args = parse_args(argv)
     t_start = time.perf_counter()
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
     target, tok = loop.start(args)
     if args.measure_only:
         loop.one_process("--measure-only")

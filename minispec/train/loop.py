@@ -9,6 +9,8 @@ file holds what they share:
   optim     AdamW(0.9, 0.95) on the trainable parameters (frozen ones, e.g. an LM head shared with
             the target, are neither optimised nor checkpointed), gradient clipping, optional bf16
             autocast (fp32 weights and optimizer state).
+  device    ``--device`` (default cpu): where the target, the model trained and each batch live; the
+            same code trains on a GPU (``--device cuda``), with the noise / subsampling generator there.
   schedule  linear warm-up (Goyal et al. 2017), then cosine decay to 0.1 x lr (Loshchilov & Hutter
             2017, "SGDR") over the run: ``steps`` optimizer steps or a ``minutes`` wall-time budget,
             whichever ends first; the cosine follows the larger fraction done. A time budget suits a
@@ -93,6 +95,7 @@ class Settings:
     weight_decay: float = 0.0
     bf16: bool = False
     clip: float = 1.0
+    device: str = "cpu"  # where the model and its batches live (the trainer moves them there)
 
     def __post_init__(self):
         if not self.steps and not self.minutes:
@@ -159,16 +162,17 @@ class Objective(torch.nn.Module):
 # --------------------------------------------------------------------------- one step, the loop
 
 def train_step(objective: torch.nn.Module, opt: torch.optim.Optimizer, batch, generator: torch.Generator | None = None,
-               clip: float = 1.0, bf16: bool = False) -> dict[str, torch.Tensor]:
+               clip: float = 1.0, bf16: bool = False, device: str = "cpu") -> dict[str, torch.Tensor]:
     """One optimizer step on this rank's ``batch``: loss (bf16 autocast if asked), backward (DDP
     averages the ranks' gradients), gradient clipping at ``clip``, the optimizer step.
 
     Args:
         objective: an ``Objective``, wrapped by ``ddp.wrap`` under torchrun.
+        device: where the batch lives (the autocast region's device type).
     Returns:
         {"loss", each of the loss's stats, "grad_norm"}: tensors, global values (averaged over ranks).
     """
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
         loss, stats = objective(batch, generator)
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -190,7 +194,7 @@ def _start(s: Settings, t: Trainer, opt: torch.optim.Optimizer) -> Run:
     path = cache_dir() / s.name / (s.out.stem + ".resume.pt")
     if not (s.resume and path.exists()):
         return Run(0, [], 0.0, t.before() if ddp.is_main() else {}, path)
-    ck = torch.load(path, weights_only=True)
+    ck = torch.load(path, weights_only=True, map_location=s.device)
     missing, unexpected = t.model.load_state_dict(ck["model"], strict=False)
     frozen = {n for n, p in t.model.named_parameters(remove_duplicate=False) if not p.requires_grad}
     if unexpected or not set(missing) <= frozen:
@@ -226,7 +230,7 @@ def fit(s: Settings, t: Trainer) -> Run:
     rank, world = ddp.rank(), ddp.world_size()
     t0, t_here, seen = time.perf_counter() - run.train_s, time.perf_counter(), 0
     elapsed = lambda: ddp.from_main(time.perf_counter() - t0)  # noqa: E731  one clock for every rank
-    gen = torch.Generator()
+    gen = torch.Generator(device=s.device)
     bar = tqdm(total=s.steps or None, initial=run.steps, desc=s.name, disable=not ddp.is_main())
     done = progress(run.steps, s.steps, elapsed(), s.minutes)
     while done < 1:
@@ -234,7 +238,7 @@ def fit(s: Settings, t: Trainer) -> Run:
             g["lr"] = lr_at(run.steps, done, s.lr, s.warmup)
         idx = batch_indices(run.steps, len(t.lengths), s.batch_size, s.seed)  # the global batch
         gen.manual_seed(s.seed * 7919 + run.steps + 1_000_003 * rank)  # noise / subsampling: a function of the step
-        stats = train_step(objective, opt, t.batch(ddp.shard(idx, rank, world)), gen, s.clip, s.bf16)
+        stats = train_step(objective, opt, t.batch(ddp.shard(idx, rank, world)), gen, s.clip, s.bf16, s.device)
         run.steps, seen = run.steps + 1, seen + sum(t.lengths[i] for i in idx)
         done = progress(run.steps, s.steps, elapsed(), s.minutes)
         bar.update(1)
@@ -258,13 +262,17 @@ def fit(s: Settings, t: Trainer) -> Run:
 
 def start(args):
     """A trainer's first steps: join the ranks torchrun describes (``ddp.setup``: gloo, one CPU
-    process per rank), set the threads and the seed, load the frozen target. Returns (target, tok)."""
+    process per rank), set the threads and the seed, load the frozen target on ``args.device``
+    (default cpu). Returns (target, tok)."""
     from ..models import load
 
+    device = getattr(args, "device", "cpu")
+    if device != "cpu" and ddp.world_size() > 1:
+        raise SystemExit("--device runs in one process; several ranks train on the CPU (gloo)")
     ddp.setup(use_cuda=False)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    target, tok = load(TARGET)
+    target, tok = load(TARGET, device=device)
     target.requires_grad_(False)
     return target, tok
 
