@@ -17,20 +17,32 @@
 # and train side by side on the same parts with the same settings: issue item 3's same training budget.
 # DEVICE (default cuda) and BATCH (sequences per generate call, default 2048) let the same script run a small
 # rehearsal on the CPU (DEVICE=cpu BATCH=64).
+#
+# The first try (2026-11-26, an H200 lent for 15 minutes) never got past Python: a bare `import minispec` and the
+# SmolLM2 conversion printed nothing for 60 s and the generation nothing for 150 s (HF_HUB_OFFLINE was unset; the
+# cause was not established). Hence the offline switches and a time stamp before every step, so a stall shows where.
 set -euo pipefail
 out=$1 prompts=$2 gen_min=$3 train_min=$4
 device=${DEVICE:-cuda} batch=${BATCH:-2048}
+# PYTHONFAULTHANDLER: a step stopped by `timeout -s ABRT` prints every thread's Python stack first.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+step() { echo "[$(date +%T)] $*"; }
 mkdir -p "$out"
+step "import"
+timeout -s ABRT 120 python -X importtime -c "import torch, minispec; print(torch.cuda.get_device_name())" \
+  2> "$out/importtime.log" || { tail -n 40 "$out/importtime.log"; exit 1; }
 ids=$(mktemp -d)/selfdistill
 cp -r data/selfdistill "$ids"  # the committed parts; the new ones follow them
-python -c "from minispec.models import ensure_smollm2; print(ensure_smollm2())"
+step "SmolLM2"
+timeout -s ABRT 300 python -c "from minispec.models import ensure_smollm2; print(ensure_smollm2())"
+step "self-distillation"
 python -m minispec.train.selfdistill --generator transformers --device "$device" --batch-size "$batch" \
   --parts "$(python -c "import sys; from minispec.train.selfdistill import read_prompts; print(len(read_prompts(sys.argv[1])))" "$prompts")" \
   --prompts-file "$prompts" --minutes "$gen_min" --ids-out "$ids" --out "$ids" > "$out/selfdistill.log" 2>&1
 grep -a "^parts\|spent" "$out/selfdistill.log" | tail -n 3
 tar -C "$ids" -cJf "$out/selfdistill-gpu.tar.xz" index.json $(cd "$ids" && ls ids-*.npz)
 parts=$(python -c "import json,sys; print(len(json.load(open(sys.argv[1]))['parts']))" "$ids/index.json")
-echo "training on $parts parts"
+step "training on $parts parts"
 for layers in 1 2; do
   python -m minispec train eagle --device "$device" --extra-sharegpt 0 --distill-prompts 0 --selfdistill-parts "$parts" \
     --selfdistill-dir "$ids" --init-from minispec/checkpoints/smollm2-135m-eagle.safetensors --layers $layers --tf32 \
@@ -39,4 +51,5 @@ for layers in 1 2; do
     > "$out/train-${layers}l.log" 2>&1 &
 done
 wait
+step "done"
 tail -n 3 "$out"/train-*.log
