@@ -137,8 +137,9 @@ def _acc(head, out: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
         return (d + head.d2t[d] == top).float().mean()
 
 
-def make_batch(seqs, feats, idx: list[int], layers) -> dict:
-    """Right-padded batch of sequences ``idx`` (see ``ttt_loss``); rows = response predictions."""
+def make_batch(seqs, feats, idx: list[int], layers, device: str | torch.device = "cpu") -> dict:
+    """Right-padded batch of sequences ``idx`` (see ``ttt_loss``), built on the CPU and moved to ``device``;
+    rows = response predictions."""
     T = max(len(seqs[i].tokens) for i in idx)
     B, K = len(idx), feats[idx[0]]["top_idx"].shape[1]
     H = feats[idx[0]]["hidden"].shape[1]
@@ -151,7 +152,7 @@ def make_batch(seqs, feats, idx: list[int], layers) -> dict:
         out["tokens"][b, :n] = s.tokens
         out["top_idx"][b, :n], out["top_logp"][b, :n] = f["top_idx"].long(), f["top_logp"].float()
         out["rows"][b, max(0, s.prompt_len - 1):n] = True  # row r predicts token r+1 of the response
-    return out
+    return {k: v.to(device) for k, v in out.items()}
 
 
 @torch.no_grad()
@@ -163,7 +164,7 @@ def evaluate(head, embed, seqs, feats, layers, steps: int, tmap, batch_size: int
     sums, n, ce = [0.0] * steps, 0, 0.0
     for s in range(0, len(seqs), batch_size):
         idx = list(range(s, min(s + batch_size, len(seqs))))
-        loss, accs = ttt_loss(head, embed, make_batch(seqs, feats, idx, layers), steps, 1.0, tmap)
+        loss, accs = ttt_loss(head, embed, make_batch(seqs, feats, idx, layers, embed.weight.device), steps, 1.0, tmap)
         w = len(idx)
         sums = [a + b * w for a, b in zip(sums, accs)]
         ce, n = ce + loss.item() * w, n + w
@@ -178,14 +179,14 @@ def init_head(target, d2t: torch.Tensor, t2d: torch.Tensor, seed: int = 0) -> Ea
     norm = the target's final norm, the hidden half of q/k/v and the MLP copied from the target's
     last layer, fc = [0, 0, I] (the high layer's features passed through)."""
     torch.manual_seed(seed)
-    head = Eagle3Head(Eagle3Config.for_target(target, len(d2t)))
+    head = Eagle3Head(Eagle3Config.for_target(target, len(d2t))).to(target.device)
     last, H = target.blocks[-1], head.config.hidden_size
     with torch.no_grad():
         head.d2t.copy_(d2t), head.t2d.copy_(t2d)
-        head.lm_head.weight.copy_(target.lm_head.weight[torch.arange(len(d2t)) + d2t])
+        head.lm_head.weight.copy_(target.lm_head.weight[(torch.arange(len(d2t)) + d2t).to(target.device)])
         head.norm.weight.copy_(target.norm.weight)
         head.fc.weight.zero_()
-        head.fc.weight[:, 2 * H:] = torch.eye(H)
+        head.fc.weight[:, 2 * H:] = torch.eye(H, device=head.fc.weight.device)
         m = head.midlayer
         m.self_attn.wqkv.weight[:, :H].mul_(0.1)  # q, k, v of the embedding half: small random
         m.self_attn.wqkv.weight[:, H:] = last.attn.wqkv.weight  # of the hidden half: the target's
@@ -204,7 +205,7 @@ def warm_start(path: Path, target) -> Eagle3Head:
     drafter = load_drafter(path, target, verbose=False)
     if not isinstance(drafter, Eagle3Drafter):
         raise ValueError(f"{path} holds a {type(drafter).__name__}, not an EAGLE-3 head")
-    head = Eagle3Head(drafter.head.config)
+    head = Eagle3Head(drafter.head.config).to(target.device)
     head.load_state_dict({k: v.float() for k, v in drafter.head.state_dict().items()})
     return head
 
@@ -214,7 +215,7 @@ def load_data(args, target, tok) -> FeatureData:
     data = feature_data(args, target, tok)
     if args.selfdistill_parts:
         sd, fsd = selfdistill_data(args.selfdistill_parts, args.max_len, target,
-                                   layers=eagle3_layers(target.cfg.n_layer), topk=args.topk)
+                                   layers=eagle3_layers(target.cfg.n_layer), topk=args.topk, folder=args.selfdistill_dir)
         data.train, data.ftrain = data.train + sd, data.ftrain + fsd
     return data
 
@@ -223,7 +224,8 @@ def save_head(head: Eagle3Head, path: Path, record: dict) -> None:
     """fp16 safetensors in the official key layout (d2t int64, t2d bool) + the JSON record beside it."""
     from safetensors.torch import save_file
 
-    sd = {k: (v.to(torch.float16) if v.is_floating_point() else v).detach().contiguous() for k, v in head.state_dict().items()}
+    sd = {k: (v.to(torch.float16) if v.is_floating_point() else v).detach().cpu().contiguous()
+          for k, v in head.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(path), metadata={"format": FORMAT, "target": TARGET})
     loop.write_record(path, record)
@@ -257,6 +259,11 @@ def parse_args(argv=None):
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=native_bf16(), help=bf16_help())
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="where the target computes the features and the head trains "
+                                                    "(cuda: a GPU; one process)")
+    ap.add_argument("--tf32", action="store_true", help="on a GPU, matrix products in TF32 (as train eagle --tf32)")
+    ap.add_argument("--selfdistill-dir", type=Path, default=None,
+                    help="folder of the self-distilled parts' ids (default: a checkout's data/selfdistill, else the cache)")
     ap.add_argument("--resume", action="store_true", help="continue from the last resumable checkpoint of --out")
     ap.add_argument("--measure", action=argparse.BooleanOptionalAction, default=True,
                     help="after training, measure greedy tau with minispec.generate and store it in the record")
@@ -296,7 +303,7 @@ def trainer(args, target, head: Eagle3Head, data: FeatureData) -> loop.Trainer:
                     train_acc_by_step=[round(a, 3) for a in n["acc"]], heldout16=heldout(16))
 
     return loop.Trainer(model=head, lengths=[len(s.tokens) for s in data.train],
-                        batch=lambda idx: make_batch(data.train, data.ftrain, idx, layers),
+                        batch=lambda idx: make_batch(data.train, data.ftrain, idx, layers, target.device),
                         loss=loss, log=log, before=heldout)
 
 
@@ -311,7 +318,7 @@ def make_record(args, argv, head: Eagle3Head, data: FeatureData, run: loop.Run, 
                   train_sequences=len(train), heldout_sequences=len(held),
                   train_selfdistill_sequences=sum(s.source == "selfdistill" for s in train),
                   train_tokens=sum(len(s.tokens) for s in train), heldout_tokens=sum(len(s.tokens) for s in held),
-                  draft_vocab_coverage_of_train_tokens=round((counts[head.t2d].sum() / counts.sum()).item(), 4)),
+                  draft_vocab_coverage_of_train_tokens=round((counts[head.t2d.cpu()].sum() / counts.sum()).item(), 4)),
         training=loop.training_record(
             run, loop_settings(args), len(train),
             f"sum_j {args.decay}^j soft-CE(target top-{args.topk} in draft vocab, q_j), j < {args.ttt_steps}",
@@ -327,6 +334,8 @@ def main(argv=None) -> dict:
     returns the record (rank 0; {} elsewhere)."""
     args = parse_args(argv)
     t_start = time.perf_counter()
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
     target, tok = loop.start(args)
     if args.measure_only:
         loop.one_process("--measure-only")
