@@ -234,3 +234,21 @@ def test_trainers_on_the_gpu(module, flags, tiny, tmp_path, monkeypatch):
     assert list((tmp_path / "cache").rglob("*.resume.pt")) == []  # written at step 2, removed by the save tail
     head = load_drafter(out, target, verbose=False).head  # on the CPU target
     assert all(p.device.type == "cpu" and torch.isfinite(p).all() for p in head.parameters())
+
+
+@pytest.mark.parametrize("draft_vocab, topk", [(0, 32), (64, 0)])
+def test_train_eagle_reads_the_top_k_of_selfdistilled_parts_when_its_ce_needs_it(draft_vocab, topk, monkeypatch):
+    """``--draft-vocab 0`` takes its CE against the stored top-k: self-distilled parts must bring it (without
+    it, make_batch would fill zeros, a target distribution on token 0); the draft-vocabulary CE needs none."""
+    asked = {}
+
+    def selfdistill_data(parts, max_len, target=None, layers=(), topk=0, folder=None):
+        asked.update(parts=parts, topk=topk)
+        return [], []
+
+    monkeypatch.setattr(eagle, "feature_data", lambda args, target, tok, seed=0: FeatureData([], [], [], []))
+    monkeypatch.setattr(eagle, "selfdistill_data", selfdistill_data)
+    monkeypatch.setattr("minispec.drafters.vocab.load_counts", lambda path=None: torch.arange(256))  # tiny vocab
+    args = eagle.parse_args(["--draft-vocab", str(draft_vocab), "--selfdistill-parts", "3"])
+    eagle.load_data(args, load("tiny-llama")[0], None)
+    assert asked == dict(parts=3, topk=topk)

@@ -24,8 +24,11 @@
 set -euo pipefail
 out=$1 prompts=$2 gen_min=$3 train_min=$4
 device=${DEVICE:-cuda} batch=${BATCH:-2048}
-# PYTHONFAULTHANDLER: a step stopped by `timeout -s ABRT` prints every thread's Python stack first.
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+# PYTHONFAULTHANDLER: a step stopped by `timeout -s ABRT` prints every thread's Python stack first. On that machine
+# the one Python that ran fine imported nothing from the copied checkout, and files written under $OUT could not
+# be read back: the byte-code cache goes to /tmp, not into the copied checkout.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 PYTHONDONTWRITEBYTECODE=1
+export PYTHONPYCACHEPREFIX=/tmp/pycache
 step() { echo "[$(date +%T)] $*"; }
 mkdir -p "$out"
 step "import"

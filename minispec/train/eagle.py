@@ -349,7 +349,9 @@ def load_data(args, target, tok) -> tuple[FeatureData, torch.Tensor | None]:
     rows [K, D] (None with ``--draft-vocab 0``)."""
     data = feature_data(args, target, tok, seed=args.seed)
     if args.selfdistill_parts:
-        sd, fsd = selfdistill_data(args.selfdistill_parts, args.max_len, target, folder=args.selfdistill_dir)
+        # the full-vocabulary CE (--draft-vocab 0) reads the target's stored top-k; the draft-vocabulary CE needs none
+        sd, fsd = selfdistill_data(args.selfdistill_parts, args.max_len, target, topk=0 if args.draft_vocab else args.topk,
+                                   folder=args.selfdistill_dir)
         data.train, data.ftrain = data.train + sd, data.ftrain + fsd
     if not args.draft_vocab:
         return data, None
