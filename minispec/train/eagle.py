@@ -68,7 +68,7 @@ def make_batch(seqs, feats, idx: list[int], device: str | torch.device = "cpu"):
     D = feats[idx[0]]["hidden"].shape[1]
     K = max((feats[i]["top_idx"].shape[1] for i in idx if "top_idx" in feats[i]), default=1)  # self-distilled: none
     tokens = torch.zeros(len(idx), T, dtype=torch.long)
-    hidden = torch.zeros(len(idx), T, D, dtype=torch.float16)  # the stored precision; float32 on the device
+    hidden = torch.zeros(len(idx), T, D, dtype=feats[idx[0]]["hidden"].dtype)  # as stored (fp16); float32 on the device
     top_idx = torch.zeros(len(idx), T, K, dtype=torch.long)
     top_logp = torch.zeros(len(idx), T, K)
     mask = torch.zeros(len(idx), T - 1, dtype=torch.bool)
