@@ -121,3 +121,12 @@ def test_training_sequences_order_and_held_out_prompts(smollm2, monkeypatch):
     assert all(torch.equal(a.tokens, b.tokens) for a, b in zip(t0, t5[:10]))
     held_prompts = {tuple(s.tokens[:s.prompt_len].tolist()) for s in h5}
     assert len(h5) == 3 and not held_prompts & {tuple(s.tokens[:s.prompt_len].tolist()) for s in t5}
+
+
+def test_a_device_other_than_the_cpu_runs_in_one_process(monkeypatch):
+    """Under torchrun the ranks train on the CPU (gloo); --device cuda is refused before anything loads."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit, match="one process"):
+        loop.start(SimpleNamespace(device="cuda", threads=1, seed=0))

@@ -246,8 +246,8 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cpu", help="where the target computes the features and the head trains "
                                                     "(cuda: a GPU; one process)")
     ap.add_argument("--tf32", action="store_true",
-                    help="on a GPU, matrix products in TF32 (features and training ~8x faster on Hopper; their rounding, "
-                         "~1e-3, is far below the training noise --noise adds to the features)")
+                    help="on a GPU, matrix products in TF32 on its tensor cores (features and training; TF32's 10-bit "
+                         "mantissa rounds far less than the training noise --noise adds to the features)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--measure", action=argparse.BooleanOptionalAction, default=True,
                     help="after training, measure greedy tau with minispec.generate and store it in the record")

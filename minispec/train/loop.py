@@ -33,6 +33,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field, fields
@@ -267,7 +268,7 @@ def start(args):
     from ..models import load
 
     device = getattr(args, "device", "cpu")
-    if device != "cpu" and ddp.world_size() > 1:
+    if device != "cpu" and int(os.environ.get("WORLD_SIZE", 1)) > 1:  # torchrun's ranks
         raise SystemExit("--device runs in one process; several ranks train on the CPU (gloo)")
     ddp.setup(use_cuda=False)
     torch.set_num_threads(args.threads)
