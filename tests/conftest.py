@@ -26,5 +26,26 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
+def shared(tmp_path_factory, worker_id):
+    """``shared(name, compute)``: ``compute()``'s result (JSON), computed once per test run and read by every
+    pytest-xdist worker, instead of once per worker (the SmolLM2 greedy references cost a minute each on a
+    slow 2-core machine). Keyed by ``name`` and the torch thread count (a row plan is chosen per thread
+    count); without xdist, simply ``compute()``."""
+    import json
+
+    from filelock import FileLock
+
+    def get(name: str, compute):
+        if worker_id == "master":
+            return compute()
+        path = tmp_path_factory.getbasetemp().parent / f"shared-{name}-{torch.get_num_threads()}t.json"
+        with FileLock(f"{path}.lock"):
+            if not path.exists():
+                path.write_text(json.dumps(compute()))
+            return json.loads(path.read_text())
+    return get
+
+
+@pytest.fixture(scope="session")
 def smollm2_hf():
     return load_hf("smollm2-135m")

@@ -26,9 +26,10 @@ def _one_per_category() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def vanilla(smollm2):
+def vanilla(smollm2, shared):
     model, tok = smollm2
-    return {p: generate(model, tok, p, max_new_tokens=N_NEW).tokens for p in _one_per_category()}
+    return shared("smollm2-vanilla-6x64", lambda: {p: generate(model, tok, p, max_new_tokens=N_NEW).tokens
+                                                   for p in _one_per_category()})
 
 
 def _check(smollm2, vanilla, make_drafter):
@@ -92,10 +93,11 @@ def test_tree_greedy_equals_vanilla(smollm2, vanilla, method):
 
 
 @pytest.fixture(scope="module")
-def long_vanilla(smollm2):
+def long_vanilla(smollm2, shared):
     model, tok = smollm2
     prompts = [own_prompts()[0]["prompt"]]
-    return {p: generate(model, tok, p, max_new_tokens=384, stop_at_eos=False).tokens for p in prompts}
+    return shared("smollm2-vanilla-long", lambda: {p: generate(model, tok, p, max_new_tokens=384, stop_at_eos=False).tokens
+                                                   for p in prompts})
 
 
 @pytest.mark.slow
