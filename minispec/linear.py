@@ -31,6 +31,15 @@ the cheapest plan found invariant (``minispec.invariance.RowPlan``): as it is, i
 in two halves, or its rows padded with zero rows (one row to two; on MKL's AVX2 kernels, which
 compute rows in blocks of 6, to a multiple of 6).
 
+The panels are one of two prepacked CPU kernels. The other, ``onednn``, is oneDNN's own prepacked
+weight layout (``torch.ops.mkldnn._linear_pointwise``): on a 2-core AMD EPYC with AVX2 only, its rows
+were invariant at every row count probed, so a one-row decode step needs no padding there, and its
+121 products took 54.2 ms at one row where the panels, padded to four rows on that CPU, took
+65.0 ms (``benchmarks/results/linear_kernels_epyc_avx2_cpu.json``); on an AVX-512 Xeon the panels
+were faster. ``Linear.cpu_kernel`` (or ``MINISPEC_LINEAR_KERNEL=panels|onednn`` set before import)
+picks one for every layer; it is probed and planned like the panels, and falls back to the panels
+where this PyTorch has no oneDNN.
+
 Training (autograd), other dtypes and other devices use ``F.linear`` (probed and planned the
 same way on the CPU; not under autograd, and not on a GPU, where minispec claims no row
 invariance).
@@ -40,6 +49,8 @@ Shapes: [..., in] -> [..., out]; P = ceil(out / PANEL) panels.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -47,6 +58,20 @@ import torch.nn.functional as F
 from .invariance import RowPlan, linear_plan, pad_rows, padded_rows
 
 PANEL = 32  # output features per weight panel (32 floats: two AVX-512 or four AVX2 registers per row)
+CPU_KERNELS = ("panels", "onednn")  # the prepacked CPU kernels ``Linear.cpu_kernel`` may name
+
+
+def onednn_available() -> bool:
+    """Whether this PyTorch build has oneDNN's prepacked linear (``torch.ops.mkldnn._linear_pointwise``)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise") and \
+        hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def _kernel_from_env() -> str:
+    name = os.environ.get("MINISPEC_LINEAR_KERNEL", "panels").strip() or "panels"
+    if name not in CPU_KERNELS:
+        raise ValueError(f"MINISPEC_LINEAR_KERNEL must be one of {', '.join(CPU_KERNELS)}, got {name!r}")
+    return name
 
 
 class Linear(nn.Linear):
@@ -55,14 +80,17 @@ class Linear(nn.Linear):
 
     ``Linear.prepack = False`` switches every instance back to ``F.linear`` (for before/after
     measurements); ``Linear.row_invariant = False`` computes every call as it is, whatever the
-    probe found (to show what the plans prevent). Panel copies are rebuilt when the weight
-    changes (in place or replaced).
+    probe found (to show what the plans prevent); ``Linear.cpu_kernel`` names the prepacked
+    kernel ("panels" or "onednn"). Prepacked copies are rebuilt when the weight changes (in place
+    or replaced).
     """
 
     prepack: bool = True
     row_invariant: bool = True
+    cpu_kernel: str = _kernel_from_env()
 
     def _use_panels(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` takes a prepacked CPU kernel (the panels or oneDNN's), not ``F.linear``."""
         w = self.weight
         return (Linear.prepack and w.device.type == "cpu" and w.dtype == x.dtype == torch.float32
                 and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad)))
@@ -89,13 +117,32 @@ class Linear(nn.Linear):
                 cache[part] = (key, wp.reshape(P, PANEL, -1).transpose(1, 2).contiguous())
         return cache[part][1]
 
+    def onednn_weight(self, part: int | None = None) -> torch.Tensor:
+        """oneDNN's prepacked copy of ``weight`` (or of its input half ``part``), built on first use and
+        after any change to the weight."""
+        w = self.weight
+        key = (w.data_ptr(), w._version, tuple(w.shape))
+        cache = self.__dict__.setdefault("_onednn_parts", {})
+        if cache.get(part, (None,))[0] != key:
+            with torch.no_grad():
+                cache[part] = (key, torch.ops.mkldnn._reorder_linear_weight(self._part(part)[0].detach().contiguous(),
+                                                                           None))
+        return cache[part][1]
+
     def kernel(self, x: torch.Tensor) -> str:
-        """The product that computes ``x``: "panels" (the weight panels, one batched product) or "f_linear"."""
-        return "panels" if self._use_panels(x) else "f_linear"
+        """The product that computes ``x``: "panels" (the weight panels, one batched product), "onednn"
+        (oneDNN's prepacked weight; ``Linear.cpu_kernel``) or "f_linear"."""
+        if not self._use_panels(x):
+            return "f_linear"
+        return "onednn" if Linear.cpu_kernel == "onednn" and onednn_available() else "panels"
 
     def _product(self, kernel: str, x: torch.Tensor, part: int | None = None) -> torch.Tensor:
         """``kernel``'s product of x [..., in (or its half)] with the whole weight or the half ``part``."""
         w, b = self._part(part)
+        if kernel == "onednn":
+            x2 = x.reshape(-1, x.shape[-1]).contiguous()  # [M, in']
+            y = torch.ops.mkldnn._linear_pointwise(x2, self.onednn_weight(part), b, "none", [], "")  # [M, out]
+            return y.reshape(*x.shape[:-1], self.out_features)
         if kernel != "panels":
             return F.linear(x, w, b)
         x2 = x.reshape(-1, x.shape[-1])  # [M, in']
@@ -128,7 +175,7 @@ class Linear(nn.Linear):
     def _plan(self, x: torch.Tensor) -> tuple[str, int, int, int]:
         """(kernel, split, min_rows, multiple) for ``x``, remembered per kernel, dtype, grad mode and thread count."""
         key = (self._use_panels(x), x.dtype, x.device.type, torch.is_grad_enabled(), x.requires_grad,
-               torch.get_num_threads(), Linear.row_invariant)
+               torch.get_num_threads(), Linear.row_invariant, Linear.cpu_kernel)
         if self.__dict__.get("_plan_key") != key:
             plan = self.row_plan(x) if Linear.row_invariant else None
             self._plan_value = (self.kernel(x), 1, 1, 1) if plan is None or not plan.invariant else \
@@ -150,15 +197,15 @@ class Linear(nn.Linear):
 
 @torch.no_grad()
 def prepack(module: nn.Module) -> nn.Module:
-    """Build the weight panels of every ``Linear`` in ``module`` and choose its row plan at the running
-    thread count now rather than on its first forward, so that the first timed generation pays for
-    neither.
+    """Build the prepacked weights (``Linear.cpu_kernel``'s) of every ``Linear`` in ``module`` and choose
+    its row plan at the running thread count now rather than on its first forward, so that the first
+    timed generation pays for neither.
     Returns ``module``."""
     for m in module.modules():
         if isinstance(m, Linear) and m.weight.device.type == "cpu":
             x = m.weight.new_empty(1, m.in_features)  # stands for an input of the weight's dtype
             kernel, split, _, _ = m._plan(x)
-            if kernel == "panels":
+            if kernel in CPU_KERNELS:
                 for part in ((None,) if split == 1 else (0, 1)):
-                    m.panel_weight(part)
+                    (m.panel_weight if kernel == "panels" else m.onednn_weight)(part)
     return module

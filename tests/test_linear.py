@@ -88,3 +88,87 @@ def test_prepack_builds_the_panels_of_every_linear_of_a_loaded_model():
     assert all(m.__dict__.get("_panel_parts") for m in layers)
     fresh = Linear(8, 4)
     assert not fresh.__dict__.get("_panel_parts")
+
+
+# --------------------------------------------------------------------------- oneDNN's prepacked kernel
+from minispec.linear import onednn_available  # noqa: E402
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN linear")
+
+
+@pytest.fixture
+def onednn(monkeypatch):
+    monkeypatch.setattr(Linear, "cpu_kernel", "onednn")
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(576,), (5, 576), (2, 7, 576)])
+@pytest.mark.parametrize("n_out", [1536, 100])
+def test_onednn_equals_f_linear(onednn, shape, bias, n_out):
+    layer = _layer(576, n_out, bias)
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        assert layer.kernel(x) == "onednn"
+        y = layer(x)
+    assert y.shape == (*shape[:-1], n_out) and layer.__dict__.get("_onednn_parts")
+    torch.testing.assert_close(y, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+@pytest.mark.parametrize("n_in,n_out", [(576, 960), (1536, 576), (576, 49152)])
+def test_onednn_rows_do_not_depend_on_the_row_count(onednn, n_in, n_out):
+    """Under the plan its probe chose on this CPU (as it is where oneDNN is invariant, else padded or split)."""
+    layer = _layer(n_in, n_out, False)
+    x = torch.randn(1, 65, n_in)
+    with torch.inference_mode():
+        full = layer(x)
+        assert layer.row_plan(x).kernel == "onednn"
+        for m in (1, 2, 3, 5, 8, 9, 16, 17, 33, 64):
+            assert torch.equal(layer(x[:, :m]), full[:, :m]), f"rows 0..{m - 1} computed alone differ"
+            assert torch.equal(layer(x[0, m]), full[0, m]), f"row {m} computed alone differs"
+
+
+@needs_onednn
+def test_onednn_weight_change_rebuilds_the_packed_copy(onednn):
+    layer = _layer(64, 32, True)
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        layer(x)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    layer.load_state_dict({"weight": torch.zeros(32, 64), "bias": torch.ones(32)})
+    with torch.inference_mode():
+        assert torch.equal(layer(x), torch.ones(3, 32))
+
+
+@needs_onednn
+def test_onednn_greedy_speculative_equals_vanilla(onednn):
+    """The whole decode loop on oneDNN's kernel: speculative greedy runs (a self-draft that is always right,
+    and a tiny draft that is mostly wrong) give vanilla's tokens, every linear layer computing on oneDNN."""
+    from minispec import generate, load
+    from minispec.drafters import DraftModel
+
+    model, tok = load("tiny-llama")
+    draft = load("tiny-gpt2-draft")[0]
+    for prompt in ("Hello world, hello world, hello", "def f(x):\n    return x"):
+        vanilla = generate(model, tok, prompt, max_new_tokens=40)
+        assert generate(model, tok, prompt, drafter=DraftModel(model, k=3), max_new_tokens=40).tokens == vanilla.tokens
+        assert generate(model, tok, prompt, drafter=DraftModel(draft, k=4), max_new_tokens=40).tokens == vanilla.tokens
+    with torch.inference_mode():
+        assert {layer.kernel(torch.zeros(1, layer.in_features)) for layer in model.modules()
+                if isinstance(layer, Linear)} == {"onednn"}
+
+
+def test_linear_kernel_from_the_environment(monkeypatch):
+    from minispec import linear
+
+    monkeypatch.setenv("MINISPEC_LINEAR_KERNEL", "onednn")
+    assert linear._kernel_from_env() == "onednn"
+    monkeypatch.delenv("MINISPEC_LINEAR_KERNEL")
+    assert linear._kernel_from_env() == "panels"
+    monkeypatch.setenv("MINISPEC_LINEAR_KERNEL", "mkl")
+    with pytest.raises(ValueError, match="MINISPEC_LINEAR_KERNEL must be one of panels, onednn, got 'mkl'"):
+        linear._kernel_from_env()

@@ -139,7 +139,7 @@ def row_invariance_lines(shapes=SMOLLM2_LINEARS) -> list[str]:
                 broken.append(f"{n_in}->{n_out} ({plan.describe()})")
             elif plan.varies:
                 notes.append(f"{n_in}->{n_out} {plan.describe()}")
-        path = {"panels": "weight panels (torch.bmm)", "f_linear": "F.linear"}.get(plan.kernel, plan.kernel)
+        path = {"panels": "weight panels (torch.bmm)", "onednn": "oneDNN prepacked weights", "f_linear": "F.linear"}.get(plan.kernel, plan.kernel)
         if broken:
             lines.append(f"[WARN] linear layers ({path}, {n} threads): rows depend on the row count for "
                          f"{'; '.join(broken)}: greedy speculative output may differ from vanilla here")
