@@ -49,6 +49,7 @@ Shapes: [..., in] -> [..., out]; P = ceil(out / PANEL) panels.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -61,6 +62,7 @@ PANEL = 32  # output features per weight panel (32 floats: two AVX-512 or four A
 CPU_KERNELS = ("panels", "onednn")  # the prepacked CPU kernels ``Linear.cpu_kernel`` may name
 
 
+@functools.cache
 def onednn_available() -> bool:
     """Whether this PyTorch build has oneDNN's prepacked linear (``torch.ops.mkldnn._linear_pointwise``)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise") and \
@@ -103,31 +105,30 @@ class Linear(nn.Linear):
         h = self.in_features // 2
         return (self.weight[:, :h], self.bias) if part == 0 else (self.weight[:, h:], None)
 
-    def panel_weight(self, part: int | None = None) -> torch.Tensor:
-        """[P, in (or its half), PANEL]: the panels of ``weight`` (or of its input half ``part``),
-        zero-padded to whole panels, built on first use and after any change to the weight."""
+    def _packed(self, name: str, part: int | None, build) -> torch.Tensor:
+        """``build(w)`` of the weight w [out, in'] (or of its input half ``part``), cached under ``name``
+        and rebuilt on first use and after any change to the weight (in place or replaced)."""
         w = self.weight
         key = (w.data_ptr(), w._version, tuple(w.shape))
-        cache = self.__dict__.setdefault("_panel_parts", {})
+        cache = self.__dict__.setdefault(name, {})
         if cache.get(part, (None,))[0] != key:
             with torch.no_grad():
-                wp = self._part(part)[0].detach()  # [out, in']
-                P = -(-wp.shape[0] // PANEL)
-                wp = F.pad(wp, (0, 0, 0, P * PANEL - wp.shape[0]))  # [P * PANEL, in'], zero rows at the end
-                cache[part] = (key, wp.reshape(P, PANEL, -1).transpose(1, 2).contiguous())
+                cache[part] = (key, build(self._part(part)[0].detach()))
         return cache[part][1]
 
+    def panel_weight(self, part: int | None = None) -> torch.Tensor:
+        """[P, in (or its half), PANEL]: the panels of ``weight`` (or of its input half ``part``),
+        zero-padded to whole panels."""
+        def panels(wp: torch.Tensor) -> torch.Tensor:  # [out, in'] -> [P, in', PANEL]
+            P = -(-wp.shape[0] // PANEL)
+            wp = F.pad(wp, (0, 0, 0, P * PANEL - wp.shape[0]))  # [P * PANEL, in'], zero rows at the end
+            return wp.reshape(P, PANEL, -1).transpose(1, 2).contiguous()
+        return self._packed("_panel_parts", part, panels)
+
     def onednn_weight(self, part: int | None = None) -> torch.Tensor:
-        """oneDNN's prepacked copy of ``weight`` (or of its input half ``part``), built on first use and
-        after any change to the weight."""
-        w = self.weight
-        key = (w.data_ptr(), w._version, tuple(w.shape))
-        cache = self.__dict__.setdefault("_onednn_parts", {})
-        if cache.get(part, (None,))[0] != key:
-            with torch.no_grad():
-                cache[part] = (key, torch.ops.mkldnn._reorder_linear_weight(self._part(part)[0].detach().contiguous(),
-                                                                           None))
-        return cache[part][1]
+        """oneDNN's prepacked copy of ``weight`` (or of its input half ``part``)."""
+        return self._packed("_onednn_parts", part,
+                            lambda wp: torch.ops.mkldnn._reorder_linear_weight(wp.contiguous(), None))
 
     def kernel(self, x: torch.Tensor) -> str:
         """The product that computes ``x``: "panels" (the weight panels, one batched product), "onednn"
