@@ -79,9 +79,10 @@ def test_state_dict_is_nn_linear(monkeypatch):
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
-def test_prepack_builds_the_panels_of_every_linear_of_a_loaded_model():
+def test_prepack_builds_the_panels_of_every_linear_of_a_loaded_model(monkeypatch):
     from minispec import load
 
+    monkeypatch.setattr(Linear, "cpu_kernel", "panels")  # the default, whatever MINISPEC_LINEAR_KERNEL says
     model, _ = load("tiny-llama")  # load() prepacks
     layers = [m for m in model.modules() if isinstance(m, Linear)]
     assert len(layers) == 4 * model.cfg.n_layer + 1  # qkv, out, gate_up, down per layer + LM head
