@@ -252,3 +252,31 @@ def test_train_eagle_reads_the_top_k_of_selfdistilled_parts_when_its_ce_needs_it
     args = eagle.parse_args(["--draft-vocab", str(draft_vocab), "--selfdistill-parts", "3"])
     eagle.load_data(args, load("tiny-llama")[0], None)
     assert asked == dict(parts=3, topk=topk)
+
+
+def test_two_writers_of_one_feature_part_do_not_collide(tiny, tmp_path, monkeypatch):
+    """Two trainers started side by side (tools/gpu_heads.sh) compute the same held-out feature part: each
+    writes its own temporary file, so the second to finish does not find its file moved away by the first."""
+    import os
+
+    import minispec.train.data as data
+
+    target, _, d = tiny
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
+    save, pid, other = torch.save, os.getpid, []
+
+    def save_while_another_process_writes_the_same_part(obj, path):
+        save(obj, path)
+        if not other:  # this writer's file is written; another process now writes and renames the same part
+            other.append(None)
+            os.getpid = lambda: pid() + 1
+            try:
+                other[0] = data.target_features(target, d.train[:2], name="race")
+            finally:
+                os.getpid = pid
+
+    monkeypatch.setattr(data.torch, "save", save_while_another_process_writes_the_same_part)
+    mine = data.target_features(target, d.train[:2], name="race")
+    assert [f["hidden"].tolist() for f in mine] == [f["hidden"].tolist() for f in other[0]]
+    files = sorted(p.name for p in (tmp_path / "features" / "race").iterdir())
+    assert len(files) == 1 and files[0].endswith(".pt")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -186,8 +187,9 @@ def target_features(target, seqs: list[Sequence], layers: tuple[int, ...] = (), 
         feats = _forward_features(target, part, layers, topk, batch_tokens, bar)
         if cache:
             path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(dict(settings=settings, features=feats), path.with_suffix(".tmp"))
-            path.with_suffix(".tmp").replace(path)  # never a half-written part
+            tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")  # one per process: two trainers may write a part
+            torch.save(dict(settings=settings, features=feats), tmp)
+            tmp.replace(path)  # never a half-written part
         out += feats
     bar.close()
     return out
