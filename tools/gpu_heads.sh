@@ -31,28 +31,38 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONFAULTHAN
 export PYTHONPYCACHEPREFIX=/tmp/pycache
 step() { echo "[$(date +%T)] $*"; }
 mkdir -p "$out"
+# What comes back from a device machine is a few files: the logs travel as one archive, written on any exit.
+logs=$(mktemp -d)/logs
+mkdir -p "$logs"
+trap 'tar -C "$(dirname "$logs")" -cJf "$out/logs.tar.xz" logs' EXIT
 step "import"
-timeout -s ABRT 120 python -X importtime -c "import torch, minispec; print(torch.cuda.get_device_name())" \
-  2> "$out/importtime.log" || { tail -n 40 "$out/importtime.log"; exit 1; }
+timeout -s ABRT 180 python -X importtime -c "import torch, minispec; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" \
+  2> "$logs/importtime.log" || { tail -n 40 "$logs/importtime.log"; exit 1; }
 ids=$(mktemp -d)/selfdistill
 cp -r data/selfdistill "$ids"  # the committed parts; the new ones follow them
 step "SmolLM2"
 timeout -s ABRT 300 python -c "from minispec.models import ensure_smollm2; print(ensure_smollm2())"
-step "self-distillation"
-python -m minispec.train.selfdistill --generator transformers --device "$device" --batch-size "$batch" \
-  --parts "$(python -c "import sys; from minispec.train.selfdistill import read_prompts; print(len(read_prompts(sys.argv[1])))" "$prompts")" \
-  --prompts-file "$prompts" --minutes "$gen_min" --ids-out "$ids" --out "$ids" > "$out/selfdistill.log" 2>&1
-grep -a "^parts\|spent" "$out/selfdistill.log" | tail -n 3
-tar -C "$ids" -cJf "$out/selfdistill-gpu.tar.xz" index.json $(cd "$ids" && ls ids-*.npz)
+if [ "$gen_min" != 0 ]; then
+  step "self-distillation"
+  # --minutes stops after the batch that crosses it; the timeout (a batch's margin more) keeps a stall from eating
+  # the training's time. Parts written before a stop are complete (each is written atomically) and are kept.
+  timeout -s ABRT "$(python -c "import sys; print(int(float(sys.argv[1]) * 60 + 120))" "$gen_min")" \
+    python -m minispec.train.selfdistill --generator transformers --device "$device" --batch-size "$batch" \
+    --parts "$(python -c "import sys; from minispec.train.selfdistill import read_prompts; print(len(read_prompts(sys.argv[1])))" "$prompts")" \
+    --prompts-file "$prompts" --minutes "$gen_min" --ids-out "$ids" --out "$ids" > "$logs/selfdistill.log" 2>&1 || step "self-distillation stopped ($?)"
+  grep -a "^parts\|spent" "$logs/selfdistill.log" | tail -n 3 || true
+  tar -C "$ids" -cJf "$out/selfdistill-gpu.tar.xz" index.json $(cd "$ids" && ls ids-*.npz)
+fi
 parts=$(python -c "import json,sys; print(len(json.load(open(sys.argv[1]))['parts']))" "$ids/index.json")
 step "training on $parts parts"
-for layers in 1 2; do
+for layers in ${LAYERS:-1 2}; do
+  timeout -s ABRT "$(python -c "import sys; print(int(float(sys.argv[1]) * 60 + ${TRAIN_MARGIN_S:-240}))" "$train_min")" \
   python -m minispec train eagle --device "$device" --extra-sharegpt 0 --distill-prompts 0 --selfdistill-parts "$parts" \
     --selfdistill-dir "$ids" --init-from minispec/checkpoints/smollm2-135m-eagle.safetensors --layers $layers --tf32 \
     --minutes "$train_min" --batch-size 64 --lr 5e-4 --warmup 100 --ce-frac 1.0 --eval-every 500 \
     --ckpt-every 1000000 --final-tau-seqs 16 --no-measure --out "$out/eagle-${layers}l.safetensors" \
-    > "$out/train-${layers}l.log" 2>&1 &
+    > "$logs/train-${layers}l.log" 2>&1 &
 done
-wait
+wait || true
 step "done"
-tail -n 3 "$out"/train-*.log
+tail -n 3 "$logs"/train-*.log
