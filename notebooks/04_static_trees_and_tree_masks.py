@@ -507,8 +507,10 @@ runs = {"distilled draft, EAGLE static tree (one-hot q)": lambda: DraftModel(dra
 subtle = {"WRONG (subtle): same trees, order read from the verifier's stream":
           lambda: peek_verifier_stream(DraftModel(draft, tree="eagle"), band=0.65)}
 N, N_SUBTLE = (128, 768) if FAST else (2048, 2048)  # the subtle control needs ~750 runs for the chi-square tests
-res, bound, support, exact = loop_tv_check(smol, tok, tv_ids, runs, tv_params, N, law=tv_law)
-res_s, bound_s, _, _ = loop_tv_check(smol, tok, tv_ids, subtle, tv_params, N_SUBTLE, law=tv_law)
+# the controls sequentially, as in chapter 3: N, 2N, 4N, ... runs until flagged, each look at alpha / looks
+res, bound, support, exact = loop_tv_check(smol, tok, tv_ids, runs, tv_params, N, law=tv_law, control_max=8 * N)
+res_s, bound_s, _, _ = loop_tv_check(smol, tok, tv_ids, subtle, tv_params, N_SUBTLE, law=tv_law,
+                                     control_max=4 * N_SUBTLE)
 display(Markdown("**TV check — target: SmolLM2-135M-Instruct; draft: minispec's distilled SmolLM2 draft**"))
 show_loop_check(tok, support, exact, res, bound, "SmolLM2-135M + distilled draft, static tree: first 3 tokens, T = 1, top-k 3")
 plt.show()
