@@ -33,6 +33,7 @@ device=${DEVICE:-cuda} batch=${BATCH:-2048}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 PYTHONDONTWRITEBYTECODE=1
 export PYTHONPYCACHEPREFIX=/tmp/pycache
 step() { echo "[$(date +%T)] $*"; }
+seconds() { awk -v m="$1" -v x="$2" 'BEGIN { print int(m * 60 + x) }'; }  # MINUTES MARGIN_S -> a timeout
 mkdir -p "$out"
 # What comes back from a device machine is a few files: the logs travel as one archive, written on any exit.
 logs=$(mktemp -d)/logs
@@ -49,7 +50,7 @@ if [ "$gen_min" != 0 ]; then
   step "self-distillation"
   # --minutes stops after the batch that crosses it; the timeout (a batch's margin more) keeps a stall from eating
   # the training's time. Parts written before a stop are complete (each is written atomically) and are kept.
-  timeout -s ABRT "$(python -c "import sys; print(int(float(sys.argv[1]) * 60 + 120))" "$gen_min")" \
+  timeout -s ABRT "$(seconds "$gen_min" 120)" \
     python -m minispec.train.selfdistill --generator transformers --device "$device" --batch-size "$batch" \
     --parts "$(python -c "import sys; from minispec.train.selfdistill import read_prompts; print(len(read_prompts(sys.argv[1])))" "$prompts")" \
     --prompts-file "$prompts" --minutes "$gen_min" --ids-out "$ids" --out "$ids" > "$logs/selfdistill.log" 2>&1 || step "self-distillation stopped ($?)"
@@ -59,13 +60,13 @@ fi
 parts=$(python -c "import json,sys; print(len(json.load(open(sys.argv[1]))['parts']))" "$ids/index.json")
 step "training on $parts parts"
 for layers in ${LAYERS:-1 2}; do
-  timeout -s ABRT "$(python -c "import sys; print(int(float(sys.argv[1]) * 60 + ${TRAIN_MARGIN_S:-240}))" "$train_min")" \
+  timeout -s ABRT "$(seconds "$train_min" "${TRAIN_MARGIN_S:-240}")" \
   python -m minispec train eagle --device "$device" --extra-sharegpt 0 --distill-prompts 0 --selfdistill-parts "$parts" \
     --selfdistill-dir "$ids" --init-from minispec/checkpoints/smollm2-135m-eagle.safetensors --layers $layers --tf32 \
     --minutes "$train_min" --batch-size 64 --lr 5e-4 --warmup 100 --ce-frac 1.0 --eval-every 500 \
     --ckpt-every 1000000 --final-tau-seqs 16 --no-measure --out "$out/eagle-${layers}l.safetensors" \
     > "$logs/train-${layers}l.log" 2>&1 &
 done
-wait || true
+wait
 step "done"
 tail -n 3 "$logs"/train-*.log
