@@ -49,3 +49,31 @@ def shared(tmp_path_factory, worker_id):
 @pytest.fixture(scope="session")
 def smollm2_hf():
     return load_hf("smollm2-135m")
+
+
+N_REF = 48  # new tokens of the SmolLM2 greedy references
+
+
+def one_per_category() -> list[str]:
+    """The first prompt of each category of ``own_prompts`` (chat, code, math, knowledge, writing),
+    plus the code prompt with a library call: six prompts."""
+    from minispec.prompts import own_prompts
+
+    seen, out = set(), []
+    for p in own_prompts():
+        if p["category"] not in seen or "pandas" in p["prompt"]:
+            seen.add(p["category"])
+            out.append(p["prompt"])
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_vanilla(smollm2, shared):
+    """{prompt: minispec's greedy tokens} on ``one_per_category`` x N_REF new tokens (chat template), computed
+    once per test run: what tests/test_smollm2.py holds against transformers' ``generate`` and every
+    speculative method on SmolLM2 against."""
+    from minispec import generate
+
+    model, tok = smollm2
+    return shared(f"smollm2-vanilla-6x{N_REF}", lambda: {p: generate(model, tok, p, max_new_tokens=N_REF).tokens
+                                                        for p in one_per_category()})
