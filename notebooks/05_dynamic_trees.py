@@ -785,18 +785,23 @@ runs = {f"{BASE}, dynamic tree 2,4,8 (one-hot q)": tv_drafter.fresh,
         "WRONG (blatant): same trees, claim uniform q": lambda: claim_uniform_q(tv_drafter.fresh(), smol.cfg.vocab_size)}
 subtle = {"WRONG (subtle): same trees, order read from the verifier's stream":
           lambda: peek_verifier_stream(tv_drafter.fresh(), band=0.3)}
-N, N_SUBTLE = (128, 1024) if FAST else (2048, 2048)  # the subtle control needs ~1000 runs for the chi-square test
+N, N_SUBTLE = (128, None) if FAST else (2048, 2048)  # the subtle control needs ~1000 runs for the chi-square tests:
+# full mode only; in fast mode (CI) tests/test_joint_law.py flags the same kind of control on tiny models
 res, bound, support, exact = loop_tv_check(smol, smol_tok, tv_ids, runs, tv_params, N, law=tv_law, control_max=8 * N)
-res_s, bound_s, _, _ = loop_tv_check(smol, smol_tok, tv_ids, subtle, tv_params, N_SUBTLE, law=tv_law,
-                                     control_max=4 * N_SUBTLE)
+if N_SUBTLE:
+    res_s, bound_s, _, _ = loop_tv_check(smol, smol_tok, tv_ids, subtle, tv_params, N_SUBTLE, law=tv_law,
+                                         control_max=4 * N_SUBTLE)
 display(Markdown(f"**TV check — target: SmolLM2-135M-Instruct; drafter: {BASE} "
                  f"({'shipped EAGLE-1/2 head' if BASE == 'eagle2' else 'shipped distilled draft'})**"))
 show_loop_check(smol_tok, support, exact, res, bound, f"SmolLM2-135M + {BASE}, dynamic tree: first 3 tokens, T = 1, top-k 3")
 plt.show()
-show_loop_check(smol_tok, support, exact, res_s, bound_s, "the subtle control")
-plt.show()
 assert_loop_check(res, bound)  # every honest run passes, every "WRONG" run is flagged
-assert_loop_check(res_s, bound_s)
+if N_SUBTLE:
+    show_loop_check(smol_tok, support, exact, res_s, bound_s, "the subtle control")
+    plt.show()
+    assert_loop_check(res_s, bound_s)
+else:
+    print("the subtle control: full mode only (MINISPEC_FAST unset; minutes of SmolLM2 runs)")
 
 # %% [markdown]
 # ## Pen-and-paper questions

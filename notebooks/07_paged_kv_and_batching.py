@@ -838,19 +838,24 @@ runs = {"ragged mix: vanilla, EAGLE chain, EAGLE-2 tree": ragged_mix(),
         "WRONG (blatant): drafted rows claim uniform q": ragged_mix(lambda d: claim_uniform_q(d, smol.cfg.vocab_size))}
 subtle = {"WRONG (subtle): EAGLE-2 trees ordered by the verifier's stream":
           ragged_mix(lambda d: peek_verifier_stream(d, band=0.3), kinds=kinds[2:])}
-N, N_SUBTLE = (96, 1024) if FAST else (2048, 2048)  # the subtle control needs ~1000 runs for the chi-square test
+N, N_SUBTLE = (96, None) if FAST else (2048, 2048)  # the subtle control needs ~1000 runs for the chi-square tests:
+# full mode only; in fast mode (CI) tests/test_joint_law.py flags the same kind of control on tiny models
 res, bound, support, exact = loop_tv_check(smol, smol_tok, law_ids, runs, law_params, N, law=law, company=company,
                                            control_max=8 * N)
-res_s, bound_s, _, _ = loop_tv_check(smol, smol_tok, law_ids, subtle, law_params, N_SUBTLE, law=law, company=company,
-                                     control_max=4 * N_SUBTLE)
+if N_SUBTLE:
+    res_s, bound_s, _, _ = loop_tv_check(smol, smol_tok, law_ids, subtle, law_params, N_SUBTLE, law=law, company=company,
+                                         control_max=4 * N_SUBTLE)
 display(Markdown("**TV check — target: SmolLM2-135M-Instruct; drafters: minispec's shipped EAGLE-1/2 head (chain and "
                  "EAGLE-2 trees), in ragged batches with two other prompts**"))
 show_loop_check(smol_tok, support, exact, res, bound, "SmolLM2-135M, ragged batches: first 3 tokens, T = 1, top-k 3")
 plt.show()
-show_loop_check(smol_tok, support, exact, res_s, bound_s, "the subtle control, in ragged batches")
-plt.show()
 assert_loop_check(res, bound)  # every honest run passes, every "WRONG" run is flagged
-assert_loop_check(res_s, bound_s)
+if N_SUBTLE:
+    show_loop_check(smol_tok, support, exact, res_s, bound_s, "the subtle control, in ragged batches")
+    plt.show()
+    assert_loop_check(res_s, bound_s)
+else:
+    print("the subtle control: full mode only (MINISPEC_FAST unset; minutes of SmolLM2 runs)")
 
 # %% [markdown]
 # ## Pen-and-paper questions
