@@ -58,6 +58,7 @@ class CandidateResult:
     loop_s: float  # the rest of this method's step: its phases but draft and target, per step
     predicted_tok_s: float
     calibration_tok_s: float  # what the calibration run itself measured (batch 1, prefill included)
+    prompts: int = 0  # calibration prompts it ran (fewer than the others: raced out, see ``_calibrate``)
 
 
 @dataclass
@@ -145,7 +146,7 @@ def predicted_tokens_per_s(tau: float, verify_s: float, draft_s: float, loop_s: 
 
 def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", candidates=DEFAULT_CANDIDATES,
          batch_size: int = 1, max_new_tokens: int = 64, context: int = 256, sizes=DEFAULT_SIZES, methods=None,
-         progress: bool = True) -> TuneResult:
+         progress: bool = True, race: float | None = None) -> TuneResult:
     """Measure the cost curve and each candidate's tau and draft cost; choose the best predicted one.
 
     Args:
@@ -154,6 +155,8 @@ def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", cand
         candidates: method names (``minispec.methods``); those whose checkpoint is missing are skipped.
         batch_size: the batch size to choose for (the verify cost is measured at 1 and at this size).
         methods: a ``minispec.methods.Methods`` (default: one built for ``target`` and ``model_name``).
+        race: None (every candidate on every prompt), or a fraction: after each prompt, the candidates
+            predicted below ``race`` x the best so far run no further prompts (``_calibrate``).
     Returns:
         TuneResult with the cost curve, one row per candidate and the choice.
     """
@@ -161,12 +164,14 @@ def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", cand
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not prompts:
         raise ValueError("tune needs at least one calibration prompt")
+    if race is not None and not 0 < race <= 1:
+        raise ValueError(f"race must be a fraction in (0, 1], got {race}")
     methods = methods or Methods(target, model_name)
     curve = verify_cost_curve(target, sizes, sorted({1, batch_size}), context)
     result = TuneResult(model_name, batch_size, context, curve)
     drafters = _build(methods, ["vanilla"] + [c for c in candidates if c != "vanilla"], result.skipped)
-    runs = _calibrate(target, tok, prompts, drafters, max_new_tokens, progress)
-    result.candidates = [_candidate(c, m, curve[batch_size], len(prompts)) for c, m in runs.items()]
+    runs = _calibrate(target, tok, prompts, drafters, max_new_tokens, progress, curve[batch_size], race)
+    result.candidates = [_candidate(c, m, curve[batch_size]) for c, m in runs.items()]
     result.choice = max(result.candidates, key=lambda r: r.predicted_tok_s).method
     return result
 
@@ -182,19 +187,26 @@ def _build(methods, candidates, skipped: dict) -> dict:
     return drafters
 
 
-def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progress: bool) -> dict:
+def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progress: bool, curve_b: dict | None = None,
+               race: float | None = None) -> dict:
     """Greedy generations, interleaved (every candidate on a prompt, then the next prompt): per
-    candidate the summed decode-step tokens, forwards, phase times and tree sizes."""
+    candidate the summed decode-step tokens, forwards, phase times, tree sizes and prompts.
+
+    With ``race`` (a fraction) and the cost curve ``curve_b``, the calibration races: after each prompt,
+    a candidate whose prediction so far is below ``race`` x the best one's runs no further prompts (its row
+    keeps the prompts it ran), and vanilla, whose step is one token without a draft on every prompt, runs
+    on the first prompt only. A loser is seldom close: what racing saves is the time spent confirming it."""
     from tqdm.auto import tqdm
 
     from .generate import generate
 
-    runs = {c: dict(tokens=0, forwards=0, decode_s=0.0, total_s=0.0, draft_s=0.0, target_s=0.0, nodes=[])
+    runs = {c: dict(tokens=0, forwards=0, decode_s=0.0, total_s=0.0, draft_s=0.0, target_s=0.0, nodes=[], prompts=0)
             for c in drafters}
+    active = list(drafters)
     bar = tqdm(total=len(prompts) * len(drafters), desc="tune", disable=not progress)
-    for p in prompts:
-        for c, d in drafters.items():
-            s = generate(target, tok, p, drafter=d, max_new_tokens=max_new_tokens).stats
+    for i, p in enumerate(prompts):
+        for c in active:
+            s = generate(target, tok, p, drafter=drafters[c], max_new_tokens=max_new_tokens).stats
             m = runs[c]
             m["tokens"] += s.new_tokens - 1  # the prefill's token is not a decode step's
             m["forwards"] += s.target_forwards - 1
@@ -203,13 +215,20 @@ def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progre
             m["draft_s"] += s.phase_s["draft"]
             m["target_s"] += s.phase_s["target"]
             m["nodes"] += s.nodes
+            m["prompts"] += 1
             bar.update()
+        if race is not None and i + 1 < len(prompts):
+            predicted = {c: _candidate(c, runs[c], curve_b).predicted_tok_s for c in active}
+            best = max(predicted.values())
+            active = [c for c in active if c != "vanilla" and predicted[c] >= race * best]
+            bar.total = bar.n + (len(prompts) - i - 1) * len(active)
     bar.close()
     return runs
 
 
-def _candidate(c: str, m: dict, curve_b: dict, n: int) -> CandidateResult:
-    """One candidate's row from its calibration sums ``m`` over ``n`` prompts and the cost curve."""
+def _candidate(c: str, m: dict, curve_b: dict) -> CandidateResult:
+    """One candidate's row from its calibration sums ``m`` (over ``m["prompts"]`` prompts) and the cost curve."""
+    n = m["prompts"]
     steps = max(m["forwards"], 1)
     sizes = m["nodes"] or [0]
     draft_s = m["draft_s"] / steps
@@ -218,7 +237,7 @@ def _candidate(c: str, m: dict, curve_b: dict, n: int) -> CandidateResult:
     step_tokens = m["tokens"] / steps
     return CandidateResult(c, round(sum(sizes) / len(sizes)), (m["tokens"] + n) / (m["forwards"] + n), step_tokens,
                            draft_s, verify_s, loop_s, predicted_tokens_per_s(step_tokens, verify_s, draft_s, loop_s),
-                           (m["tokens"] + n) / m["total_s"])
+                           (m["tokens"] + n) / m["total_s"], n)
 
 
 def machine_key() -> str:
@@ -278,6 +297,7 @@ QUICK_SIZES = (0, 1, 2, 3, 4, 5, 8, 12)
 
 
 QUICK_PROMPTS = 3  # quick_tune's calibration prompts: the first of ``prompts.calibration_set``
+QUICK_RACE = 0.7  # quick_tune races: after each prompt, a candidate predicted below 0.7 x the best runs no more
 
 
 def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=None, prompts: int = QUICK_PROMPTS,
@@ -291,7 +311,7 @@ def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=None, p
     calib = calibration_set(prompts)
     t0 = time.perf_counter()
     r = tune(target, tok, calib, model_name, QUICK_CANDIDATES if candidates is None else candidates, max_new_tokens=max_new_tokens, context=128,
-             sizes=QUICK_SIZES, methods=methods, progress=progress)
+             sizes=QUICK_SIZES, methods=methods, progress=progress, race=QUICK_RACE)
     r.calibration_s = time.perf_counter() - t0
     return r
 

@@ -1,5 +1,6 @@
 """The tree dispatcher (chapter 5): cost model, cost curve, tune's choice, and the 'auto' method."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -75,6 +76,32 @@ def test_tune_chooses_the_best_predicted_candidate(tiny):
     assert r.choice == max(r.candidates, key=lambda c: c.predicted_tok_s).method
     text = tune_report.format_tune(r)
     assert "choice: " + r.choice in text and "verify cost" in text
+
+
+@pytest.mark.ch05
+def test_a_racing_calibration_stops_running_the_losers(tiny, monkeypatch):
+    """``race``: after each prompt, a candidate predicted below race x the best runs no further prompts, and
+    vanilla runs on the first only; without it every candidate runs every prompt. The prediction of each
+    prompt's survivors is stubbed (a fixed order), so which candidate runs what is known in advance."""
+    model, tok, draft = tiny
+    methods = Methods(model, "tiny-llama", draft_model=draft, k=3)
+    cands, prompts = ("vanilla", "pld", "sps", "sps@2/2/4"), ["abcabcabc", "1, 2, 3, 4", "x y x y x y"]
+    speed = {"vanilla": 1.0, "pld": 0.5, "sps": 1.5, "sps@2/2/4": 1.4}  # tokens/s the stub predicts
+    real = dispatch._candidate
+    monkeypatch.setattr(dispatch, "_candidate", lambda c, m, curve_b: dataclasses.replace(
+        real(c, m, curve_b), predicted_tok_s=speed[c]))
+    ran = {}
+    for race in (None, 0.7, 1.0):
+        r = dispatch.tune(model, tok, prompts, "tiny-llama", candidates=cands, max_new_tokens=8, context=32,
+                          sizes=(0, 2, 4), methods=methods, progress=False, race=race)
+        ran[race] = {c.method: c.prompts for c in r.candidates}
+        assert r.choice == "sps"
+    assert ran[None] == {c: 3 for c in cands}
+    assert ran[0.7] == {"vanilla": 1, "pld": 1, "sps": 3, "sps@2/2/4": 3}  # 0.5 < 0.7 x 1.5 <= 1.4
+    assert ran[1.0] == {"vanilla": 1, "pld": 1, "sps": 3, "sps@2/2/4": 1}
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="race must be a fraction"):
+            dispatch.tune(model, tok, prompts, "tiny-llama", candidates=cands, methods=methods, progress=False, race=bad)
 
 
 def test_auto_reads_the_saved_choice(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ from .tables import Col, text_table
 
 TUNE_COLUMNS = [Col("method", width=16, left=True), Col("N", "d", 3), Col("tau", ".2f", 5), Col("tok/step", ".2f"),
                 Col("draft ms", ".1f"), Col("verify ms", ".1f"), Col("loop ms", ".1f"), Col("predicted tok/s", ".1f"),
-                Col("calibration tok/s", ".1f"), Col("", left=True)]
+                Col("calibration tok/s", ".1f"), Col("prompts", "d"), Col("", left=True)]
 
 
 def format_tune(r: TuneResult) -> str:
@@ -20,10 +20,11 @@ def format_tune(r: TuneResult) -> str:
                         [[b] + [c[n] * 1e3 for n in sizes] for b, c in r.cost_curve.items()], indent="  ")
     lines += ["", f"candidates at batch {r.batch_size}:"]
     rows = [[c.method, c.nodes, c.tau, c.step_tokens, c.draft_s * 1e3, c.verify_s * 1e3, c.loop_s * 1e3, c.predicted_tok_s,
-             c.calibration_tok_s, " <- choice" if c.method == r.choice else ""]
+             c.calibration_tok_s, c.prompts, " <- choice" if c.method == r.choice else ""]
             for c in sorted(r.candidates, key=lambda c: -c.predicted_tok_s)]
     lines += text_table(TUNE_COLUMNS, rows, indent="  ")
-    lines.append("  (tau: tokens per target forward, prefill included; tok/step: per decode step, the model's tau)")
+    lines.append("  (tau: tokens per target forward, prefill included; tok/step: per decode step, the model's tau;")
+    lines.append("   prompts: calibration prompts run; fewer than the most: vanilla, or raced out as a clear loser)")
     for m, why in r.skipped.items():
         lines.append(f"  {m:<16} skipped: {why}")
     lines.append(f"\nchoice: {r.choice}")
