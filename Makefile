@@ -46,7 +46,9 @@ test: install
 	$(BIN)/python tools/make_exercises.py --check
 	$(BIN)/python -c "from minispec.models import ensure_smollm2; ensure_smollm2()"
 	MINISPEC_FAST=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) --dist worksteal --durations=25 \
-	  --nbmake --nbmake-timeout=600 --reruns 1 --only-rerun "timed out" notebooks tests
+	  --nbmake --nbmake-timeout=600 --reruns 1 --only-rerun "timed out" -m "not two_threads" notebooks tests
+	@# the tests that compute on two torch threads, alone: beside a busy worker two threads wait on each other
+	$(BIN)/python -m pytest -n 0 -q -m two_threads tests
 	@# row invariance again on MKL's AVX2 kernels (what an AVX2-only CPU runs): the probes must find the plans
 	@# that path needs. Where the CPU has nothing wider than AVX2, the run above already took that path
 	@cap=$$($(BIN)/python -c 'import torch; print(torch.backends.cpu.get_cpu_capability())'); \
