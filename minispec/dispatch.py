@@ -302,10 +302,10 @@ QUICK_RACE = 0.7  # quick_tune races: after each prompt, a candidate predicted b
 
 def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=None, prompts: int = QUICK_PROMPTS,
                max_new_tokens: int = 32, methods=None, progress: bool = False) -> TuneResult:
-    """``tune`` in about half a minute on a 2-core CPU: the verify-cost curve over a few tree sizes and
-    the candidates (and vanilla) on ``prompts`` of minispec's own prompts, one in three a request that
-    reuses its input (``prompts.calibration_set``; never a benchmark's). candidates: default
-    ``QUICK_CANDIDATES``."""
+    """``tune`` in a quarter to a whole minute on a 2-core CPU (23 s on a Xeon, 59 s on an AVX2-only EPYC):
+    the verify-cost curve over a few tree sizes and the candidates (and vanilla) on ``prompts`` of minispec's
+    own prompts, one in three a request that reuses its input (``prompts.calibration_set``; never a
+    benchmark's), racing (``QUICK_RACE``). candidates: default ``QUICK_CANDIDATES``."""
     from .prompts import calibration_set
 
     calib = calibration_set(prompts)
@@ -336,7 +336,7 @@ def resolve_auto(target, tok, model_name: str = "smollm2-135m", batch_size: int 
                               f"{batch_size} to measure this batch size)")
     if say is not None:
         stale = " (its last calibration measured other shipped heads)" if path.exists() else ""
-        say(f"calibrating 'auto' for this machine{stale} (once, about half a minute) ...")
+        say(f"calibrating 'auto' for this machine{stale} (once, under a minute) ...")
     r = quick_tune(target, tok, model_name, methods=methods)
     save_choice(r)
     best = max(r.candidates, key=lambda c: c.predicted_tok_s)
