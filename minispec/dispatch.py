@@ -217,7 +217,7 @@ def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progre
             m["nodes"] += s.nodes
             m["prompts"] += 1
             bar.update()
-        if race is not None and i + 1 < len(prompts):
+        if race is not None and i + 1 < len(prompts) and active:
             predicted = {c: _candidate(c, runs[c], curve_b).predicted_tok_s for c in active}
             best = max(predicted.values())
             active = [c for c in active if c != "vanilla" and predicted[c] >= race * best]

@@ -99,6 +99,9 @@ def test_a_racing_calibration_stops_running_the_losers(tiny, monkeypatch):
     assert ran[None] == {c: 3 for c in cands}
     assert ran[0.7] == {"vanilla": 1, "pld": 1, "sps": 3, "sps@2/2/4": 3}  # 0.5 < 0.7 x 1.5 <= 1.4
     assert ran[1.0] == {"vanilla": 1, "pld": 1, "sps": 3, "sps@2/2/4": 1}
+    r = dispatch.tune(model, tok, prompts, "tiny-llama", candidates=("vanilla",), max_new_tokens=8, context=32,
+                      sizes=(0, 2), methods=methods, progress=False, race=0.7)  # nothing left to race after prompt 1
+    assert [(c.method, c.prompts) for c in r.candidates] == [("vanilla", 1)] and r.choice == "vanilla"
     for bad in (0.0, 1.5):
         with pytest.raises(ValueError, match="race must be a fraction"):
             dispatch.tune(model, tok, prompts, "tiny-llama", candidates=cands, methods=methods, progress=False, race=bad)
