@@ -187,7 +187,7 @@ def _build(methods, candidates, skipped: dict) -> dict:
     return drafters
 
 
-def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progress: bool, curve_b: dict | None = None,
+def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progress: bool, curve_b: dict,
                race: float | None = None) -> dict:
     """Greedy generations, interleaved (every candidate on a prompt, then the next prompt): per
     candidate the summed decode-step tokens, forwards, phase times, tree sizes and prompts.

@@ -12,20 +12,15 @@ from minispec import generate
 from minispec.drafters import DraftModel, PromptLookup
 from minispec.prompts import own_prompts
 
-from conftest import N_REF as N_NEW
+from conftest import N_REF
 
 
-@pytest.fixture(scope="module")
-def vanilla(smollm2_vanilla):
-    return smollm2_vanilla
-
-
-def _check(smollm2, vanilla, make_drafter):
+def _check(smollm2, refs, make_drafter):
     model, tok = smollm2
-    assert len(vanilla) >= 6
+    assert len(refs) >= 6
     forwards = tokens = 0
-    for prompt, ref in vanilla.items():
-        r = generate(model, tok, prompt, drafter=make_drafter(), max_new_tokens=N_NEW)
+    for prompt, ref in refs.items():
+        r = generate(model, tok, prompt, drafter=make_drafter(), max_new_tokens=N_REF)
         assert r.tokens == ref, prompt
         forwards, tokens = forwards + r.stats.target_forwards, tokens + r.stats.new_tokens
     return tokens / forwards
@@ -33,29 +28,29 @@ def _check(smollm2, vanilla, make_drafter):
 
 @pytest.mark.slow
 @pytest.mark.ch01
-def test_vanilla_reference_is_the_empty_tree_drafter(smollm2, vanilla):
+def test_vanilla_reference_is_the_empty_tree_drafter(smollm2, smollm2_vanilla):
     """The reference here, ``generate(drafter=None)``, is the ``Vanilla`` drafter (the empty tree every
     step, tau 1), and it is plain greedy decoding (tests/test_smollm2.py: equal to transformers'
     ``generate``): an explicit ``Vanilla()`` gives the same tokens on all six prompts."""
     from minispec.drafters import Vanilla
 
-    assert _check(smollm2, vanilla, Vanilla) == 1.0
+    assert _check(smollm2, smollm2_vanilla, Vanilla) == 1.0
 
 
 @pytest.mark.slow
 @pytest.mark.ch01
-def test_prompt_lookup_greedy_equals_vanilla(smollm2, vanilla):
-    tau = _check(smollm2, vanilla, lambda: PromptLookup(k=8))
+def test_prompt_lookup_greedy_equals_vanilla(smollm2, smollm2_vanilla):
+    tau = _check(smollm2, smollm2_vanilla, lambda: PromptLookup(k=8))
     assert tau > 1.0  # some drafts were accepted, so the speculative path really ran
 
 
 @pytest.mark.slow
 @pytest.mark.ch01
-def test_draft_model_greedy_equals_vanilla(smollm2, vanilla):
+def test_draft_model_greedy_equals_vanilla(smollm2, smollm2_vanilla):
     from minispec.drafters.draft_checkpoint import load_draft_model
 
     draft = load_draft_model(smollm2[0])
-    tau = _check(smollm2, vanilla, lambda: DraftModel(draft, k=4))
+    tau = _check(smollm2, smollm2_vanilla, lambda: DraftModel(draft, k=4))
     assert tau > 1.2
 
 
@@ -71,13 +66,13 @@ TREE_METHODS = {"sps@eagle": 1.3, "sps@4/4/12": 1.3, "eagle": 1.1, "eagle@eagle"
 @pytest.mark.ch04
 @pytest.mark.ch05
 @pytest.mark.parametrize("method", list(TREE_METHODS))
-def test_tree_greedy_equals_vanilla(smollm2, vanilla, method):
+def test_tree_greedy_equals_vanilla(smollm2, smollm2_vanilla, method):
     """Chains, static and dynamic trees of every branching drafter (draft model, EAGLE-1/2, EAGLE-3,
     Medusa) give vanilla's greedy tokens on 6 prompts x 48."""
     from minispec.methods import Methods
 
     methods = Methods(smollm2[0])
-    tau = _check(smollm2, vanilla, lambda: methods.drafter(method))
+    tau = _check(smollm2, smollm2_vanilla, lambda: methods.drafter(method))
     assert tau > TREE_METHODS[method], tau
 
 
