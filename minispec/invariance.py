@@ -108,7 +108,13 @@ def choose_plan(kernel: str, fn: Product, split_fn: Product | None, n_in: int, d
     second row costs almost nothing while the weights stream from memory), ``split_fn`` (the same
     product over two halves of the input features: two calls and an add), rows padded to a multiple
     of m (MKL's AVX2 kernels, for one, compute rows in blocks of 6 and a last, partial block in
-    another order), then padding to the smallest row count above every varying one."""
+    another order), then padding to the smallest row count m0 above every varying one.
+
+    The m0 plan needs no probe of its own (calls of m0 rows or more are computed as they are, and the
+    first probe found those invariant), and it never computes more rows than a multiple-of-m plan
+    with m >= m0, so only multiples below m0 are probed; nor is a multiple m of REF_ROWS probed when
+    a varying row count is itself a multiple of m (such a call is computed as it is, and varied).
+    On a CPU whose kernel varies at 1, 2 and 3 rows only, that is two probes (as it is, split), not four."""
     varies = varying_rows(fn, n_in, dtype, device)
     if not varies:
         return RowPlan(kernel, 1, 1, varies)
@@ -118,6 +124,10 @@ def choose_plan(kernel: str, fn: Product, split_fn: Product | None, n_in: int, d
     if split_fn is not None and not varying_rows(split_fn, n_in, dtype, device):
         return RowPlan(kernel, 2, 1, varies)
     for m in ROW_MULTIPLES:
+        if m0 is not None and m >= m0:
+            break  # the m0 plan pads no more rows than this one would
+        if REF_ROWS % m == 0 and any(v % m == 0 for v in varies):
+            continue  # a call of v rows is computed as it is under this plan, and it varied
         if not varying_rows(lambda x: fn(pad_rows(x, padded_rows(x.shape[0], m, m)))[:x.shape[0]], n_in, dtype, device):
             return RowPlan(kernel, 1, m, varies, multiple=m)
     return RowPlan(kernel, 1, m0, varies)

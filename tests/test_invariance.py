@@ -130,6 +130,27 @@ def test_a_kernel_that_varies_only_over_long_inputs_is_split(monkeypatch):
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
 
+def test_a_kernel_that_varies_below_a_small_row_count_is_padded_to_it_after_two_probes(monkeypatch):
+    """The weight panels on an AVX2-only CPU: calls of 1 to 3 rows vary (for every input length, so the halves
+    do too). Padding such calls to 4 rows is the cheapest plan, and it needs no probe of its own: the product
+    is probed as it is and split, and no multiple of rows (2 would leave 2-row calls as they are; 4 and up pad
+    at least as many rows as padding to 4 does)."""
+    monkeypatch.setattr(Linear, "_product", stand_in_product(long_inputs=0, max_rows=3))
+    probes = []
+    monkeypatch.setattr(invariance, "varying_rows",
+                        lambda *a, _f=invariance.varying_rows: probes.append(a[1]) or _f(*a))
+    torch.manual_seed(0)
+    layer = Linear(256, 96, bias=True)
+    with torch.inference_mode():
+        plan = layer.row_plan(torch.zeros(1, 256))
+        assert plan.varies == (1, 2, 3) and plan.split == 1 and plan.min_rows == 4 and plan.multiple == 1
+        assert len(probes) == 2 and [plan.rows(m) for m in (1, 3, 4, 5, 7, 9)] == [4, 4, 4, 5, 7, 9]
+        assert "calls of fewer rows padded to 4" in plan.describe()
+        assert rows_that_differ(layer, 256) == []
+        monkeypatch.setattr(Linear, "row_invariant", False)
+        assert 1 in rows_that_differ(layer, 256)  # the same check fails without the plan
+
+
 def test_without_the_plan_the_check_fails(monkeypatch):
     monkeypatch.setattr(Linear, "_product", stand_in_product(long_inputs=0))
     torch.manual_seed(0)
