@@ -28,17 +28,6 @@ def _check(smollm2, refs, make_drafter):
 
 @pytest.mark.slow
 @pytest.mark.ch01
-def test_vanilla_reference_is_the_empty_tree_drafter(smollm2, smollm2_vanilla):
-    """The reference here, ``generate(drafter=None)``, is the ``Vanilla`` drafter (the empty tree every
-    step, tau 1), and it is plain greedy decoding (tests/test_smollm2.py: equal to transformers'
-    ``generate``): an explicit ``Vanilla()`` gives the same tokens on all six prompts."""
-    from minispec.drafters import Vanilla
-
-    assert _check(smollm2, smollm2_vanilla, Vanilla) == 1.0
-
-
-@pytest.mark.slow
-@pytest.mark.ch01
 def test_prompt_lookup_greedy_equals_vanilla(smollm2, smollm2_vanilla):
     tau = _check(smollm2, smollm2_vanilla, lambda: PromptLookup(k=8))
     assert tau > 1.0  # some drafts were accepted, so the speculative path really ran
