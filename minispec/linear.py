@@ -28,7 +28,8 @@ oneDNN's prepacked weights take 26.0 ms, and 31.3 ms at M = 9 where ``F.linear``
 (``benchmarks/linear_kernels.py``, ``benchmarks/results/linear_kernels_cpu.json``).
 No CPU is trusted blindly: each kind of layer is probed once per thread count and computed by
 the cheapest plan found invariant (``minispec.invariance.RowPlan``): as it is, its input features
-in two halves, or its rows padded with zero rows (one row to two; on MKL's AVX2 kernels, which
+in two halves, or its rows padded with zero rows (one row to two; the panels on an AVX2-only CPU,
+which vary at 1-3 rows, calls of fewer rows to four; ``F.linear`` on MKL's AVX2 kernels, which
 compute rows in blocks of 6, to a multiple of 6).
 
 The panels are one of two prepacked CPU kernels. The other, ``onednn``, is oneDNN's own prepacked
