@@ -51,7 +51,7 @@ def smollm2_hf():
     return load_hf("smollm2-135m")
 
 
-N_REF = 48  # new tokens of the SmolLM2 greedy references
+N_REF = 32  # new tokens of the SmolLM2 greedy references
 
 
 def one_per_category() -> list[str]:

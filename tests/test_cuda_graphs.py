@@ -276,15 +276,14 @@ def test_static_cache_speaks_the_kv_cache_protocol():
 
 
 @pytest.mark.slow
-def test_smollm2_with_graphs_gives_vanilla_tokens(smollm2):
+def test_smollm2_with_graphs_gives_vanilla_tokens(smollm2, smollm2_vanilla):
     from minispec.methods import Methods
 
     model, tok = smollm2
     methods = Methods(model)
-    prompt = "Explain why the sky is blue in two sentences."
-    want = generate(model, tok, prompt, max_new_tokens=40).tokens
+    prompt, want = next(iter(smollm2_vanilla.items()))  # vanilla greedy without the runner (tests/conftest.py)
     for method in ("vanilla", "eagle", "eagle2", "sps"):  # vanilla, a chain, a dynamic tree, a draft model's steps
-        r = generate(model, tok, prompt, drafter=methods.drafter(method), max_new_tokens=40, cuda_graphs=True)
+        r = generate(model, tok, prompt, drafter=methods.drafter(method), max_new_tokens=len(want), cuda_graphs=True)
         assert r.tokens == want, method
 
 
