@@ -31,6 +31,7 @@ demo: install
 check-env: install
 	$(BIN)/python -m minispec check-env
 
+# check-env is not run on its own here: tests/test_cli.py runs the command and checks its report.
 # JOBS parallel pytest workers (pytest-xdist) run the tests and the notebooks (fast mode) in one session:
 # the notebooks, the longest items, are listed first, and a worker that runs out of items steals from the
 # other (worksteal), so neither sits idle at the end; each worker (and each notebook's kernel) computes on
@@ -42,7 +43,6 @@ JOBS ?= 2
 # a notebook, and only one that timed out, runs once more (pytest-rerunfailures); a notebook that fails on
 # its own merits fails both times
 test: install
-	$(BIN)/python -m minispec check-env
 	$(BIN)/python tools/make_exercises.py --check
 	$(BIN)/python -c "from minispec.models import ensure_smollm2; ensure_smollm2()"
 	MINISPEC_FAST=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) --dist worksteal --durations=25 \

@@ -157,7 +157,7 @@ def test_tree_chain_and_verify_chain_have_the_same_outcome_law():
 
 # ----------------------------------------------------------------------------- empirical
 def test_empirical_suite_passes_and_controls_fail():
-    n = 10000
+    n = 5000
     records, controls = ex.run_empirical_suite(n_samples=n, seed=0, control_samples=5000)
     assert len(records) == 10 and len(controls) == len(ex.CONTROLS)
     assert {"tree21_mss_replacement", "tree21_mss_no_replacement", "tree21_onehot"} <= {r["verifier"] for r in records}
