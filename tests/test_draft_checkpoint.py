@@ -15,7 +15,7 @@ SHIPPED = resources.files("minispec").joinpath("checkpoints", "smollm2-135m-draf
 # Greedy agreement floor on minispec's own prompts (teacher-forced on the target's greedy text: the
 # references ``smollm2_vanilla`` of tests/conftest.py, one prompt per category x 32 tokens). Measured for
 # the shipped draft: 0.289 held-out acceptance on ShareGPT (3,884 positions, see the JSON record) and
-# 0.328 on these references (192 positions, 2 threads, 2026-11-27; binomial standard error ~0.034, more
+# 0.328 on these references (192 positions, benchmarks/smollm2_reference_taus.py, 2 threads, 2026-11-27; binomial standard error ~0.034, more
 # with correlation along a text). The undistilled start (copies of target layers 0, 1) scores 0.026.
 # 0.22 is ~3 standard errors below this measurement and below the held-out rate, leaving room for argmax
 # near-ties that flip on other BLAS builds, yet eight times what an untrained or wrongly loaded draft reaches.

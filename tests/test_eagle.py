@@ -202,7 +202,7 @@ def test_shipped_smollm2_head_is_lossless_and_fast(smollm2, smollm2_vanilla):
     equal vanilla on three prompts (one chat, two code), and tau clears a floor below the measured value."""
     model, tok = smollm2
     vanilla = dict(list(smollm2_vanilla.items())[:3])
-    for tree, floor in (("chain:5", 1.8), ("5,8,32", 2.5)):  # measured 2.29 and 3.20 (3 prompts x 32, 2026-11-27)
+    for tree, floor in (("chain:5", 1.8), ("5,8,32", 2.5)):  # measured 2.29 and 3.20 (3 prompts x 32, benchmarks/smollm2_reference_taus.py)
         drafter = EagleDrafter.from_pretrained(model, tree=tree)  # its prefill resets it for each prompt
         new = forwards = 0
         for prompt, ref in vanilla.items():

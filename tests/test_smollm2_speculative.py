@@ -34,9 +34,9 @@ def test_prompt_lookup_greedy_equals_vanilla(smollm2, smollm2_vanilla):
 
 
 # method -> a tau floor well under what it reaches (chains of the heads too: issue 4's identical-output check);
-# measured on these 6 prompts x 32 with the shipped heads (2 threads, 2026-11-27): sps@eagle 1.86, sps@4/4/12 1.88,
-# eagle 2.00, eagle@eagle 2.53, eagle2 3.05, eagle3 1.63, eagle3@5/8/32 2.26, medusa 1.61 (prompt lookup 1.19, draft
-# model chain 1.45)
+# measured on these 6 prompts x 32 with the shipped heads (benchmarks/smollm2_reference_taus.py, 2 threads,
+# AMD EPYC, 2026-11-27): sps@eagle 1.86, sps@4/4/12 1.88, eagle 2.00, eagle@eagle 2.53, eagle2 3.05, eagle3 1.63,
+# eagle3@5/8/32 2.26, medusa 1.61 (prompt lookup 1.19, draft model chain 1.45)
 TREE_METHODS = {"sps@eagle": 1.3, "sps@4/4/12": 1.3, "eagle": 1.1, "eagle@eagle": 1.3, "eagle2": 1.3, "eagle3": 1.03,
                 "eagle3@5/8/32": 1.3, "medusa": 1.2}
 
@@ -71,7 +71,8 @@ def long_vanilla(smollm2, shared):
 @pytest.mark.parametrize("method", ["eagle@chain:2", "eagle2@4/4/8"])
 def test_long_generations_equal_vanilla(smollm2, long_vanilla, method):
     """256 new tokens past any end-of-sequence, so verification forwards over N + 1 rows run at long
-    contexts (past two blocks of KEY_BLOCK keys in the invariant attention): the prepacked linear layers compute each row as vanilla's single-row forward does
+    contexts (past two blocks of KEY_BLOCK keys in the invariant attention): the prepacked linear layers
+    compute each row as vanilla's single-row forward does
     (tests/test_linear.py), and the greedy tokens stay vanilla's all the way."""
     from minispec.methods import Methods
 
