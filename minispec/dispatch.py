@@ -146,7 +146,7 @@ def predicted_tokens_per_s(tau: float, verify_s: float, draft_s: float, loop_s: 
 
 def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", candidates=DEFAULT_CANDIDATES,
          batch_size: int = 1, max_new_tokens: int = 64, context: int = 256, sizes=DEFAULT_SIZES, methods=None,
-         progress: bool = True, race: float | None = None) -> TuneResult:
+         progress: bool = True, race: float | None = None, budget_s: float | None = None, reps: int = 7) -> TuneResult:
     """Measure the cost curve and each candidate's tau and draft cost; choose the best predicted one.
 
     Args:
@@ -157,6 +157,10 @@ def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", cand
         methods: a ``minispec.methods.Methods`` (default: one built for ``target`` and ``model_name``).
         race: None (every candidate on every prompt), or a fraction: after each prompt, the candidates
             predicted below ``race`` x the best so far run no further prompts (``_calibrate``).
+        budget_s: None, or seconds of wall time (from the call, cost curve included): every candidate runs
+            the first prompt, then a next prompt starts only if it is predicted to end within the budget
+            (``_calibrate``).
+        reps: timed repetitions per tree size of the cost curve.
     Returns:
         TuneResult with the cost curve, one row per candidate and the choice.
     """
@@ -166,11 +170,17 @@ def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", cand
         raise ValueError("tune needs at least one calibration prompt")
     if race is not None and not 0 < race <= 1:
         raise ValueError(f"race must be a fraction in (0, 1], got {race}")
+    if budget_s is not None and not budget_s > 0:
+        raise ValueError(f"budget_s must be positive seconds, got {budget_s}")
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+    t0 = time.perf_counter()
     methods = methods or Methods(target, model_name)
-    curve = verify_cost_curve(target, sizes, sorted({1, batch_size}), context)
+    curve = verify_cost_curve(target, sizes, sorted({1, batch_size}), context, reps)
     result = TuneResult(model_name, batch_size, context, curve)
     drafters = _build(methods, ["vanilla"] + [c for c in candidates if c != "vanilla"], result.skipped)
-    runs = _calibrate(target, tok, prompts, drafters, max_new_tokens, progress, curve[batch_size], race)
+    deadline = None if budget_s is None else t0 + budget_s
+    runs = _calibrate(target, tok, prompts, drafters, max_new_tokens, progress, curve[batch_size], race, deadline)
     result.candidates = [_candidate(c, m, curve[batch_size]) for c, m in runs.items()]
     result.choice = max(result.candidates, key=lambda r: r.predicted_tok_s).method
     return result
@@ -188,14 +198,18 @@ def _build(methods, candidates, skipped: dict) -> dict:
 
 
 def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progress: bool, curve_b: dict,
-               race: float | None = None) -> dict:
+               race: float | None = None, deadline: float | None = None) -> dict:
     """Greedy generations, interleaved (every candidate on a prompt, then the next prompt): per
     candidate the summed decode-step tokens, forwards, phase times, tree sizes and prompts.
 
     With ``race`` (a fraction) and the cost curve ``curve_b``, the calibration races: after each prompt,
     a candidate whose prediction so far is below ``race`` x the best one's runs no further prompts (its row
     keeps the prompts it ran), and vanilla, whose step is one token without a draft on every prompt, runs
-    on the first prompt only. A loser is seldom close: what racing saves is the time spent confirming it."""
+    on the first prompt only. A loser is seldom close: what racing saves is the time spent confirming it.
+
+    With ``deadline`` (a ``time.perf_counter()`` value), every candidate runs the first prompt, and a next
+    prompt starts only if the candidates still running are predicted to finish it by the deadline (each
+    taking as long as on the prompt before): a slow machine calibrates on fewer prompts, not for longer."""
     from tqdm.auto import tqdm
 
     from .generate import generate
@@ -205,8 +219,11 @@ def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progre
     active = list(drafters)
     bar = tqdm(total=len(prompts) * len(drafters), desc="tune", disable=not progress)
     for i, p in enumerate(prompts):
+        last_s = {}
         for c in active:
+            t = time.perf_counter()
             s = generate(target, tok, p, drafter=drafters[c], max_new_tokens=max_new_tokens).stats
+            last_s[c] = time.perf_counter() - t
             m = runs[c]
             m["tokens"] += s.new_tokens - 1  # the prefill's token is not a decode step's
             m["forwards"] += s.target_forwards - 1
@@ -221,7 +238,11 @@ def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progre
             predicted = {c: _candidate(c, runs[c], curve_b).predicted_tok_s for c in active}
             best = max(predicted.values())
             active = [c for c in active if c != "vanilla" and predicted[c] >= race * best]
-            bar.total = bar.n + (len(prompts) - i - 1) * len(active)
+        if deadline is not None and time.perf_counter() + sum(last_s[c] for c in active) > deadline:
+            active = []  # the next prompt would end after the deadline
+        bar.total = bar.n + (len(prompts) - i - 1) * len(active)
+        if not active:
+            break
     bar.close()
     return runs
 
@@ -296,22 +317,27 @@ def auto_method(model_name: str = "smollm2-135m", batch_size: int = 1, strict: b
 QUICK_SIZES = (0, 1, 2, 3, 4, 5, 8, 12)
 
 
-QUICK_PROMPTS = 3  # quick_tune's calibration prompts: the first of ``prompts.calibration_set``
+QUICK_PROMPTS = 3  # quick_tune's calibration prompts at most: the first of ``prompts.calibration_set``
 QUICK_RACE = 0.7  # quick_tune races: after each prompt, a candidate predicted below 0.7 x the best runs no more
+QUICK_BUDGET_S = 30.0  # quick_tune's wall time: a next prompt starts only if it is predicted to end within it
+QUICK_REPS = 3  # quick_tune's timed repetitions per tree size of the cost curve
 
 
 def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=None, prompts: int = QUICK_PROMPTS,
-               max_new_tokens: int = 32, methods=None, progress: bool = False) -> TuneResult:
-    """``tune`` in a quarter to a whole minute on a 2-core CPU (23 s on a Xeon, 59 s on an AVX2-only EPYC):
-    the verify-cost curve over a few tree sizes and the candidates (and vanilla) on ``prompts`` of minispec's
-    own prompts, one in three a request that reuses its input (``prompts.calibration_set``; never a
-    benchmark's), racing (``QUICK_RACE``). candidates: default ``QUICK_CANDIDATES``."""
+               max_new_tokens: int = 32, methods=None, progress: bool = False,
+               budget_s: float | None = QUICK_BUDGET_S) -> TuneResult:
+    """``tune`` within about ``budget_s`` seconds: the verify-cost curve over a few tree sizes, then the
+    candidates (and vanilla) on up to ``prompts`` of minispec's own prompts, the second a request that
+    reuses its input (``prompts.calibration_set``; never a benchmark's), racing (``QUICK_RACE``). Every
+    candidate runs the first prompt; a next prompt starts only if it is predicted to end within the budget,
+    so a slow machine calibrates on fewer prompts rather than for longer (the first prompt alone can
+    overrun it on a very slow one). candidates: default ``QUICK_CANDIDATES``."""
     from .prompts import calibration_set
 
     calib = calibration_set(prompts)
     t0 = time.perf_counter()
     r = tune(target, tok, calib, model_name, QUICK_CANDIDATES if candidates is None else candidates, max_new_tokens=max_new_tokens, context=128,
-             sizes=QUICK_SIZES, methods=methods, progress=progress, race=QUICK_RACE)
+             sizes=QUICK_SIZES, methods=methods, progress=progress, race=QUICK_RACE, budget_s=budget_s, reps=QUICK_REPS)
     r.calibration_s = time.perf_counter() - t0
     return r
 
@@ -336,7 +362,7 @@ def resolve_auto(target, tok, model_name: str = "smollm2-135m", batch_size: int 
                               f"{batch_size} to measure this batch size)")
     if say is not None:
         stale = " (its last calibration measured other shipped heads)" if path.exists() else ""
-        say(f"calibrating 'auto' for this machine{stale} (once, under a minute) ...")
+        say(f"calibrating 'auto' for this machine{stale} (once, about {QUICK_BUDGET_S:.0f} s) ...")
     r = quick_tune(target, tok, model_name, methods=methods)
     save_choice(r)
     best = max(r.candidates, key=lambda c: c.predicted_tok_s)

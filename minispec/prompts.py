@@ -27,10 +27,11 @@ def reuse_prompts() -> list[dict]:
 
 
 def calibration_set(n: int = 3) -> list[str]:
-    """The dispatcher's calibration prompts: n of minispec's own prompts, one in three (the last of every
-    three) a request that reuses its input (``reuse_prompts``), as users' requests often do."""
+    """The dispatcher's calibration prompts: n of minispec's own prompts, one in three (the second of every
+    three, so that a calibration cut short after two prompts has seen one) a request that reuses its input
+    (``reuse_prompts``), as users' requests often do."""
     own, reuse = [p["prompt"] for p in own_prompts()], [p["prompt"] for p in reuse_prompts()]
-    return [reuse[(i // 3) % len(reuse)] if i % 3 == 2 else own[(i - i // 3) % len(own)] for i in range(n)]
+    return [reuse[(i // 3) % len(reuse)] if i % 3 == 1 else own[(i - (i + 1) // 3) % len(own)] for i in range(n)]
 
 
 def default_spec_bench_path() -> Path | None:

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -107,6 +108,42 @@ def test_a_racing_calibration_stops_running_the_losers(tiny, monkeypatch):
             dispatch.tune(model, tok, prompts, "tiny-llama", candidates=cands, methods=methods, progress=False, race=bad)
 
 
+@pytest.mark.ch05
+def test_a_calibration_with_a_budget_starts_no_prompt_it_cannot_finish(tiny, monkeypatch):
+    """``budget_s``: every candidate runs the first prompt; a next prompt starts only if, at the candidates'
+    last times, it ends within the budget. The clock is the real one plus 10 s per generation, so which
+    prompts fit is known in advance (3 candidates: 30 s a prompt)."""
+    import types
+
+    model, tok, draft = tiny
+    methods = Methods(model, "tiny-llama", draft_model=draft, k=3)
+    cands, prompts = ("vanilla", "pld", "sps"), ["abcabcabc", "1, 2, 3, 4", "x y x y x y"]
+    gen_module = sys.modules["minispec.generate"]
+    real_generate, offset = gen_module.generate, [0.0]
+
+    def slow_generate(*a, **kw):
+        r = real_generate(*a, **kw)
+        offset[0] += 10.0
+        return r
+
+    monkeypatch.setattr(gen_module, "generate", slow_generate)
+    monkeypatch.setattr(dispatch, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0]))
+    ran = {}
+    for budget in (None, 45.0, 75.0, 1.0):
+        r = dispatch.tune(model, tok, prompts, "tiny-llama", candidates=cands, max_new_tokens=8, context=32,
+                          sizes=(0, 2, 4), methods=methods, progress=False, budget_s=budget, reps=1)
+        ran[budget] = {c.method: c.prompts for c in r.candidates}
+    assert ran[None] == {c: 3 for c in cands}
+    assert ran[75.0] == {c: 2 for c in cands}  # 30 s + 30 s fit in 75, a third prompt would end at 90
+    assert ran[45.0] == ran[1.0] == {c: 1 for c in cands}  # the first prompt always runs
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="budget_s must be positive"):
+            dispatch.tune(model, tok, prompts, "tiny-llama", candidates=cands, methods=methods, progress=False,
+                          budget_s=bad)
+    with pytest.raises(ValueError, match="reps must be >= 1"):
+        dispatch.tune(model, tok, prompts, "tiny-llama", candidates=cands, methods=methods, progress=False, reps=0)
+
+
 def test_auto_reads_the_saved_choice(tmp_path, monkeypatch):
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="minispec tune"):
@@ -182,7 +219,7 @@ def test_auto_calibrates_once_on_own_prompts_and_announces_it(tiny, tmp_path, mo
     real_tune = dispatch.tune
 
     def spy(target, tok_, prompts, *a, **kw):
-        seen["prompts"] = prompts
+        seen["prompts"], seen["budget_s"] = prompts, kw.get("budget_s")
         return real_tune(target, tok_, prompts, *a, **kw)
 
     monkeypatch.setattr(dispatch, "tune", spy)
@@ -190,7 +227,8 @@ def test_auto_calibrates_once_on_own_prompts_and_announces_it(tiny, tmp_path, mo
     method, line = dispatch.resolve_auto(model, tok, "tiny-llama", methods=methods)
     from minispec.prompts import own_prompts, reuse_prompts
     own, reuse = [p["prompt"] for p in own_prompts()], [p["prompt"] for p in reuse_prompts()]
-    assert seen["prompts"] == own[:2] + reuse[:1]  # minispec's own, one reusing its input; never a benchmark's
+    assert seen["prompts"] == [own[0], reuse[0], own[1]]  # minispec's own, one reusing its input; never a benchmark's
+    assert seen["budget_s"] == dispatch.QUICK_BUDGET_S
     assert method in ("vanilla", "pld", "sps") and line.startswith(f"auto = {method} (calibrated now")
     path = dispatch.tune_path("tiny-llama")
     assert path.exists() and f"-{torch.get_num_threads()}t-" in path.name
@@ -206,7 +244,7 @@ def test_the_calibration_set_mixes_own_prompts_with_input_reuse(tmp_path):
 
     own, reuse = [p["prompt"] for p in own_prompts()], [p["prompt"] for p in reuse_prompts()]
     six = calibration_set(6)
-    assert six == [own[0], own[1], reuse[0], own[2], own[3], reuse[1]]
+    assert six == [own[0], reuse[0], own[1], own[2], reuse[1], own[3]]  # cut short after two, it has seen one of each
     assert tune_report.calibration_prompts(4) == calibration_set(4)  # tune's default: never a benchmark's
     qs = tmp_path / "q.jsonl"
     qs.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["a question"]}) + "\n")
