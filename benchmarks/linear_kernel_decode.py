@@ -2,7 +2,8 @@
 
 ``benchmarks/linear_kernels.py`` times the 121 linear products of a SmolLM2 forward alone; this script
 times what a user sees: ``generate`` on minispec's own prompts with every ``Linear`` on the weight
-panels (``Linear.cpu_kernel = "panels"``, the default) or on oneDNN's prepacked weights ("onednn"),
+panels (``Linear.cpu_kernel = "panels"``) or on oneDNN's prepacked weights ("onednn"; the default, "auto",
+is whichever ``minispec.kernel_choice`` timed faster on this machine, printed),
 vanilla and one speculative method, the kernels interleaved prompt by prompt in one process (so drift
 of a shared machine hits both alike). Each kernel runs under the row plan its own probe chose on this
 CPU (printed). Reports tokens/s, the ratio onednn / panels, and whether every greedy answer equals
@@ -41,7 +42,10 @@ def main() -> None:
     model, tok = load("smollm2-135m")
     methods = Methods(model)
     prompts = [p["prompt"] for p in own_prompts()][:args.prompts]
-    plans = {}
+    from minispec.kernel_choice import describe
+
+    print(f"'auto' on this machine: {describe()}")
+    default, plans = Linear.cpu_kernel, {}
     for kernel in CPU_KERNELS:  # prepacked copies and row plans before any timing; one warm-up run each
         Linear.cpu_kernel = kernel
         prepack(model)
@@ -62,7 +66,7 @@ def main() -> None:
             tokens[kernel, method] += len(r.tokens)
             answers[kernel, method].append(r.tokens)
         print(f"prompt {i + 1}/{len(prompts)} done")
-    Linear.cpu_kernel = "panels"
+    Linear.cpu_kernel = default
     rows = []
     print(f"\n{'kernel':8} {'method':16} {'tok/s':>7} {'vs panels':>9}  = vanilla (same kernel)  = panels")
     for kernel, method in runs:

@@ -262,14 +262,15 @@ def _candidate(c: str, m: dict, curve_b: dict) -> CandidateResult:
 
 
 def machine_key() -> str:
-    """The machine a calibration holds for: the GPU's name, or the CPU's model and torch's thread count
-    (a choice made on 2 threads is not the choice for 1)."""
+    """The machine a calibration holds for: the GPU's name, or the CPU's model, its vector instruction set as
+    torch sees it (one model name can cover CPUs with and without AVX-512) and torch's thread count (a choice
+    made on 2 threads is not the choice for 1)."""
     import re
 
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
     else:
-        name = f"{cpu_model() or 'cpu'}-{torch.get_num_threads()}t"
+        name = f"{cpu_model() or 'cpu'}-{torch.backends.cpu.get_cpu_capability()}-{torch.get_num_threads()}t"
     return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_")
 
 

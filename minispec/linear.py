@@ -37,9 +37,11 @@ weight layout (``torch.ops.mkldnn._linear_pointwise``): on a 2-core AMD EPYC wit
 were invariant at every row count probed, so a one-row decode step needs no padding there, and its
 121 products took 54.2 ms at one row where the panels, padded to four rows on that CPU, took
 65.0 ms (``benchmarks/results/linear_kernels_epyc_avx2_cpu.json``); on an AVX-512 Xeon the panels
-were faster. ``Linear.cpu_kernel`` (or ``MINISPEC_LINEAR_KERNEL=panels|onednn`` set before import)
-picks one for every layer; it is probed and planned like the panels, and falls back to the panels
-where this PyTorch has no oneDNN.
+were faster. So by default (``Linear.cpu_kernel = "auto"``) each machine uses the one that is faster
+there, timed once per CPU, torch build and thread count and cached, so that every process on the
+machine computes the same bits (``minispec.kernel_choice``). ``Linear.cpu_kernel`` (or
+``MINISPEC_LINEAR_KERNEL=auto|panels|onednn`` set before import) can name one for every layer; either
+is probed and planned the same way, and "onednn" falls back to the panels where this PyTorch has no oneDNN.
 
 Training (autograd), other dtypes and other devices use ``F.linear`` (probed and planned the
 same way on the CPU; not under autograd, and not on a GPU, where minispec claims no row
@@ -60,7 +62,8 @@ import torch.nn.functional as F
 from .invariance import RowPlan, linear_plan, pad_rows, padded_rows
 
 PANEL = 32  # output features per weight panel (32 floats: two AVX-512 or four AVX2 registers per row)
-CPU_KERNELS = ("panels", "onednn")  # the prepacked CPU kernels ``Linear.cpu_kernel`` may name
+CPU_KERNELS = ("panels", "onednn")  # the prepacked CPU kernels
+KERNEL_CHOICES = ("auto", *CPU_KERNELS)  # what ``Linear.cpu_kernel`` may name ("auto": this machine's faster one)
 
 
 @functools.cache
@@ -71,9 +74,9 @@ def onednn_available() -> bool:
 
 
 def _kernel_from_env() -> str:
-    name = os.environ.get("MINISPEC_LINEAR_KERNEL", "panels").strip() or "panels"
-    if name not in CPU_KERNELS:
-        raise ValueError(f"MINISPEC_LINEAR_KERNEL must be one of {', '.join(CPU_KERNELS)}, got {name!r}")
+    name = os.environ.get("MINISPEC_LINEAR_KERNEL", "auto").strip() or "auto"
+    if name not in KERNEL_CHOICES:
+        raise ValueError(f"MINISPEC_LINEAR_KERNEL must be one of {', '.join(KERNEL_CHOICES)}, got {name!r}")
     return name
 
 
@@ -84,7 +87,7 @@ class Linear(nn.Linear):
     ``Linear.prepack = False`` switches every instance back to ``F.linear`` (for before/after
     measurements); ``Linear.row_invariant = False`` computes every call as it is, whatever the
     probe found (to show what the plans prevent); ``Linear.cpu_kernel`` names the prepacked
-    kernel ("panels" or "onednn"). Prepacked copies are rebuilt when the weight changes (in place
+    kernel ("auto": this machine's faster one, ``minispec.kernel_choice``; "panels" or "onednn"). Prepacked copies are rebuilt when the weight changes (in place
     or replaced).
     """
 
@@ -136,7 +139,11 @@ class Linear(nn.Linear):
         (oneDNN's prepacked weight; ``Linear.cpu_kernel``) or "f_linear"."""
         if not self._use_panels(x):
             return "f_linear"
-        return "onednn" if Linear.cpu_kernel == "onednn" and onednn_available() else "panels"
+        name = Linear.cpu_kernel
+        if name == "auto":
+            from .kernel_choice import chosen_kernel
+            name = chosen_kernel()
+        return "onednn" if name == "onednn" and onednn_available() else "panels"
 
     def _product(self, kernel: str, x: torch.Tensor, part: int | None = None) -> torch.Tensor:
         """``kernel``'s product of x [..., in (or its half)] with the whole weight or the half ``part``."""
@@ -161,14 +168,14 @@ class Linear(nn.Linear):
         h = self.in_features // 2
         return self._product(kernel, x[..., :h], 0) + self._product(kernel, x[..., h:], 1)
 
-    def row_plan(self, x: torch.Tensor) -> RowPlan | None:
+    def row_plan(self, x: torch.Tensor, kernel: str | None = None) -> RowPlan | None:
         """The plan that keeps this layer's rows independent of the row count for inputs like ``x``, at
-        the running thread count (probed on first use, ``minispec.invariance``); None where no
-        invariance is kept (autograd, a GPU)."""
+        the running thread count (probed on first use, ``minispec.invariance``), for ``kernel`` (default:
+        the one ``x`` takes); None where no invariance is kept (autograd, a GPU)."""
         if self.weight.device.type != "cpu" or (torch.is_grad_enabled() and (self.weight.requires_grad or
                                                                              x.requires_grad)):
             return None
-        kernel = self.kernel(x)
+        kernel = kernel or self.kernel(x)
         key = (kernel, self.in_features, self.out_features, self.bias is not None, x.dtype, x.device.type,
                type(self)._product)  # the function itself: a stand-in product (tests) is probed anew
         split = (lambda x2: self._split_product(kernel, x2)) if self.in_features >= 2 else None
@@ -186,7 +193,10 @@ class Linear(nn.Linear):
         return self._plan_value
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kernel, split, min_rows, multiple = self._plan(x)
+        return self.run(x, *self._plan(x))
+
+    def run(self, x: torch.Tensor, kernel: str, split: int = 1, min_rows: int = 1, multiple: int = 1) -> torch.Tensor:
+        """``kernel``'s product of ``x`` under a row plan (``forward`` runs this layer's own)."""
         if split > 1:
             return self._split_product(kernel, x)
         m = x.numel() // self.in_features

@@ -12,6 +12,7 @@ def test_check_env_reports_each_dependency():
     for dep in ("torch", "transformers", "safetensors", "gguf", "triton", "nbmake"):
         assert f"[OK] {dep}" in r.stdout
     assert "[INFO] CUDA" in r.stdout and "[INFO] Triton interpreter" in r.stdout
+    assert "[INFO] linear kernel ('auto'," in r.stdout  # the prepacked kernel this machine chose
 
 
 def test_check_env_fails_on_missing_dependency(monkeypatch):

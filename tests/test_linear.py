@@ -8,6 +8,11 @@ import torch.nn.functional as F
 from minispec.linear import PANEL, Linear
 
 
+@pytest.fixture
+def panels(monkeypatch):
+    monkeypatch.setattr(Linear, "cpu_kernel", "panels")  # whatever this machine's "auto" chose
+
+
 def _layer(n_in, n_out, bias, seed=0):
     torch.manual_seed(seed)
     return Linear(n_in, n_out, bias=bias)
@@ -16,18 +21,18 @@ def _layer(n_in, n_out, bias, seed=0):
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(576,), (5, 576), (2, 7, 576)])
 @pytest.mark.parametrize("n_out", [1536, 100])  # whole panels, and a last panel zero-padded
-def test_panels_equal_f_linear(shape, bias, n_out):
+def test_panels_equal_f_linear(panels, shape, bias, n_out):
     layer = _layer(576, n_out, bias)
     x = torch.randn(*shape)
     with torch.inference_mode():
-        assert layer._use_panels(x)
+        assert layer._use_panels(x) and layer.kernel(x) == "panels"
         y = layer(x)
     assert y.shape == (*shape[:-1], n_out)
     assert layer.panel_weight().shape == (-(-n_out // PANEL), 576, PANEL)
     torch.testing.assert_close(y, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
 
-def test_non_contiguous_input():
+def test_non_contiguous_input(panels):
     layer = _layer(576, 64, False)
     x = torch.randn(4, 1152)[:, ::2]  # every other column: a strided view
     with torch.inference_mode():
@@ -35,7 +40,7 @@ def test_non_contiguous_input():
 
 
 @pytest.mark.parametrize("n_in,n_out", [(576, 960), (1536, 576), (576, 49152)])  # qkv, down, LM head of SmolLM2
-def test_row_results_do_not_depend_on_the_row_count(n_in, n_out):
+def test_row_results_do_not_depend_on_the_row_count(panels, n_in, n_out):
     layer = _layer(n_in, n_out, False)
     x = torch.randn(1, 65, n_in)
     with torch.inference_mode():
@@ -45,7 +50,7 @@ def test_row_results_do_not_depend_on_the_row_count(n_in, n_out):
             assert torch.equal(layer(x[0, m]), full[0, m]), f"row {m} computed alone differs"
 
 
-def test_weight_change_rebuilds_the_panels():
+def test_weight_change_rebuilds_the_panels(panels):
     layer = _layer(64, 32, True)
     x = torch.randn(3, 64)
     with torch.inference_mode():
@@ -82,7 +87,7 @@ def test_state_dict_is_nn_linear(monkeypatch):
 def test_prepack_builds_the_panels_of_every_linear_of_a_loaded_model(monkeypatch):
     from minispec import load
 
-    monkeypatch.setattr(Linear, "cpu_kernel", "panels")  # the default, whatever MINISPEC_LINEAR_KERNEL says
+    monkeypatch.setattr(Linear, "cpu_kernel", "panels")  # whatever MINISPEC_LINEAR_KERNEL and "auto" say
     model, _ = load("tiny-llama")  # load() prepacks
     layers = [m for m in model.modules() if isinstance(m, Linear)]
     assert len(layers) == 4 * model.cfg.n_layer + 1  # qkv, out, gate_up, down per layer + LM head
@@ -169,7 +174,7 @@ def test_linear_kernel_from_the_environment(monkeypatch):
     monkeypatch.setenv("MINISPEC_LINEAR_KERNEL", "onednn")
     assert linear._kernel_from_env() == "onednn"
     monkeypatch.delenv("MINISPEC_LINEAR_KERNEL")
-    assert linear._kernel_from_env() == "panels"
+    assert linear._kernel_from_env() == "auto"
     monkeypatch.setenv("MINISPEC_LINEAR_KERNEL", "mkl")
-    with pytest.raises(ValueError, match="MINISPEC_LINEAR_KERNEL must be one of panels, onednn, got 'mkl'"):
+    with pytest.raises(ValueError, match="MINISPEC_LINEAR_KERNEL must be one of auto, panels, onednn, got 'mkl'"):
         linear._kernel_from_env()

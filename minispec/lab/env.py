@@ -3,7 +3,8 @@
 One [OK]/[FAIL] line per dependency; CUDA and the Triton interpreter are reported as
 information ([INFO]), since no GPU is a normal setup for the CPU chapters. Then whether the
 decode forward's rows are invariant to the row count on this CPU (``minispec.invariance``): the
-property that makes greedy speculative decoding identical to vanilla by construction.
+property that makes greedy speculative decoding identical to vanilla by construction; and which
+prepacked linear kernel this machine runs (``minispec.kernel_choice``).
 """
 
 from __future__ import annotations
@@ -128,6 +129,10 @@ def row_invariance_lines(shapes=SMOLLM2_LINEARS) -> list[str]:
 
     n = torch.get_num_threads()
     lines, notes, broken = [], [], []
+    if Linear.cpu_kernel == "auto":
+        from ..kernel_choice import describe
+
+        lines.append(f"[INFO] linear kernel ('auto', {n} threads): {describe()}")
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for n_in, n_out in shapes:

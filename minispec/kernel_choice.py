@@ -1,0 +1,161 @@
+"""Which prepacked CPU kernel ``minispec.linear.Linear`` runs on this machine ("auto"): the faster one,
+timed once per CPU, torch build and thread count, and cached so that every process on the machine
+computes the same bits.
+
+Why choose: the two kernels are each fastest somewhere. On an AVX-512 Xeon the weight panels took
+23.0 ms for a SmolLM2 forward's products at two rows against oneDNN's 25.2 at one; on a 2-core AMD
+EPYC with AVX2 only, the panels vary at 1-3 rows, so their row plan pads a decode step to four rows
+(65.0 ms) while oneDNN varied at no row count (54.2 ms at one row; ``benchmarks/linear_kernels.py``).
+
+Why cache: the kernels' sums run in other orders, so they give other bits, and a near-tie in the
+logits can then pick another greedy token. Timed afresh in each process, a close call (or a busy
+moment) could choose the panels in one run and oneDNN in the next, and the same prompt would give
+another greedy text on the same machine. So the first process that needs the choice times it and
+writes it under ``MINISPEC_CACHE`` with an exclusive create; every later process, and any that timed
+it at the same moment, reads that file. Delete the file to time it again.
+
+The timing: ``CHOICE_LAYERS`` decoder layers of SmolLM2's shapes (random weights, about 113 MB per
+kernel's copy: more than a CPU's last-level cache, so they stream from memory as a decode step's do),
+each kernel under the row plan its probe chooses on this CPU (``minispec.invariance``: the padding it
+needs here), at ``CHOICE_ROWS`` rows (a decode step, verifications of a few draft tokens), the kernels
+interleaved round by round, the fastest round of each kept. The lower sum over the row counts wins.
+It takes a few seconds, once; the probes it runs are the ones SmolLM2's layers would run anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import torch
+
+from .config import cache_dir, cpu_model
+
+CHOICE_SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576))  # SmolLM2's qkv, out, gate_up, down
+CHOICE_LAYERS = 8
+CHOICE_ROWS = (1, 4, 8)
+CHOICE_ROUNDS = 5
+
+_CHOSEN: dict[int, str] = {}  # this process: thread count -> kernel
+
+
+def machine_tag() -> str:
+    """The CPU model, its vector instruction set as torch sees it, the torch version and the running thread
+    count, as a file name: what a kernel choice holds for."""
+    name = (f"{cpu_model() or 'cpu'}-{torch.backends.cpu.get_cpu_capability()}-torch{torch.__version__}-"
+            f"{torch.get_num_threads()}t")
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_")
+
+
+def choice_path() -> Path:
+    return cache_dir() / "linear_kernel" / f"{machine_tag()}.json"
+
+
+def chosen_kernel() -> str:
+    """The kernel "auto" means at the running thread count: read from this machine's cache file, else timed
+    now (``time_kernels``) and written there, unless another process wrote it first."""
+    threads = torch.get_num_threads()
+    if threads not in _CHOSEN:
+        _CHOSEN[threads] = choice()["kernel"]
+    return _CHOSEN[threads]
+
+
+def choice() -> dict:
+    """This machine's record: {"kernel", "machine", "times_ms": {kernel: {rows: ms}}, ...}, read or made."""
+    from .linear import onednn_available
+
+    if not onednn_available():
+        return {"kernel": "panels", "machine": machine_tag(), "why": "this PyTorch build has no oneDNN linear"}
+    path = choice_path()
+    saved = read_choice(path)
+    if saved is not None:
+        return saved
+    return write_once(path, time_kernels())
+
+
+def read_choice(path: Path) -> dict | None:
+    """The record at ``path``, or None where there is none or it names no known kernel."""
+    from .linear import CPU_KERNELS
+
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("kernel") in CPU_KERNELS else None
+
+
+def write_once(path: Path, record: dict) -> dict:
+    """Write ``record`` to ``path`` unless a record is already there; return the one that stands (this
+    one, where the cache cannot be written)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        try:
+            os.link(tmp, path)  # atomic, and refused where another process's record is already there
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError:
+        return record
+    return read_choice(path) or record
+
+
+@torch.no_grad()
+def time_kernels(shapes=CHOICE_SHAPES, layers: int = CHOICE_LAYERS, rows=CHOICE_ROWS, rounds: int = CHOICE_ROUNDS,
+                 kernels=None) -> dict:
+    """Time each prepacked kernel over ``layers`` x ``shapes`` random weights at each row count in ``rows``,
+    under its own row plan, interleaved, fastest of ``rounds`` rounds (after one untimed round).
+
+    Returns:
+        {"kernel": the lower sum over ``rows``, "machine", "times_ms": {kernel: {rows: ms}},
+         "plans": {kernel: {"in->out": plan}}, "rows", "layers", "measured_at"}.
+    """
+    from .linear import CPU_KERNELS, Linear
+
+    kernels = tuple(kernels or CPU_KERNELS)
+    g = torch.Generator().manual_seed(0)
+    stack = []
+    for _ in range(layers):
+        for n_in, n_out in shapes:
+            layer = Linear(n_in, n_out, bias=False).requires_grad_(False)
+            layer.weight.copy_(torch.randn(n_out, n_in, generator=g) * n_in ** -0.5)
+            stack.append(layer)
+    plans = {k: {} for k in kernels}
+    runs = {k: [] for k in kernels}  # (layer, its plan's (kernel, split, min_rows, multiple))
+    for k in kernels:
+        for layer in stack:
+            plan = layer.row_plan(layer.weight.new_zeros(1, layer.in_features), kernel=k)
+            how = (k, plan.split, plan.min_rows, plan.multiple) if plan.invariant else (k, 1, 1, 1)
+            plans[k][f"{layer.in_features}->{layer.out_features}"] = plan.describe()
+            for part in ((None,) if how[1] == 1 else (0, 1)):  # the prepacked copy, built before timing
+                (layer.panel_weight if k == "panels" else layer.onednn_weight)(part)
+            runs[k].append((layer, how))
+    xs = {m: {n_in: torch.randn(m, n_in, generator=g) for n_in in {s[0] for s in shapes}} for m in rows}
+    best = {k: {m: float("inf") for m in rows} for k in kernels}
+    for r in range(rounds + 1):  # the first round is a warm-up
+        for k in kernels:
+            for m in rows:
+                t = time.perf_counter()
+                for layer, how in runs[k]:
+                    layer.run(xs[m][layer.in_features], *how)
+                if r:
+                    best[k][m] = min(best[k][m], time.perf_counter() - t)
+    total = {k: sum(best[k].values()) for k in kernels}
+    return {"kernel": min(kernels, key=lambda k: total[k]), "machine": machine_tag(),
+            "times_ms": {k: {str(m): round(best[k][m] * 1e3, 2) for m in rows} for k in kernels},
+            "plans": plans, "rows": list(rows), "layers": layers, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def describe() -> str:
+    """One line: the kernel "auto" uses here and why (``check-env``)."""
+    rec = choice()
+    if "times_ms" not in rec:
+        return f"{rec['kernel']} ({rec.get('why', '')})"
+    rows = "+".join(str(m) for m in rec["rows"])
+    times = ", ".join(f"{k} {sum(t.values()):.1f} ms" for k, t in rec["times_ms"].items())
+    return f"{rec['kernel']} (timed at {rows} rows on this machine: {times}; {choice_path()})"
