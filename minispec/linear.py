@@ -87,8 +87,8 @@ class Linear(nn.Linear):
     ``Linear.prepack = False`` switches every instance back to ``F.linear`` (for before/after
     measurements); ``Linear.row_invariant = False`` computes every call as it is, whatever the
     probe found (to show what the plans prevent); ``Linear.cpu_kernel`` names the prepacked
-    kernel ("auto": this machine's faster one, ``minispec.kernel_choice``; "panels" or "onednn"). Prepacked copies are rebuilt when the weight changes (in place
-    or replaced).
+    kernel ("auto": this machine's faster one, ``minispec.kernel_choice``; "panels" or "onednn").
+    Prepacked copies are rebuilt when the weight changes (in place or replaced).
     """
 
     prepack: bool = True
