@@ -127,6 +127,7 @@ def test_profile_command_on_a_tiny_model(tmp_path):
     assert res["copy_bandwidth_gb_s"] > 0 and res["weight_bytes"] > 0 and set(res["verify_ms"]) == {"0", "2"}
     assert set(res["methods"]) == {"vanilla", "pld"} and res["methods"]["vanilla"]["tau"] == 1.0
     assert res["device"]["cpu"] and "vanilla" in r.stdout and "floor" in r.stdout
+    assert res["device"]["linear_kernel"] in ("auto: panels", "auto: onednn", "panels", "onednn")  # the kernel that ran
     assert res["peak_gflop_s"] > 0 and res["flop_per_row"] == res["weight_bytes"] // 2  # fp32: 4 bytes, 2 FLOP
     floor = res["compute_floor_ms"]
     assert floor["2"] == pytest.approx(3 * floor["0"])  # (N + 1) rows

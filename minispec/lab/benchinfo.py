@@ -17,9 +17,25 @@ def device_info() -> dict:
                 cuda=torch.cuda.is_available())
     if cpu_model():
         info["cpu_model"] = cpu_model()
+    info["cpu_isa"] = torch.backends.cpu.get_cpu_capability()
+    info["linear_kernel"] = linear_kernel()
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
+
+
+def linear_kernel() -> str:
+    """The prepacked CPU kernel ``minispec.linear.Linear`` runs at the running thread count ("auto: onednn" where
+    ``minispec.kernel_choice`` chose it for this machine)."""
+    from ..linear import Linear, onednn_available
+
+    if not Linear.prepack:
+        return "f_linear (prepacking off)"
+    if Linear.cpu_kernel != "auto":
+        return Linear.cpu_kernel if Linear.cpu_kernel != "onednn" or onednn_available() else "panels"
+    from ..kernel_choice import chosen_kernel
+
+    return f"auto: {chosen_kernel()}"
 
 
 def versions() -> dict:
