@@ -14,7 +14,8 @@ another greedy text on the same machine. So the first process that needs the cho
 writes it under ``MINISPEC_CACHE`` with an exclusive create; every later process, and any that timed
 it at the same moment, reads that file. Delete the file to time it again.
 
-The timing: ``CHOICE_LAYERS`` decoder layers of SmolLM2's shapes (random weights, about 113 MB per
+The timing (``minispec.linear.time_kernels``, handed in as ``timer``: this module knows no layer):
+``CHOICE_LAYERS`` decoder layers of SmolLM2's shapes (random weights, about 113 MB per
 kernel's copy: more than a CPU's last-level cache, so they stream from memory as a decode step's do),
 each kernel under the row plan its probe chooses on this CPU (``minispec.invariance``: the padding it
 needs here), at ``CHOICE_ROWS`` rows (a decode step, verifications of a few draft tokens), the kernels
@@ -24,22 +25,28 @@ It takes a few seconds, once; the probes it runs are the ones SmolLM2's layers w
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
-import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from .config import cache_dir, cpu_model
 
-CHOICE_SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576))  # SmolLM2's qkv, out, gate_up, down
-CHOICE_LAYERS = 8
-CHOICE_ROWS = (1, 4, 8)
-CHOICE_ROUNDS = 5
+CPU_KERNELS = ("panels", "onednn")  # the prepacked CPU kernels of ``minispec.linear``
+Timer = Callable[[], dict]  # times the kernels on this machine: ``minispec.linear.time_kernels``
 
 _CHOSEN: dict[int, str] = {}  # this process: thread count -> kernel
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """Whether this PyTorch build has oneDNN's prepacked linear (``torch.ops.mkldnn._linear_pointwise``)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise") and \
+        hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 def machine_tag() -> str:
@@ -54,32 +61,28 @@ def choice_path() -> Path:
     return cache_dir() / "linear_kernel" / f"{machine_tag()}.json"
 
 
-def chosen_kernel() -> str:
+def chosen_kernel(timer: Timer) -> str:
     """The kernel "auto" means at the running thread count: read from this machine's cache file, else timed
-    now (``time_kernels``) and written there, unless another process wrote it first."""
+    now by ``timer`` and written there, unless another process wrote it first."""
     threads = torch.get_num_threads()
     if threads not in _CHOSEN:
-        _CHOSEN[threads] = choice()["kernel"]
+        _CHOSEN[threads] = choice(timer)["kernel"]
     return _CHOSEN[threads]
 
 
-def choice() -> dict:
+def choice(timer: Timer) -> dict:
     """This machine's record: {"kernel", "machine", "times_ms": {kernel: {rows: ms}}, ...}, read or made."""
-    from .linear import onednn_available
-
     if not onednn_available():
         return {"kernel": "panels", "machine": machine_tag(), "why": "this PyTorch build has no oneDNN linear"}
     path = choice_path()
     saved = read_choice(path)
     if saved is not None:
         return saved
-    return write_once(path, time_kernels())
+    return write_once(path, timer())
 
 
 def read_choice(path: Path) -> dict | None:
     """The record at ``path``, or None where there is none or it names no known kernel."""
-    from .linear import CPU_KERNELS
-
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -105,55 +108,9 @@ def write_once(path: Path, record: dict) -> dict:
     return read_choice(path) or record
 
 
-@torch.no_grad()
-def time_kernels(shapes=CHOICE_SHAPES, layers: int = CHOICE_LAYERS, rows=CHOICE_ROWS, rounds: int = CHOICE_ROUNDS,
-                 kernels=None) -> dict:
-    """Time each prepacked kernel over ``layers`` x ``shapes`` random weights at each row count in ``rows``,
-    under its own row plan, interleaved, fastest of ``rounds`` rounds (after one untimed round).
-
-    Returns:
-        {"kernel": the lower sum over ``rows``, "machine", "times_ms": {kernel: {rows: ms}},
-         "plans": {kernel: {"in->out": plan}}, "rows", "layers", "measured_at"}.
-    """
-    from .linear import CPU_KERNELS, Linear
-
-    kernels = tuple(kernels or CPU_KERNELS)
-    g = torch.Generator().manual_seed(0)
-    stack = []
-    for _ in range(layers):
-        for n_in, n_out in shapes:
-            layer = Linear(n_in, n_out, bias=False).requires_grad_(False)
-            layer.weight.copy_(torch.randn(n_out, n_in, generator=g) * n_in ** -0.5)
-            stack.append(layer)
-    plans = {k: {} for k in kernels}
-    runs = {k: [] for k in kernels}  # (layer, its plan's (kernel, split, min_rows, multiple))
-    for k in kernels:
-        for layer in stack:
-            plan = layer.row_plan(layer.weight.new_zeros(1, layer.in_features), kernel=k)
-            how = (k, plan.split, plan.min_rows, plan.multiple) if plan.invariant else (k, 1, 1, 1)
-            plans[k][f"{layer.in_features}->{layer.out_features}"] = plan.describe()
-            for part in ((None,) if how[1] == 1 else (0, 1)):  # the prepacked copy, built before timing
-                (layer.panel_weight if k == "panels" else layer.onednn_weight)(part)
-            runs[k].append((layer, how))
-    xs = {m: {n_in: torch.randn(m, n_in, generator=g) for n_in in {s[0] for s in shapes}} for m in rows}
-    best = {k: {m: float("inf") for m in rows} for k in kernels}
-    for r in range(rounds + 1):  # the first round is a warm-up
-        for k in kernels:
-            for m in rows:
-                t = time.perf_counter()
-                for layer, how in runs[k]:
-                    layer.run(xs[m][layer.in_features], *how)
-                if r:
-                    best[k][m] = min(best[k][m], time.perf_counter() - t)
-    total = {k: sum(best[k].values()) for k in kernels}
-    return {"kernel": min(kernels, key=lambda k: total[k]), "machine": machine_tag(),
-            "times_ms": {k: {str(m): round(best[k][m] * 1e3, 2) for m in rows} for k in kernels},
-            "plans": plans, "rows": list(rows), "layers": layers, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-
-
-def describe() -> str:
+def describe(timer: Timer) -> str:
     """One line: the kernel "auto" uses here and why (``check-env``)."""
-    rec = choice()
+    rec = choice(timer)
     if "times_ms" not in rec:
         return f"{rec['kernel']} ({rec.get('why', '')})"
     rows = "+".join(str(m) for m in rec["rows"])

@@ -52,25 +52,18 @@ Shapes: [..., in] -> [..., out]; P = ceil(out / PANEL) panels.
 
 from __future__ import annotations
 
-import functools
 import os
+import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .invariance import RowPlan, linear_plan, pad_rows, padded_rows
+from .kernel_choice import CPU_KERNELS, chosen_kernel, machine_tag, onednn_available
 
 PANEL = 32  # output features per weight panel (32 floats: two AVX-512 or four AVX2 registers per row)
-CPU_KERNELS = ("panels", "onednn")  # the prepacked CPU kernels
 KERNEL_CHOICES = ("auto", *CPU_KERNELS)  # what ``Linear.cpu_kernel`` may name ("auto": this machine's faster one)
-
-
-@functools.cache
-def onednn_available() -> bool:
-    """Whether this PyTorch build has oneDNN's prepacked linear (``torch.ops.mkldnn._linear_pointwise``)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise") and \
-        hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 def _kernel_from_env() -> str:
@@ -141,8 +134,7 @@ class Linear(nn.Linear):
             return "f_linear"
         name = Linear.cpu_kernel
         if name == "auto":
-            from .kernel_choice import chosen_kernel
-            name = chosen_kernel()
+            name = chosen_kernel(time_kernels)
         return "onednn" if name == "onednn" and onednn_available() else "panels"
 
     def _product(self, kernel: str, x: torch.Tensor, part: int | None = None) -> torch.Tensor:
@@ -221,3 +213,56 @@ def prepack(module: nn.Module) -> nn.Module:
                 for part in ((None,) if split == 1 else (0, 1)):
                     (m.panel_weight if kernel == "panels" else m.onednn_weight)(part)
     return module
+
+
+# ---- the timing behind Linear.cpu_kernel = "auto" (``minispec.kernel_choice`` caches what it finds)
+
+CHOICE_SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576))  # SmolLM2's qkv, out, gate_up, down
+CHOICE_LAYERS = 8
+CHOICE_ROWS = (1, 4, 8)
+CHOICE_ROUNDS = 5
+
+
+@torch.no_grad()
+def time_kernels(shapes=CHOICE_SHAPES, layers: int = CHOICE_LAYERS, rows=CHOICE_ROWS, rounds: int = CHOICE_ROUNDS,
+                 kernels=None) -> dict:
+    """Time each prepacked kernel over ``layers`` x ``shapes`` random weights at each row count in ``rows``,
+    under its own row plan, interleaved, fastest of ``rounds`` rounds (after one untimed round): the timer
+    that ``kernel_choice.chosen_kernel`` runs once per machine for "auto".
+
+    Returns:
+        {"kernel": the lower sum over ``rows``, "machine", "times_ms": {kernel: {rows: ms}},
+         "plans": {kernel: {"in->out": plan}}, "rows", "layers", "measured_at"}.
+    """
+    kernels = tuple(kernels or CPU_KERNELS)
+    g = torch.Generator().manual_seed(0)
+    stack = []
+    for _ in range(layers):
+        for n_in, n_out in shapes:
+            layer = Linear(n_in, n_out, bias=False).requires_grad_(False)
+            layer.weight.copy_(torch.randn(n_out, n_in, generator=g) * n_in ** -0.5)
+            stack.append(layer)
+    plans = {k: {} for k in kernels}
+    runs = {k: [] for k in kernels}  # (layer, its plan's (kernel, split, min_rows, multiple))
+    for k in kernels:
+        for layer in stack:
+            plan = layer.row_plan(layer.weight.new_zeros(1, layer.in_features), kernel=k)
+            how = (k, plan.split, plan.min_rows, plan.multiple) if plan.invariant else (k, 1, 1, 1)
+            plans[k][f"{layer.in_features}->{layer.out_features}"] = plan.describe()
+            for part in ((None,) if how[1] == 1 else (0, 1)):  # the prepacked copy, built before timing
+                (layer.panel_weight if k == "panels" else layer.onednn_weight)(part)
+            runs[k].append((layer, how))
+    xs = {m: {n_in: torch.randn(m, n_in, generator=g) for n_in in {s[0] for s in shapes}} for m in rows}
+    best = {k: {m: float("inf") for m in rows} for k in kernels}
+    for r in range(rounds + 1):  # the first round is a warm-up
+        for k in kernels:
+            for m in rows:
+                t = time.perf_counter()
+                for layer, how in runs[k]:
+                    layer.run(xs[m][layer.in_features], *how)
+                if r:
+                    best[k][m] = min(best[k][m], time.perf_counter() - t)
+    total = {k: sum(best[k].values()) for k in kernels}
+    return {"kernel": min(kernels, key=lambda k: total[k]), "machine": machine_tag(),
+            "times_ms": {k: {str(m): round(best[k][m] * 1e3, 2) for m in rows} for k in kernels},
+            "plans": plans, "rows": list(rows), "layers": layers, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from minispec import kernel_choice as kc
-from minispec.linear import CPU_KERNELS, Linear, onednn_available
+from minispec import linear
+from minispec.linear import CPU_KERNELS, Linear, onednn_available, time_kernels
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN linear: "
                                   "'auto' is the panels without timing (test_without_onednn_auto_is_the_panels)")
@@ -15,8 +16,8 @@ needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch b
 
 @pytest.fixture
 def fresh(tmp_path, monkeypatch):
-    """An empty cache and no choice made in this process yet; the timing stubbed (it says "onednn" and
-    counts its calls)."""
+    """An empty cache and no choice made in this process yet; the timer that ``Linear`` hands in stubbed (it
+    says "onednn" and counts its calls)."""
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(kc, "_CHOSEN", {})
     calls = []
@@ -26,23 +27,22 @@ def fresh(tmp_path, monkeypatch):
         return {"kernel": "onednn", "machine": kc.machine_tag(), "times_ms": {"panels": {"1": 2.0}, "onednn": {"1": 1.0}},
                 "rows": [1]}
 
-    monkeypatch.setattr(kc, "time_kernels", timed)
+    monkeypatch.setattr(linear, "time_kernels", timed)
     return calls
 
 
 @needs_onednn
 def test_auto_times_once_per_machine_and_later_processes_read_the_file(fresh, monkeypatch):
-    assert kc.chosen_kernel() == "onednn" and len(fresh) == 1
+    assert kc.chosen_kernel(linear.time_kernels) == "onednn" and len(fresh) == 1
     path = kc.choice_path()
     assert path.exists() and json.loads(path.read_text())["kernel"] == "onednn"
     assert path.name.endswith(f"-{torch.get_num_threads()}t.json") and torch.__version__.replace("+", "_") in path.name
     monkeypatch.setattr(kc, "_CHOSEN", {})  # a new process: its own timing would now say "panels"
-    monkeypatch.setattr(kc, "time_kernels", lambda **kw: pytest.fail("timed again although the machine's choice is saved"))
-    assert kc.chosen_kernel() == "onednn"
+    monkeypatch.setattr(linear, "time_kernels", lambda **kw: pytest.fail("timed again although the choice is saved"))
     monkeypatch.setattr(Linear, "cpu_kernel", "auto")
     layer = Linear(8, 4)
     with torch.inference_mode():
-        assert layer.kernel(torch.zeros(1, 8)) == "onednn"
+        assert layer.kernel(torch.zeros(1, 8)) == "onednn"  # Linear asks kernel_choice, which reads the file
 
 
 @needs_onednn
@@ -53,8 +53,7 @@ def test_a_process_that_times_it_second_takes_the_first_ones_choice(fresh, monke
         kc.choice_path().write_text(json.dumps({"kernel": "panels", "machine": "the other process"}))
         return {"kernel": "onednn"}
 
-    monkeypatch.setattr(kc, "time_kernels", timed_while_another_wrote)
-    assert kc.chosen_kernel() == "panels"
+    assert kc.chosen_kernel(timed_while_another_wrote) == "panels"
     assert json.loads(kc.choice_path().read_text())["machine"] == "the other process"
     assert not list(kc.choice_path().parent.glob(".*.tmp"))  # no temporary file left behind
 
@@ -72,10 +71,8 @@ def test_an_unreadable_record_is_no_choice_and_an_unwritable_cache_keeps_this_pr
 
 
 def test_without_onednn_auto_is_the_panels(fresh, monkeypatch):
-    import minispec.linear as linear
-
-    monkeypatch.setattr(linear, "onednn_available", lambda: False)
-    assert kc.chosen_kernel() == "panels" and not fresh  # nothing to choose between: nothing timed
+    monkeypatch.setattr(kc, "onednn_available", lambda: False)
+    assert kc.chosen_kernel(linear.time_kernels) == "panels" and not fresh  # nothing to choose between: nothing timed
     assert not kc.choice_path().exists()
 
 
@@ -83,7 +80,7 @@ def test_the_timing_runs_each_kernel_under_its_own_row_plan():
     """The real timing, on small shapes: every kernel timed at every row count, its plan named, and the
     faster sum chosen."""
     kernels = CPU_KERNELS if onednn_available() else ("panels",)
-    r = kc.time_kernels(shapes=((64, 96), (96, 64)), layers=2, rows=(1, 3), rounds=1, kernels=kernels)
+    r = time_kernels(shapes=((64, 96), (96, 64)), layers=2, rows=(1, 3), rounds=1, kernels=kernels)
     assert set(r["times_ms"]) == set(kernels) and all(set(t) == {"1", "3"} for t in r["times_ms"].values())
     assert all(v > 0 for t in r["times_ms"].values() for v in t.values())
     assert r["kernel"] == min(kernels, key=lambda k: sum(r["times_ms"][k].values()))
@@ -92,7 +89,7 @@ def test_the_timing_runs_each_kernel_under_its_own_row_plan():
 
 
 def test_describe_names_the_choice_and_the_times(fresh):
-    line = kc.describe()
+    line = kc.describe(linear.time_kernels)
     if onednn_available():
         assert line.startswith("onednn (timed at 1 rows on this machine: panels 2.0 ms, onednn 1.0 ms;")
     else:

@@ -8,6 +8,9 @@ from minispec import KVCache, load, load_hf
 from minispec.model import ModelConfig
 
 TOL = 1e-4  # fp32
+SMOLLM2_TOL = 2e-4  # fp32 over 30 layers of products summed in another order than transformers' F.linear: on an
+#                     AVX2 EPYC after 10 cached steps, 5.5e-5 on the panels and 9.0e-5 (2 threads) to 1.01e-4 (a CI
+#                     worker) on oneDNN's prepacked kernel, which "auto" chose there
 
 
 def _hf_cached_logits(hf, x, split):
@@ -29,14 +32,14 @@ def _ms_cached_logits(model, x, split):
     return torch.cat(outs, 1)
 
 
-def _check_against_hf(model, hf, vocab, B=2, T=24, split=16):
+def _check_against_hf(model, hf, vocab, B=2, T=24, split=16, tol=TOL):
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, vocab, (B, T), generator=g)
     with torch.no_grad():
         full = (model(x).logits - hf(x).logits).abs().max().item()
         cached = (_ms_cached_logits(model, x, split) - _hf_cached_logits(hf, x, split)).abs().max().item()
-    assert full <= TOL, f"no cache: max |diff| {full:.2e}"
-    assert cached <= TOL, f"with KV cache (prompt + {T - split} decode steps): max |diff| {cached:.2e}"
+    assert full <= tol, f"no cache: max |diff| {full:.2e}"
+    assert cached <= tol, f"with KV cache (prompt + {T - split} decode steps): max |diff| {cached:.2e}"
 
 
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama", "tiny-gpt2-draft"])
@@ -52,7 +55,7 @@ def test_smollm2_matches_transformers(smollm2, smollm2_hf):
     hf, _ = smollm2_hf
     assert (model.cfg.arch, model.cfg.n_layer, model.cfg.d_model, model.cfg.vocab_size) == ("llama", 30, 576, 49152)
     assert model.cfg.n_kv_head == 3 and model.cfg.tie_embeddings
-    _check_against_hf(model, hf, model.cfg.vocab_size, B=1, T=40, split=30)
+    _check_against_hf(model, hf, model.cfg.vocab_size, B=1, T=40, split=30, tol=SMOLLM2_TOL)
 
 
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])

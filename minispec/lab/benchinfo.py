@@ -27,7 +27,7 @@ def device_info() -> dict:
 def linear_kernel() -> str:
     """The prepacked CPU kernel ``minispec.linear.Linear`` runs at the running thread count ("auto: onednn" where
     ``minispec.kernel_choice`` chose it for this machine)."""
-    from ..linear import Linear, onednn_available
+    from ..linear import Linear, onednn_available, time_kernels
 
     if not Linear.prepack:
         return "f_linear (prepacking off)"
@@ -35,7 +35,7 @@ def linear_kernel() -> str:
         return Linear.cpu_kernel if Linear.cpu_kernel != "onednn" or onednn_available() else "panels"
     from ..kernel_choice import chosen_kernel
 
-    return f"auto: {chosen_kernel()}"
+    return f"auto: {chosen_kernel(time_kernels)}"
 
 
 def versions() -> dict:

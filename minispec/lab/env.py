@@ -131,8 +131,9 @@ def row_invariance_lines(shapes=SMOLLM2_LINEARS) -> list[str]:
     lines, notes, broken = [], [], []
     if Linear.cpu_kernel == "auto":
         from ..kernel_choice import describe
+        from ..linear import time_kernels
 
-        lines.append(f"[INFO] linear kernel ('auto', {n} threads): {describe()}")
+        lines.append(f"[INFO] linear kernel ('auto', {n} threads): {describe(time_kernels)}")
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for n_in, n_out in shapes:
