@@ -234,7 +234,11 @@ def time_kernels(shapes=CHOICE_SHAPES, layers: int = CHOICE_LAYERS, rows=CHOICE_
         {"kernel": the lower sum over ``rows``, "machine", "times_ms": {kernel: {rows: ms}},
          "plans": {kernel: {"in->out": plan}}, "rows", "layers", "measured_at"}.
     """
-    kernels = tuple(kernels or CPU_KERNELS)
+    with torch.inference_mode(False):  # called from inside inference mode too: its tensors keep no version
+        return _time_kernels(shapes, layers, rows, rounds, tuple(kernels or CPU_KERNELS))
+
+
+def _time_kernels(shapes, layers: int, rows, rounds: int, kernels: tuple[str, ...]) -> dict:
     g = torch.Generator().manual_seed(0)
     stack = []
     for _ in range(layers):
