@@ -44,7 +44,7 @@ def _demo(args) -> int:
     print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{model.cfg.n_layer} layers; {threads} CPU thread{'s' * (threads > 1)} (--threads N to change)", flush=True)
     methods = Methods(model, args.model, drafter_path=args.drafter, draft_vocab=args.draft_vocab)
-    spec = resolve(spec, methods, tok, say=lambda line: print(line, flush=True))
+    spec = resolve(spec, methods, tok, say=lambda line: print(line, flush=True), params=args.params)
     print(f"prompt: {args.prompt}\n", flush=True)
     runs = _demo_runs(args, model, tok, spec.name, methods.drafter(spec))
     print(demo_table(list(runs.items()), sampled=args.temperature > 0))
@@ -115,13 +115,16 @@ def _tune(args) -> int:
     from .lab.benchinfo import save_json
     from .dispatch import save_choice, tune
     from .lab.tune_report import calibration_prompts, format_tune
+    from .sampling import SamplingParams
 
+    params = SamplingParams(args.temperature, args.top_k, args.top_p)  # bad ones fail before the model loads
     _threads(args)
     target, tok = load(args.model)
     prompts = calibration_prompts(args.limit, args.questions)
     cands = [c.strip() for c in args.candidates.split(",") if c.strip()] if args.candidates else None
     kw = dict(candidates=cands) if cands else {}
-    r = tune(target, tok, prompts, args.model, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, **kw)
+    r = tune(target, tok, prompts, args.model, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+             params=params, **kw)
     print(format_tune(r))
     print(f"saved the choice to {save_choice(r)}")
     if args.json:
@@ -188,6 +191,10 @@ def _tune_flags(t) -> None:
     t.add_argument("--batch-size", type=int, default=1, help="choose for this batch size")
     t.add_argument("--candidates", default=None, help="comma list of methods (default: minispec.dispatch.DEFAULT_CANDIDATES)")
     t.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
+    t.add_argument("--temperature", type=float, default=0.0,
+                   help="choose for sampled decoding at this temperature (default 0: greedy); saved apart from greedy's")
+    t.add_argument("--top-k", type=int, default=0)
+    t.add_argument("--top-p", type=float, default=1.0)
     t.add_argument("--json", default=None, help="also write the full result (with device and versions) here")
 
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 
@@ -30,3 +31,18 @@ def cpu_model() -> str | None:
             return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
     except (OSError, StopIteration):
         return None
+
+
+def file_tag(name: str) -> str:
+    """``name`` as a file-name part: every run of other characters than letters, digits, '.' and '-' as one '_'."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_")
+
+
+def cpu_tag(*parts: str) -> str:
+    """This CPU as a file-name part: its model, its vector instruction set as torch sees it (one model name
+    can cover CPUs with and without AVX-512), ``parts``, and torch's running thread count (a measurement made
+    on 2 threads does not hold for 1). What the cached measurements (a calibration, a kernel choice) hold for."""
+    import torch
+
+    return file_tag("-".join([cpu_model() or "cpu", torch.backends.cpu.get_cpu_capability(), *parts,
+                              f"{torch.get_num_threads()}t"]))

@@ -14,7 +14,11 @@ The dispatcher measures both sides on the user's machine and predicts, for each 
     t_draft(c)      measured: the "draft" phase of c's decode steps in a calibration run, per step
                     (``GenerationStats.phase_s``, the breakdown ``python -m minispec profile``
                     reports)
-    tau_c           measured: new tokens per decode step in the same calibration run
+    tau_c           measured: new tokens per decode step in the same calibration run, decoded
+                    greedily or at the sampling parameters asked for (``params``): a drafter's
+                    tokens are accepted as they match the argmax when greedy, but with probability
+                    min(1, p/q) when sampled, so a copied token (q one-hot) fares worse sampled than
+                    a head's proposal and the choice can differ (each setting is saved on its own)
     t_loop(c)       measured: the other phases but the target forward, per step (sampling and
                     verification, KV compaction, the feature hand-off, Python): each method pays
                     its own, so a cheap drafter with a costly loop is not flattered
@@ -38,10 +42,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .config import cache_dir, cpu_model
+from .config import cache_dir, cpu_tag, file_tag
 from .drafters.registry import DEFAULT_AUTO, DEFAULT_CANDIDATES, QUICK_CANDIDATES  # noqa: F401  (the table's)
 from .kv import KVCache
 from .methods import MethodSpec, Methods, parse_method
+from .sampling import GREEDY, SamplingParams
 from .tree import Tree
 
 DEFAULT_SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -72,6 +77,7 @@ class TuneResult:
     skipped: dict = field(default_factory=dict)  # method -> why it could not run
     calibration_s: float | None = None  # wall time of a quick calibration (resolve_auto); None for tune
     drafters: str | None = None  # registry.shipped_fingerprint of the checkpoints it measured (save_choice)
+    params: SamplingParams = GREEDY  # how the calibration decoded: greedy, or sampled (seeded)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -146,12 +152,13 @@ def predicted_tokens_per_s(tau: float, verify_s: float, draft_s: float, loop_s: 
 
 def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", candidates=DEFAULT_CANDIDATES,
          batch_size: int = 1, max_new_tokens: int = 64, context: int = 256, sizes=DEFAULT_SIZES, methods=None,
-         progress: bool = True, race: float | None = None, budget_s: float | None = None, reps: int = 7) -> TuneResult:
+         progress: bool = True, race: float | None = None, budget_s: float | None = None, reps: int = 7,
+         params: SamplingParams = GREEDY, seed: int = 0) -> TuneResult:
     """Measure the cost curve and each candidate's tau and draft cost; choose the best predicted one.
 
     Args:
         target, tok: the target model and tokenizer.
-        prompts: calibration prompts (greedy generations of ``max_new_tokens``).
+        prompts: calibration prompts (generations of ``max_new_tokens``, decoded by ``params``).
         candidates: method names (``minispec.methods``); those whose checkpoint is missing are skipped.
         batch_size: the batch size to choose for (the verify cost is measured at 1 and at this size).
         methods: a ``minispec.methods.Methods`` (default: one built for ``target`` and ``model_name``).
@@ -161,6 +168,8 @@ def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", cand
             the first prompt, then a next prompt starts only if it is predicted to end within the budget
             (``_calibrate``).
         reps: timed repetitions per tree size of the cost curve.
+        params: the sampling parameters to choose for (default greedy); sampled calibrations are seeded,
+            prompt i with ``seed + i`` for every candidate.
     Returns:
         TuneResult with the cost curve, one row per candidate and the choice.
     """
@@ -177,10 +186,11 @@ def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", cand
     t0 = time.perf_counter()
     methods = methods or Methods(target, model_name)
     curve = verify_cost_curve(target, sizes, sorted({1, batch_size}), context, reps)
-    result = TuneResult(model_name, batch_size, context, curve)
+    result = TuneResult(model_name, batch_size, context, curve, params=params)
     drafters = _build(methods, ["vanilla"] + [c for c in candidates if c != "vanilla"], result.skipped)
     deadline = None if budget_s is None else t0 + budget_s
-    runs = _calibrate(target, tok, prompts, drafters, max_new_tokens, progress, curve[batch_size], race, deadline)
+    runs = _calibrate(target, tok, prompts, drafters, max_new_tokens, progress, curve[batch_size], race, deadline,
+                      params, seed)
     result.candidates = [_candidate(c, m, curve[batch_size]) for c, m in runs.items()]
     result.choice = max(result.candidates, key=lambda r: r.predicted_tok_s).method
     return result
@@ -198,8 +208,9 @@ def _build(methods, candidates, skipped: dict) -> dict:
 
 
 def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progress: bool, curve_b: dict,
-               race: float | None = None, deadline: float | None = None) -> dict:
-    """Greedy generations, interleaved (every candidate on a prompt, then the next prompt): per
+               race: float | None = None, deadline: float | None = None, params: SamplingParams = GREEDY,
+               seed: int = 0) -> dict:
+    """Generations decoded by ``params`` (prompt i seeded ``seed + i``), interleaved (every candidate on a prompt, then the next prompt): per
     candidate the summed decode-step tokens, forwards, phase times, tree sizes and prompts.
 
     With ``race`` (a fraction) and the cost curve ``curve_b``, the calibration races: after each prompt,
@@ -222,7 +233,8 @@ def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progre
         last_s = {}
         for c in active:
             t = time.perf_counter()
-            s = generate(target, tok, p, drafter=drafters[c], max_new_tokens=max_new_tokens).stats
+            s = generate(target, tok, p, drafter=drafters[c], max_new_tokens=max_new_tokens, params=params,
+                         seed=seed + i).stats
             last_s[c] = time.perf_counter() - t
             m = runs[c]
             m["tokens"] += s.new_tokens - 1  # the prefill's token is not a decode step's
@@ -262,55 +274,58 @@ def _candidate(c: str, m: dict, curve_b: dict) -> CandidateResult:
 
 
 def machine_key() -> str:
-    """The machine a calibration holds for: the GPU's name, or the CPU's model, its vector instruction set as
-    torch sees it (one model name can cover CPUs with and without AVX-512) and torch's thread count (a choice
-    made on 2 threads is not the choice for 1)."""
-    import re
-
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name(0)
-    else:
-        name = f"{cpu_model() or 'cpu'}-{torch.backends.cpu.get_cpu_capability()}-{torch.get_num_threads()}t"
-    return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_")
+    """The machine a calibration holds for: the GPU's name, or the CPU's model, its vector instruction set and
+    torch's thread count (``config.cpu_tag``)."""
+    return file_tag(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else cpu_tag()
 
 
-def tune_path(model_name: str, batch_size: int = 1):
-    return cache_dir() / "tune" / f"{model_name}-{machine_key()}-b{batch_size}.json"
+def sampling_tag(params: SamplingParams = GREEDY) -> str:
+    """'' for greedy, else the sampling parameters as a file-name part ('-T0.7', '-T1-k50-p0.9')."""
+    if params.greedy:
+        return ""
+    return f"-T{params.temperature:g}" + (f"-k{params.top_k}" if params.top_k else "") + \
+        (f"-p{params.top_p:g}" if params.top_p < 1 else "")
+
+
+def tune_path(model_name: str, batch_size: int = 1, params: SamplingParams = GREEDY):
+    return cache_dir() / "tune" / f"{model_name}-{machine_key()}-b{batch_size}{sampling_tag(params)}.json"
 
 
 def save_choice(r: TuneResult):
     from .drafters.registry import shipped_fingerprint
 
     r.drafters = shipped_fingerprint(r.model)
-    path = tune_path(r.model, r.batch_size)
+    path = tune_path(r.model, r.batch_size, r.params)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(r.as_dict(), indent=2) + "\n")
     return path
 
 
-def saved_choice(model_name: str, batch_size: int = 1) -> dict | None:
-    """The saved tuning result for this machine, model, thread count and batch size, or None when there is
+def saved_choice(model_name: str, batch_size: int = 1, params: SamplingParams = GREEDY) -> dict | None:
+    """The saved tuning result for this machine, model, thread count, batch size and sampling, or None when there is
     none or it was measured with other shipped checkpoints than these (a release with a new head): a
     stale choice is not a choice."""
     from .drafters.registry import shipped_fingerprint
 
-    path = tune_path(model_name, batch_size)
+    path = tune_path(model_name, batch_size, params)
     if not path.exists():
         return None
     saved = json.loads(path.read_text())
     return saved if saved.get("drafters", "") == shipped_fingerprint(model_name) else None
 
 
-def auto_method(model_name: str = "smollm2-135m", batch_size: int = 1, strict: bool = False) -> str:
+def auto_method(model_name: str = "smollm2-135m", batch_size: int = 1, strict: bool = False,
+                params: SamplingParams = GREEDY) -> str:
     """The method ``tune`` (or ``resolve_auto``'s quick calibration) chose on this machine with the
     shipped checkpoints (``saved_choice``); without one, ``DEFAULT_AUTO`` (the method table's). Nothing
     is measured here. ``strict``: raise FileNotFoundError instead of falling back to the default."""
-    saved = saved_choice(model_name, batch_size)
+    saved = saved_choice(model_name, batch_size, params)
     if saved is None:
         if strict:
             raise FileNotFoundError(f"no tuning result for {model_name} at batch {batch_size} with the shipped "
-                                    f"checkpoints on this machine ({tune_path(model_name, batch_size)}); "
-                                    f"run: python -m minispec tune --model {model_name} --batch-size {batch_size}")
+                                    f"checkpoints on this machine ({tune_path(model_name, batch_size, params)}); "
+                                    f"run: python -m minispec tune --model {model_name} --batch-size {batch_size}"
+                                    + _tune_flags(params))
         return DEFAULT_AUTO
     return saved["choice"]
 
@@ -326,58 +341,78 @@ QUICK_REPS = 3  # quick_tune's timed repetitions per tree size of the cost curve
 
 def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=None, prompts: int = QUICK_PROMPTS,
                max_new_tokens: int = 32, methods=None, progress: bool = False,
-               budget_s: float | None = QUICK_BUDGET_S) -> TuneResult:
+               budget_s: float | None = QUICK_BUDGET_S, params: SamplingParams = GREEDY) -> TuneResult:
     """``tune`` within about ``budget_s`` seconds: the verify-cost curve over a few tree sizes, then the
     candidates (and vanilla) on up to ``prompts`` of minispec's own prompts, the second a request that
     reuses its input (``prompts.calibration_set``; never a benchmark's), racing (``QUICK_RACE``). Every
     candidate runs the first prompt; a next prompt starts only if it is predicted to end within the budget,
     so a slow machine calibrates on fewer prompts rather than for longer (the first prompt alone can
-    overrun it on a very slow one). candidates: default ``QUICK_CANDIDATES``."""
+    overrun it on a very slow one). candidates: default ``QUICK_CANDIDATES``; params: decode them greedily
+    (default) or sampled."""
     from .prompts import calibration_set
 
     calib = calibration_set(prompts)
     t0 = time.perf_counter()
     r = tune(target, tok, calib, model_name, QUICK_CANDIDATES if candidates is None else candidates, max_new_tokens=max_new_tokens, context=128,
-             sizes=QUICK_SIZES, methods=methods, progress=progress, race=QUICK_RACE, budget_s=budget_s, reps=QUICK_REPS)
+             sizes=QUICK_SIZES, methods=methods, progress=progress, race=QUICK_RACE, budget_s=budget_s, reps=QUICK_REPS,
+             params=params)
     r.calibration_s = time.perf_counter() - t0
     return r
 
 
 def resolve_auto(target, tok, model_name: str = "smollm2-135m", batch_size: int = 1, methods=None,
-                 say=None) -> tuple[str, str]:
-    """What ``auto`` means here: the saved choice for this machine, model, thread count and batch size,
-    else a quick calibration (``quick_tune``, batch 1) made now and saved for next time, announced
-    first through ``say`` when given.
+                 say=None, params: SamplingParams = GREEDY) -> tuple[str, str]:
+    """What ``auto`` means here: the saved choice for this machine, model, thread count, batch size and
+    sampling (greedy, or ``params``: each temperature is calibrated once on its own), else a quick
+    calibration (``quick_tune``, batch 1) made now and saved for next time, announced first through
+    ``say`` when given.
 
     Returns:
         (method, one line that says what was chosen and how).
     """
-    path = tune_path(model_name, batch_size)
-    saved = saved_choice(model_name, batch_size)
+    path = tune_path(model_name, batch_size, params)
+    saved = saved_choice(model_name, batch_size, params)
+    at = "" if params.greedy else f" at {_describe(params)}"
     if saved is not None:
         how = f"calibrated on this machine in {saved['calibration_s']:.0f} s" if saved.get("calibration_s") else \
             "chosen by python -m minispec tune on this machine"
-        return saved["choice"], f"auto = {saved['choice']} ({how}; {path})"
+        return saved["choice"], f"auto = {saved['choice']} ({how}{at}; {path})"
     if batch_size != 1:
         return DEFAULT_AUTO, (f"auto = {DEFAULT_AUTO} (minispec's default: run python -m minispec tune --batch-size "
-                              f"{batch_size} to measure this batch size)")
+                              f"{batch_size}{_tune_flags(params)} to measure this batch size)")
     if say is not None:
         stale = " (its last calibration measured other shipped heads)" if path.exists() else ""
-        say(f"calibrating 'auto' for this machine{stale} (once, about {QUICK_BUDGET_S:.0f} s) ...")
-    r = quick_tune(target, tok, model_name, methods=methods)
+        say(f"calibrating 'auto' for this machine{at}{stale} (once, about {QUICK_BUDGET_S:.0f} s) ...")
+    r = quick_tune(target, tok, model_name, methods=methods, params=params)
     save_choice(r)
     best = max(r.candidates, key=lambda c: c.predicted_tok_s)
     base = next(c for c in r.candidates if c.method == "vanilla")
-    return r.choice, (f"auto = {r.choice} (calibrated now on this machine in {r.calibration_s:.0f} s: predicted "
+    return r.choice, (f"auto = {r.choice} (calibrated now on this machine{at} in {r.calibration_s:.0f} s: predicted "
                       f"{best.predicted_tok_s / base.predicted_tok_s:.2f}x vanilla; saved to {path})")
 
 
-def resolve(spec: "str | MethodSpec", methods: Methods, tok, batch_size: int = 1, say=print) -> MethodSpec:
+def resolve(spec: "str | MethodSpec", methods: Methods, tok, batch_size: int = 1, say=print,
+            params: SamplingParams = GREEDY) -> MethodSpec:
     """The one resolution of a method that ``demo`` and ``bench`` share: a parsed method as it is,
-    ``auto`` as this machine's choice (``resolve_auto``; ``say`` announces a calibration and the choice)."""
+    ``auto`` as this machine's choice for decoding by ``params`` (``resolve_auto``; ``say`` announces a
+    calibration and the choice)."""
     spec = parse_method(spec)
     if spec.base != "auto":
         return spec
-    name, line = resolve_auto(methods.target, tok, methods.model_name, batch_size, methods=methods, say=say)
+    name, line = resolve_auto(methods.target, tok, methods.model_name, batch_size, methods=methods, say=say,
+                              params=params)
     say(line)
     return parse_method(name)
+
+
+def _describe(params: SamplingParams) -> str:
+    return f"temperature {params.temperature:g}" + (f", top-k {params.top_k}" if params.top_k else "") + \
+        (f", top-p {params.top_p:g}" if params.top_p < 1 else "")
+
+
+def _tune_flags(params: SamplingParams) -> str:
+    """The ``python -m minispec tune`` flags that calibrate for ``params`` ('' for greedy)."""
+    if params.greedy:
+        return ""
+    return f" --temperature {params.temperature:g}" + (f" --top-k {params.top_k}" if params.top_k else "") + \
+        (f" --top-p {params.top_p:g}" if params.top_p < 1 else "")

@@ -28,13 +28,12 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from .config import cache_dir, cpu_model
+from .config import cache_dir, cpu_tag
 
 CPU_KERNELS = ("panels", "onednn")  # the prepacked CPU kernels of ``minispec.linear``
 Timer = Callable[[], dict]  # times the kernels on this machine: ``minispec.linear.time_kernels``
@@ -52,9 +51,7 @@ def onednn_available() -> bool:
 def machine_tag() -> str:
     """The CPU model, its vector instruction set as torch sees it, the torch version and the running thread
     count, as a file name: what a kernel choice holds for."""
-    name = (f"{cpu_model() or 'cpu'}-{torch.backends.cpu.get_cpu_capability()}-torch{torch.__version__}-"
-            f"{torch.get_num_threads()}t")
-    return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_")
+    return cpu_tag(f"torch{torch.__version__}")
 
 
 def choice_path() -> Path:

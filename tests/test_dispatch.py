@@ -249,3 +249,43 @@ def test_the_calibration_set_mixes_own_prompts_with_input_reuse(tmp_path):
     qs = tmp_path / "q.jsonl"
     qs.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["a question"]}) + "\n")
     assert tune_report.calibration_prompts(1, qs) == ["a question"]  # a file only when one is given
+
+
+def test_sampled_auto_is_calibrated_sampled_and_saved_apart_from_greedy(tiny, tmp_path, monkeypatch):
+    """A sampled request's ``auto`` is chosen by a calibration decoded at its own sampling parameters (seeded:
+    prompt i with seed i for every candidate), saved in its own file: the greedy choice is neither read for it
+    nor overwritten by it, and the line that announces it names the temperature."""
+    from minispec.sampling import GREEDY, SamplingParams
+
+    model, tok, draft = tiny
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(dispatch, "QUICK_CANDIDATES", ("pld", "sps"))
+    methods = Methods(model, "tiny-llama", draft_model=draft)
+    calls = []
+    gen_module = sys.modules["minispec.generate"]  # the module (``minispec.generate`` is also the function)
+    real_generate = gen_module.generate
+
+    def spy(*a, **kw):
+        calls.append((kw.get("params"), kw.get("seed")))
+        return real_generate(*a, **kw)
+
+    monkeypatch.setattr(gen_module, "generate", spy)
+    hot = SamplingParams(temperature=0.7, top_p=0.9)
+    greedy_path, hot_path = dispatch.tune_path("tiny-llama"), dispatch.tune_path("tiny-llama", params=hot)
+    assert greedy_path != hot_path and hot_path.name.endswith("-b1-T0.7-p0.9.json")
+    greedy_path.parent.mkdir(parents=True)
+    greedy_path.write_text(json.dumps({"choice": "pld", "calibration_s": 1.0}))  # a greedy choice already saved
+    method, line = dispatch.resolve_auto(model, tok, "tiny-llama", methods=methods, params=hot)
+    assert calls and {p for p, _ in calls} == {hot}  # every calibration generation sampled at hot
+    prompts = len({s for _, s in calls})
+    assert sorted({s for _, s in calls}) == list(range(prompts))  # seeded by prompt, alike for every candidate
+    assert "at temperature 0.7, top-p 0.9" in line and line.startswith(f"auto = {method} (calibrated now")
+    saved = json.loads(hot_path.read_text())
+    assert saved["choice"] == method and saved["params"] == {"temperature": 0.7, "top_k": 0, "top_p": 0.9}
+    assert json.loads(greedy_path.read_text())["choice"] == "pld"  # greedy's choice untouched
+    calls.clear()
+    assert dispatch.resolve_auto(model, tok, "tiny-llama", methods=methods)[0] == "pld" and not calls
+    assert dispatch.auto_method("tiny-llama", params=hot) == method and dispatch.auto_method("tiny-llama") == "pld"
+    with pytest.raises(FileNotFoundError, match="--temperature 0.5"):
+        dispatch.auto_method("tiny-llama", strict=True, params=SamplingParams(temperature=0.5))
+    assert dispatch.sampling_tag(GREEDY) == "" and dispatch.sampling_tag(SamplingParams(1.0, 50)) == "-T1-k50"

@@ -64,9 +64,12 @@ class _Totals:
 
 
 def _runners(specs: list[MethodSpec], hf_methods, model_name, k, draft_path, pld_k, tree=None, drafter_path=None,
-             batch_size=1, draft_vocab=None):
+             batch_size=1, draft_vocab=None, sampling=None):
     """Build one callable per method: ids, params, seed -> (new tokens, seconds, stats or None); with
-    ``batch_size`` > 1: B prompts, params, B seeds -> (B answers, seconds, B stats)."""
+    ``batch_size`` > 1: B prompts, params, B seeds -> (B answers, seconds, B stats). ``auto`` resolves to
+    this machine's choice for decoding by ``sampling`` (greedy when None)."""
+    from ..sampling import GREEDY
+
     from .. import generate, load
     from ..dispatch import resolve
     from ..methods import Methods
@@ -76,7 +79,8 @@ def _runners(specs: list[MethodSpec], hf_methods, model_name, k, draft_path, pld
                    draft_vocab=draft_vocab)
     runners, resolved = {}, {}
     for spec in specs:
-        real = resolve(spec, made, tok, batch_size, say=lambda line: print(line, flush=True))
+        real = resolve(spec, made, tok, batch_size, say=lambda line: print(line, flush=True),
+                       params=sampling or GREEDY)
         if spec.base == "auto":
             resolved[spec.name] = real.name
         runners[spec.name] = _minispec_runner(target, tok, made, real, batch_size)
@@ -192,7 +196,7 @@ def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), mo
     methods = [m.strip() for m in methods]
     specs, sampling = _check(questions, methods, temperature, top_p, batch_size)
     runners, tok, resolved = _runners(specs, [m for m in methods if m in HF_METHODS], model, k, draft_path, pld_k, tree,
-                                      drafter_path, batch_size=batch_size, draft_vocab=draft_vocab)
+                                      drafter_path, batch_size=batch_size, draft_vocab=draft_vocab, sampling=sampling)
     params = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, sampling=sampling)
     warm = encode_prompt(tok, "Hello!")
     for m in methods:  # warm-up: first calls allocate buffers and pick kernels

@@ -28,7 +28,9 @@ def format_tune(r: TuneResult) -> str:
     lines.append("   the most: vanilla, or raced out as a clear loser)")
     for m, why in r.skipped.items():
         lines.append(f"  {m:<16} skipped: {why}")
-    lines.append(f"\nchoice: {r.choice}")
+    sampled = "" if r.params.greedy else f" (calibrated sampled: temperature {r.params.temperature:g}, top-k " \
+        f"{r.params.top_k}, top-p {r.params.top_p:g}, seeded)"
+    lines.append(f"\nchoice: {r.choice}{sampled}")
     return "\n".join(lines)
 
 
