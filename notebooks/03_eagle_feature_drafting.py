@@ -326,7 +326,7 @@ make = {
     "EAGLE-3, chain 5": lambda: load_drafter(str(HEADS["eagle3"]), smol, tree="chain:5", verbose=False),
 }
 n_new = 32 if FAST else 128
-prompts = [p["prompt"] for p in own_prompts()][-2:] if FAST else [p["prompt"] for p in own_prompts()][-6:]
+prompts = [p["prompt"] for p in own_prompts()][-1:] if FAST else [p["prompt"] for p in own_prompts()][-6:]
 refs = {pr: generate(smol, smol_tok, pr, max_new_tokens=n_new) for pr in prompts}  # vanilla greedy
 rows = {}
 for name, mk in make.items():
@@ -454,7 +454,7 @@ runs = {"EAGLE-1/2 head, chain:2 (real q)": eagle_chain.fresh,
 if not FAST:  # the EAGLE-3 head too (its q lives on a reduced vocabulary, mapped back by d2t)
     runs["EAGLE-3 head, chain:2 (real q)"] = load_drafter(str(HEADS["eagle3"]), smol, tree="chain:2", verbose=False).fresh
 subtle = {"WRONG (subtle): same chain, drafts from the verifier's stream": lambda: share_verifier_stream(eagle_chain.fresh())}
-N, N_SUBTLE = (128, None) if FAST else (2048, 2048)  # the subtle control needs ~500 runs for the chi-square tests:
+N, N_SUBTLE = (64, None) if FAST else (2048, 2048)  # the subtle control needs ~500 runs for the chi-square tests:
 # full mode only; in fast mode (CI) tests/test_joint_law.py flags the same kind of control on tiny models
 res, bound, support, exact = loop_tv_check(smol, smol_tok, tv_ids, runs, tv_params, N, law=tv_law, control_max=8 * N)
 if N_SUBTLE:

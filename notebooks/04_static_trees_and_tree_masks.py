@@ -506,7 +506,7 @@ runs = {"distilled draft, EAGLE static tree (one-hot q)": lambda: DraftModel(dra
         "WRONG (blatant): same tree, claims uniform q": lambda: claim_uniform_q(DraftModel(draft, tree="eagle"))}
 subtle = {"WRONG (subtle): same trees, order read from the verifier's stream":
           lambda: peek_verifier_stream(DraftModel(draft, tree="eagle"), band=0.65)}
-N, N_SUBTLE = (128, None) if FAST else (2048, 2048)  # the subtle control needs ~750 runs for the chi-square tests:
+N, N_SUBTLE = (64, None) if FAST else (2048, 2048)  # the subtle control needs ~750 runs for the chi-square tests:
 # full mode only; in fast mode (CI) tests/test_joint_law.py flags the same kind of control on tiny models
 # the controls sequentially, as in chapter 3: N, 2N, 4N, ... runs until flagged, each look at alpha / looks
 res, bound, support, exact = loop_tv_check(smol, tok, tv_ids, runs, tv_params, N, law=tv_law, control_max=8 * N)

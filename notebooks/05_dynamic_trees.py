@@ -785,7 +785,7 @@ runs = {f"{BASE}, dynamic tree 2,4,8 (one-hot q)": tv_drafter.fresh,
         "WRONG (blatant): same trees, claim uniform q": lambda: claim_uniform_q(tv_drafter.fresh(), smol.cfg.vocab_size)}
 subtle = {"WRONG (subtle): same trees, order read from the verifier's stream":
           lambda: peek_verifier_stream(tv_drafter.fresh(), band=0.3)}
-N, N_SUBTLE = (128, None) if FAST else (2048, 2048)  # the subtle control needs ~1000 runs for the chi-square tests:
+N, N_SUBTLE = (64, None) if FAST else (2048, 2048)  # the subtle control needs ~1000 runs for the chi-square tests:
 # full mode only; in fast mode (CI) tests/test_joint_law.py flags the same kind of control on tiny models
 res, bound, support, exact = loop_tv_check(smol, smol_tok, tv_ids, runs, tv_params, N, law=tv_law, control_max=8 * N)
 if N_SUBTLE:

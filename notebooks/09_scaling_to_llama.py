@@ -446,7 +446,7 @@ m1b = scale.random_model(cfg_1b, DEV, DTYPE)
 print(f"{cfg_1b.name}: {sum(p.numel() for p in m1b.parameters()) / 1e9:.2f}B parameters, "
       f"{scale.weight_bytes(m1b) / GB:.2f} GB of weights per forward in {DTYPE}; roofline floor "
       f"{scale.roofline_step_s(cfg_1b, 1, 1, 32, DTYPE, bw, peak) * 1e3:.0f} ms per token on {DEVICE_NAME}")
-res_1b = scale.oracle_speedup(m1b, prompt_len=32, max_new_tokens=24 if FAST else 128, p_corrupt=P_CORRUPT,
+res_1b = scale.oracle_speedup(m1b, prompt_len=32, max_new_tokens=16 if FAST else 128, p_corrupt=P_CORRUPT,
                               methods=METHODS9)
 ratios_1b = report(res_1b, f"{cfg_1b.name} (random weights), the oracle as drafter")
 if DEV.type == "cpu":
