@@ -584,6 +584,13 @@ check("5.4")
 # `--method auto` uses). Every candidate pays its own `t_loop`, the rest of its measured
 # step time: prompt lookup drafts for free but still pays a longer verify and its own
 # bookkeeping, and charging it vanilla's loop would flatter it.
+#
+# The choice depends on how the user decodes. Greedy, a drafted token is accepted whenever it is
+# the target's argmax; sampled, with probability $\min(1, p(x)/q(x))$, so a drafter that copies
+# (one-hot $q$) keeps only $p(x)$ of each copied token, while a head's proposals keep
+# $\sum_x \min(p, q)$ on average. `dispatch.tune(..., params=SamplingParams(0.7))` calibrates
+# sampled (seeded) and saves that choice apart from the greedy one; `auto` reads the one that
+# matches the request.
 
 # %%
 import json
