@@ -467,7 +467,7 @@ BLATANT = "WRONG: real-q rule, top-2 drafts"
 SUBTLE = "WRONG: i.i.d. rule, distinct drafts"
 steps = {**CORRECT, BLATANT: tree_rule("mss_replacement", "topk"), SUBTLE: tree_rule("mss_replacement", "no_replacement")}
 
-N = 5_000 if FAST else 40_000
+N = 2_500 if FAST else 40_000
 tv, bound, support, target = joint_tv_check(lm, law, steps, N, length=LENGTH, k=DEPTH)
 print(f"target {TV_TARGET}, draft {TV_DRAFT}; top-k {TOP_K}; trees of {BRANCH} children per node, "
       f"up to {DEPTH} levels; {N} runs each")
