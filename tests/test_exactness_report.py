@@ -8,9 +8,15 @@ from minispec.cli import main
 from minispec.lab.exactness_report import run_all
 
 
+SAMPLES = 1000
+
+
 @pytest.fixture(scope="module")
 def report():
-    return run_all(full=False, samples=2000)
+    # 1000 draws per setting: every verifier passes and every control is flagged there too (measured; the
+    # batched part keeps its 800). The evidence is the full run, 100,000 per setting
+    # (benchmarks/results/exactness_full_cpu.json); this checks that the report is made and judged as the README says
+    return run_all(full=False, samples=SAMPLES)
 
 
 @pytest.mark.ch01
@@ -20,7 +26,7 @@ def test_every_verifier_passes_and_every_control_is_flagged(report):
     assert all(r["max_abs_error"] <= 1e-12 for r in report["enumeration"])
     assert report["controls_flagged"] and all(report["controls_flagged"].values())
     for r in report["empirical"]:
-        assert {"tv", "p_value", "samples", "passed"} <= set(r) and r["samples"] == 2000
+        assert {"tv", "p_value", "samples", "passed"} <= set(r) and r["samples"] == SAMPLES
     assert any(r["setting"].startswith("tiny-gpt2/") for r in report["empirical"])  # real model distributions
     assert all(r["support"] <= 20 for r in report["empirical"] if "support" in r)
     reduced = [r for r in report["empirical"] if r["setting"].endswith("_reduced_vocab")]  # FR-Spec drafting
