@@ -192,7 +192,8 @@ def _tune_flags(t) -> None:
     t.add_argument("--candidates", default=None, help="comma list of methods (default: minispec.dispatch.DEFAULT_CANDIDATES)")
     t.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     t.add_argument("--temperature", type=float, default=0.0,
-                   help="choose for sampled decoding at this temperature (default 0: greedy); saved apart from greedy's")
+                   help="choose for sampled decoding at this temperature (default 0: greedy); saved apart "
+                        "from greedy's choice")
     t.add_argument("--top-k", type=int, default=0)
     t.add_argument("--top-p", type=float, default=1.0)
     t.add_argument("--json", default=None, help="also write the full result (with device and versions) here")

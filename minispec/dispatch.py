@@ -210,8 +210,9 @@ def _build(methods, candidates, skipped: dict) -> dict:
 def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progress: bool, curve_b: dict,
                race: float | None = None, deadline: float | None = None, params: SamplingParams = GREEDY,
                seed: int = 0) -> dict:
-    """Generations decoded by ``params`` (prompt i seeded ``seed + i``), interleaved (every candidate on a prompt, then the next prompt): per
-    candidate the summed decode-step tokens, forwards, phase times, tree sizes and prompts.
+    """Generations decoded by ``params`` (prompt i seeded ``seed + i``), interleaved (every candidate on a
+    prompt, then the next prompt): per candidate the summed decode-step tokens, forwards, phase times, tree
+    sizes and prompts.
 
     With ``race`` (a fraction) and the cost curve ``curve_b``, the calibration races: after each prompt,
     a candidate whose prediction so far is below ``race`` x the best one's runs no further prompts (its row
@@ -302,9 +303,9 @@ def save_choice(r: TuneResult):
 
 
 def saved_choice(model_name: str, batch_size: int = 1, params: SamplingParams = GREEDY) -> dict | None:
-    """The saved tuning result for this machine, model, thread count, batch size and sampling, or None when there is
-    none or it was measured with other shipped checkpoints than these (a release with a new head): a
-    stale choice is not a choice."""
+    """The saved tuning result for this machine, model, thread count, batch size and sampling, or None when
+    there is none or it was measured with other shipped checkpoints than these (a release with a new head):
+    a stale choice is not a choice."""
     from .drafters.registry import shipped_fingerprint
 
     path = tune_path(model_name, batch_size, params)
