@@ -373,7 +373,7 @@ def resolve_auto(target, tok, model_name: str = "smollm2-135m", batch_size: int 
     """
     path = tune_path(model_name, batch_size, params)
     saved = saved_choice(model_name, batch_size, params)
-    at = "" if params.greedy else f" at {_describe(params)}"
+    at = "" if params.greedy else f" at {describe_sampling(params)}"
     if saved is not None:
         how = f"calibrated on this machine in {saved['calibration_s']:.0f} s" if saved.get("calibration_s") else \
             "chosen by python -m minispec tune on this machine"
@@ -406,7 +406,8 @@ def resolve(spec: "str | MethodSpec", methods: Methods, tok, batch_size: int = 1
     return parse_method(name)
 
 
-def _describe(params: SamplingParams) -> str:
+def describe_sampling(params: SamplingParams) -> str:
+    """'temperature 0.7, top-p 0.9': the sampling a calibration decoded with, in words."""
     return f"temperature {params.temperature:g}" + (f", top-k {params.top_k}" if params.top_k else "") + \
         (f", top-p {params.top_p:g}" if params.top_p < 1 else "")
 

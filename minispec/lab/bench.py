@@ -28,7 +28,7 @@ import torch
 
 from ..generate import acceptance_by_depth, add_by_depth
 from ..methods import HF_METHODS, METHOD_NAMES, MethodSpec, parse_methods
-from ..sampling import SamplingParams
+from ..sampling import GREEDY, SamplingParams
 from .tables import Col, text_table
 
 METHODS = HF_METHODS + METHOD_NAMES  # the method table's (minispec.drafters.registry): transformers' and minispec's
@@ -64,12 +64,10 @@ class _Totals:
 
 
 def _runners(specs: list[MethodSpec], hf_methods, model_name, k, draft_path, pld_k, tree=None, drafter_path=None,
-             batch_size=1, draft_vocab=None, sampling=None):
+             batch_size=1, draft_vocab=None, sampling=GREEDY):
     """Build one callable per method: ids, params, seed -> (new tokens, seconds, stats or None); with
     ``batch_size`` > 1: B prompts, params, B seeds -> (B answers, seconds, B stats). ``auto`` resolves to
-    this machine's choice for decoding by ``sampling`` (greedy when None)."""
-    from ..sampling import GREEDY
-
+    this machine's choice for decoding by ``sampling``."""
     from .. import generate, load
     from ..dispatch import resolve
     from ..methods import Methods
@@ -80,7 +78,7 @@ def _runners(specs: list[MethodSpec], hf_methods, model_name, k, draft_path, pld
     runners, resolved = {}, {}
     for spec in specs:
         real = resolve(spec, made, tok, batch_size, say=lambda line: print(line, flush=True),
-                       params=sampling or GREEDY)
+                       params=sampling)
         if spec.base == "auto":
             resolved[spec.name] = real.name
         runners[spec.name] = _minispec_runner(target, tok, made, real, batch_size)

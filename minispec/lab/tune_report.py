@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ..dispatch import TuneResult
+from ..dispatch import TuneResult, describe_sampling
 from .tables import Col, text_table
 
 TUNE_COLUMNS = [Col("method", width=16, left=True), Col("N", "d", 3), Col("tau", ".2f", 5), Col("tok/step", ".2f"),
@@ -28,8 +28,7 @@ def format_tune(r: TuneResult) -> str:
     lines.append("   the most: vanilla, or raced out as a clear loser)")
     for m, why in r.skipped.items():
         lines.append(f"  {m:<16} skipped: {why}")
-    sampled = "" if r.params.greedy else f" (calibrated sampled: temperature {r.params.temperature:g}, top-k " \
-        f"{r.params.top_k}, top-p {r.params.top_p:g}, seeded)"
+    sampled = "" if r.params.greedy else f" (calibrated sampled: {describe_sampling(r.params)}, seeded)"
     lines.append(f"\nchoice: {r.choice}{sampled}")
     return "\n".join(lines)
 
