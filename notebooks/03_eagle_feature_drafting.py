@@ -238,17 +238,22 @@ check("3.3")
 # JSON record). Here we run the same loss, `minispec.train.eagle.eagle_loss`, from a random
 # head for a few dozen steps on a handful of SmolLM2's own greedy answers:
 #
-# $$\mathcal{L} = \mathrm{SmoothL1}(g_{t+1}, f_{t+1}) + 0.1 \cdot \mathrm{CE}\big(\mathrm{softmax}(\mathrm{LM}(g_{t+1})),\ p_{t+1}\big)$$
+# $$\mathcal{L} = \mathrm{SmoothL1}(g_{t+1}, f_{t+1}) + 0.1 \cdot \mathrm{CE}\big(\mathrm{softmax}(\mathrm{LM}_K(f_{t+1})),\ \mathrm{softmax}(\mathrm{LM}_K(g_{t+1}))\big)$$
 #
-# with the target's distribution $p_{t+1}$ kept as its top-32, and EAGLE's uniform noise on the
-# input features (the head must cope with its own imperfect features when it drafts). Four
-# sequences are far too few to generalise: this shows the mechanics and the loss falling,
-# not a useful head.
+# where $\mathrm{LM}_K$ is the target's LM head restricted to the draft vocabulary: the
+# $K = 8192$ most frequent tokens, the only ones the head ever proposes (FR-Spec). The target's
+# distribution comes from its own next feature $f_{t+1}$, renormalised over the same $K$ tokens,
+# so nothing but the features is stored, and the CE costs $K/V = 1/6$ of a full-vocabulary one
+# (`eagle_loss(..., draft_head=None)`, `train eagle --draft-vocab 0`, takes the full-vocabulary CE
+# against the target's stored top-k instead). EAGLE's uniform noise goes on the input features
+# (the head must cope with its own imperfect features when it drafts). Four sequences are far too
+# few to generalise: this shows the mechanics and the loss falling, not a useful head.
 
 # %%
 import time
 from minispec.prompts import own_prompts
 from minispec.train import eagle as train_eagle
+from minispec.drafters.vocab import load_counts, top_tokens
 from minispec.train.data import Sequence, target_features
 
 n_seq, n_tok, n_steps = (4, 32, 40) if FAST else (8, 96, 200)
@@ -256,7 +261,8 @@ seqs = []
 for p in [x["prompt"] for x in own_prompts()][:n_seq]:  # the target's own greedy answers (self-distillation)
     r = generate(smol, smol_tok, p, max_new_tokens=n_tok)
     seqs.append(Sequence(torch.tensor(r.prompt_tokens + r.tokens), len(r.prompt_tokens), "own"))
-feats = target_features(smol, seqs, topk=32, cache=False)  # one frozen target forward per sequence
+feats = target_features(smol, seqs, cache=False)  # one frozen target forward per sequence: the features f
+draft_head = smol.lm_head.weight[top_tokens(load_counts(), 8192)].detach()  # [K, D]: LM_K, the draft vocabulary's rows
 
 torch.manual_seed(0)
 head = EagleHead(EagleConfig.for_target(smol.cfg))
@@ -266,7 +272,8 @@ gen = torch.Generator().manual_seed(0)
 hist = []
 t0 = time.perf_counter()
 for step in range(n_steps):
-    loss, l1, ce, acc = train_eagle.eagle_loss(head, smol, batch, ce_weight=0.1, ce_frac=0.25, noise=0.1, generator=gen)
+    loss, l1, ce, acc = train_eagle.eagle_loss(head, smol, batch, ce_weight=0.1, ce_frac=0.25, noise=0.1, generator=gen,
+                                               draft_head=draft_head)
     opt.zero_grad(); loss.backward()
     torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0); opt.step()
     hist.append((loss.item(), l1.item(), ce.item(), acc.item()))
@@ -295,7 +302,9 @@ for kind, p in HEADS.items():
 # ### Exercise 3.4 — `eagle_loss(pred_feat, target_feat, pred_logits, top_idx, top_logp, w_cls)`
 #
 # Implement `eagle_loss`: SmoothL1 on features + $w_{cls}$ × soft cross-entropy against the
-# target's top-$K$ (the loss above, on $N$ positions).
+# target's top-$K$, on $N$ positions: the loss above in EAGLE's original, full-vocabulary form
+# (`--draft-vocab 0`), where the head's distribution spans all $V$ tokens and the target's is
+# stored as its top-$K$ log-probabilities.
 #
 # *Hint.* The two terms are separate: the feature term compares $g_{t+1}$ with $f_{t+1}$; the
 # token term needs the target's distribution over its $K$ kept tokens (the stored
