@@ -695,7 +695,8 @@ interact(explore_tree, D=(1, 5), K=(1, V_TOY), N=(1, 40));  # sliders (fast mode
 # %%
 cands = ["vanilla", "pld", f"{BASE}@chain:4", f"{BASE}@eagle", f"{BASE}@4/4/12"] if FAST else list(dispatch.DEFAULT_CANDIDATES)
 r = dispatch.tune(smol, smol_tok, tune_report.calibration_prompts(2 if FAST else 8), candidates=cands,
-                  max_new_tokens=16 if FAST else 64, sizes=sizes, reps=3 if FAST else 7, methods=methods, progress=False)
+                  max_new_tokens=16 if FAST else 64, sizes=sizes, reps=3 if FAST else 7, methods=methods,
+                  progress=False)
 print(tune_report.format_tune(r))
 
 # %% [markdown]
