@@ -266,7 +266,9 @@ def _time_kernels(shapes, layers: int, rows, rounds: int, kernels: tuple[str, ..
                     layer.run(xs[m][layer.in_features], *how)
                 if r:
                     best[k][m] = min(best[k][m], time.perf_counter() - t)
-    total = {k: sum(best[k].values()) for k in kernels}
-    return {"kernel": min(kernels, key=lambda k: total[k]), "machine": machine_tag(),
-            "times_ms": {k: {str(m): round(best[k][m] * 1e3, 2) for m in rows} for k in kernels},
+    times_ms = {k: {str(m): round(best[k][m] * 1e3, 3) for m in rows} for k in kernels}
+    # chosen on the recorded times, so that the record shows why: two kernels whose sums differ by less than the
+    # rounding can no longer be recorded in one order and chosen in the other
+    return {"kernel": min(kernels, key=lambda k: sum(times_ms[k].values())), "machine": machine_tag(),
+            "times_ms": times_ms,
             "plans": plans, "rows": list(rows), "layers": layers, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
