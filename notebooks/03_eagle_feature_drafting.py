@@ -253,7 +253,6 @@ check("3.3")
 import time
 from minispec.prompts import own_prompts
 from minispec.train import eagle as train_eagle
-from minispec.drafters.vocab import load_counts, top_tokens
 from minispec.train.data import Sequence, target_features
 
 n_seq, n_tok, n_steps = (4, 32, 40) if FAST else (8, 96, 200)
@@ -262,7 +261,7 @@ for p in [x["prompt"] for x in own_prompts()][:n_seq]:  # the target's own greed
     r = generate(smol, smol_tok, p, max_new_tokens=n_tok)
     seqs.append(Sequence(torch.tensor(r.prompt_tokens + r.tokens), len(r.prompt_tokens), "own"))
 feats = target_features(smol, seqs, cache=False)  # one frozen target forward per sequence: the features f
-draft_head = smol.lm_head.weight[top_tokens(load_counts(), 8192)].detach()  # [K, D]: LM_K, the draft vocabulary's rows
+draft_head = train_eagle.draft_head_rows(smol, 8192)  # [K, D]: LM_K, the draft vocabulary's rows
 
 torch.manual_seed(0)
 head = EagleHead(EagleConfig.for_target(smol.cfg))

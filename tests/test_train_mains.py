@@ -254,6 +254,19 @@ def test_train_eagle_reads_the_top_k_of_selfdistilled_parts_when_its_ce_needs_it
     assert asked == dict(parts=3, topk=topk)
 
 
+def test_draft_head_rows_are_the_lm_head_rows_of_the_most_frequent_tokens():
+    """LM_K for the draft-vocabulary CE (train eagle and chapter 3): the target's LM-head rows of the K most
+    frequent tokens, in increasing id order, detached so the frozen target takes no gradient."""
+    target = load("tiny-llama")[0]
+    V = target.lm_head.weight.shape[0]
+    counts = torch.zeros(V, dtype=torch.long)
+    counts[[7, 2, 40, 11]] = torch.tensor([5, 9, 9, 1])  # ties to the lower id: 2, 40, 7, then 11
+    rows = eagle.draft_head_rows(target, 3, counts)
+    assert torch.equal(rows, target.lm_head.weight[[2, 7, 40]]) and not rows.requires_grad
+    with pytest.raises(ValueError, match="draft vocabulary size"):
+        eagle.draft_head_rows(target, V + 1, counts)
+
+
 def test_two_writers_of_one_feature_part_do_not_collide(tiny, tmp_path, monkeypatch):
     """Two trainers started side by side (tools/gpu_heads.sh) compute the same held-out feature part: each
     writes its own temporary file, so the second to finish does not find its file moved away by the first."""

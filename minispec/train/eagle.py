@@ -353,12 +353,17 @@ def load_data(args, target, tok) -> tuple[FeatureData, torch.Tensor | None]:
         sd, fsd = selfdistill_data(args.selfdistill_parts, args.max_len, target, topk=0 if args.draft_vocab else args.topk,
                                    folder=args.selfdistill_dir)
         data.train, data.ftrain = data.train + sd, data.ftrain + fsd
-    if not args.draft_vocab:
-        return data, None
+    return data, draft_head_rows(target, args.draft_vocab) if args.draft_vocab else None
+
+
+def draft_head_rows(target, k: int, counts: torch.Tensor | None = None) -> torch.Tensor:
+    """LM_K [K, D]: the target's LM-head rows of the ``k`` most frequent tokens (FR-Spec's draft vocabulary,
+    from ``counts``; default: the shipped ones), detached, on the target's device. The draft-vocabulary CE
+    (``eagle_loss(..., draft_head=LM_K)``) takes its logits as ``g @ LM_K.T``."""
     from ..drafters.vocab import load_counts, top_tokens
 
-    rows = top_tokens(load_counts(), args.draft_vocab).to(target.device)  # [K]
-    return data, target.lm_head.weight[rows].detach()  # [K, D]
+    rows = top_tokens(load_counts() if counts is None else counts, k).to(target.lm_head.weight.device)  # [K]
+    return target.lm_head.weight[rows].detach()  # [K, D]
 
 
 def loop_settings(args) -> loop.Settings:
