@@ -1,11 +1,12 @@
 # make demo   installs minispec into .venv and runs the SmolLM2 demo
 # make test   installs minispec with its dev extras into .venv and runs the tests, the notebooks (fast mode)
 #             and the row-invariance tests again on MKL's AVX2 kernels
+# make lab    installs JupyterLab too (the course extra) and opens the notebooks
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: torch install demo test check-env clean
+.PHONY: torch install demo lab test check-env clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,11 @@ install: torch
 
 demo: install
 	$(BIN)/python -m minispec demo
+
+# the course in a browser: JupyterLab (the course extra) on the notebooks folder
+lab: install
+	$(BIN)/pip install -q -e ".[dev,course]"
+	$(BIN)/jupyter lab notebooks
 
 check-env: install
 	$(BIN)/python -m minispec check-env

@@ -15,7 +15,10 @@ import platform
 import sys
 
 REQUIRED = ["torch", "numpy", "transformers", "safetensors", "gguf", "accelerate", "tqdm", "triton",
-            "matplotlib", "ipywidgets", "jupyterlab", "nbmake", "pytest"]
+            "matplotlib", "ipywidgets", "nbmake", "pytest"]
+# the course extra: opening the notebooks in a browser. Missing, check-env warns and does not fail: scripts, the
+# tests and headless notebook runs (pytest --nbmake) work without it
+COURSE = {"jupyterlab": "open the notebooks in a browser: make lab (or pip install -e '.[course]')"}
 
 
 def default_threads(cores: int | None = None, load: float | None = None, idle: float | None = None) -> int:
@@ -89,6 +92,11 @@ def check_env(out=sys.stdout) -> int:
         except Exception as e:  # a broken install can raise more than ImportError
             failed += 1
             print(f"[FAIL] {name}: {e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=out)
+    for name, why in COURSE.items():
+        try:
+            print(f"[OK] {name} {_version(importlib.import_module(name))}", file=out)
+        except Exception as e:
+            print(f"[WARN] {name} not installed ({e.__class__.__name__}): needed to {why}", file=out)
     try:
         import torch
 
