@@ -14,7 +14,7 @@ SAMPLES = 1000
 @pytest.fixture(scope="module")
 def report():
     # 1000 draws per setting: every verifier passes and every control is flagged there too (measured; the
-    # batched part keeps its 800). The evidence is the full run, 100,000 per setting
+    # batched part keeps its 800, its controls 320). The evidence is the full run, 100,000 per setting
     # (benchmarks/results/exactness_full_cpu.json); this checks that the report is made and judged as the README says
     return run_all(full=False, samples=SAMPLES)
 
@@ -33,6 +33,8 @@ def test_every_verifier_passes_and_every_control_is_flagged(report):
     assert len(reduced) == 2 * 5 and all(r["passed"] for r in reduced)
     batched = report["batched"]  # the batched decode loop (chapter 7): each draft kind passes, drafts were accepted
     assert len(batched) == 3 and all(r["passed"] and r["drafts_accepted"] > r["samples"] / 4 for r in batched)
+    assert {r["samples"] for r in batched} == {800}
+    assert {r["samples"] for r in report["controls"] if r["part"] == "batched"} == {320}
     assert {r["verifier"] for r in report["controls"] if r["part"] == "batched"} == \
         {"batched_chain_k2_fake_uniform_q", "batched_tree_2,2,4_fake_uniform_q", "batched_copying_k2_fake_uniform_q"}
     n = len(report["empirical"]) + len(batched)  # the Bonferroni correction counts every empirical setting run

@@ -102,17 +102,19 @@ BATCHED_COPYING = "batched_copying_k2"  # and the copying drafter (copies, else 
 BATCHED_PARAMS = SamplingParams(1.0, 3, 1.0)  # top-k 3: 27 outcomes of the first three tokens
 
 
-def run_batched_suite(n_samples: int, alpha: float, seed: int = 0, batch: int = 32):
+def run_batched_suite(n_samples: int, alpha: float, seed: int = 0, batch: int = 32, control_samples: int | None = None):
     """The batched decode loop itself (chapter 7, ``minispec.batch``): the joint law of the first three
     tokens of sequences sampled ``batch`` at a time, each row with its own draft-model tree and seed,
     against the target's exact law (27 outcomes), by ``joint_law.loop_tv_check``. Token 1 comes from
     the prefill; tokens 2 and 3 from the first speculative step (a tree of depth 2 drafted after it,
     verified, plus the bonus). The controls are the same drafters made to claim a uniform q
     (``joint_law.claim_uniform_q``). The loop runs each row's drafter in Python, so this part takes
-    fewer samples than the others and is judged by the TV bound of its own sample size.
+    fewer samples than the others and is judged by the TV bound of its own sample size; the controls
+    take ``control_samples`` each (default ``n_samples``): a claimed uniform q is flagged by a margin
+    of many orders of magnitude at a few hundred (chi-square p below 1e-20 at 320, alpha ~1e-5).
     Returns (records, controls)."""
     from ..drafters import CopyingDrafter, DraftModel
-    from .joint_law import claim_uniform_q, loop_tv_check
+    from .joint_law import claim_uniform_q, first_tokens_law, loop_tv_check
     from ..models import load
 
     (t, tok), (d, _) = load("tiny-gpt2"), load("tiny-gpt2")
@@ -125,17 +127,19 @@ def run_batched_suite(n_samples: int, alpha: float, seed: int = 0, batch: int = 
     drafters[BATCHED_COPYING] = lambda: CopyingDrafter(DraftModel(d, tree="chain:2"), k=2, min_ngram=1)
     wrong = {f"{name}_fake_uniform_q": (lambda make=make: claim_uniform_q(make(), t.cfg.vocab_size))
              for name, make in drafters.items()}
-    res, bound, support, _ = loop_tv_check(t, tok, tok.encode(PROMPT), {**drafters, **wrong}, BATCHED_PARAMS,
-                                           n_samples, length=3, batch=batch, seed=seed)
-    bound = ex.tv_bound(n_samples, len(support))  # K = the 27 outcomes, as in the committed full run
+    law = first_tokens_law(t, tok.encode(PROMPT), BATCHED_PARAMS, 3)  # the exact law, computed once for both
     records, controls = [], []
-    for name, r in res.items():
-        outside = int(r["counts"][-1])
-        (controls if name in wrong else records).append(dict(
-            verifier=name, setting=f"tiny-gpt2/noisy copy/t1.0_topk3/batch{batch}/3 tokens", samples=n_samples,
-            tv=r["tv"], tv_bound=bound, tv_limit=bound, p_value=r["p_value"], support=len(support),
-            drafts_verified=r["drafts_tested"], drafts_accepted=r["drafts_accepted"],
-            passed=bool(outside == 0 and r["tv"] < bound and r["p_value"] > alpha)))
+    for makers, n, out in ((drafters, n_samples, records), (wrong, control_samples or n_samples, controls)):
+        res, _, support, _ = loop_tv_check(t, tok, tok.encode(PROMPT), makers, BATCHED_PARAMS, n, length=3,
+                                           batch=batch, seed=seed, law=law)
+        bound = ex.tv_bound(n, len(support))  # K = the 27 outcomes, as in the committed full run
+        for name, r in res.items():
+            outside = int(r["counts"][-1])
+            out.append(dict(
+                verifier=name, setting=f"tiny-gpt2/noisy copy/t1.0_topk3/batch{batch}/3 tokens", samples=n,
+                tv=r["tv"], tv_bound=bound, tv_limit=bound, p_value=r["p_value"], support=len(support),
+                drafts_verified=r["drafts_tested"], drafts_accepted=r["drafts_accepted"],
+                passed=bool(outside == 0 and r["tv"] < bound and r["p_value"] > alpha)))
     return records, controls
 
 
@@ -162,7 +166,8 @@ def run_all(full: bool, samples: int | None = None, seed: int = 0, parts=PARTS) 
             r["passed"] = r["tv"] < r["tv_limit"] and r["p_value"] > alpha
         model, model_controls, names = run_model_suite(n, tv_limit, alpha, seed)
     if "batched" in parts:
-        batched, batched_controls = run_batched_suite(10_000 if full else min(n, 800), alpha, seed)
+        batched, batched_controls = run_batched_suite(10_000 if full else min(n, 800), alpha, seed,
+                                                      control_samples=None if full else min(n, 320))
     controls = [dict(r, part="enumeration") for r in enum_controls] + \
                [dict(r, part="empirical") for r in synth_controls + model_controls] + \
                [dict(r, part="batched") for r in batched_controls]
