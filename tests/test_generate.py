@@ -164,6 +164,11 @@ def test_forward_breakdown_splits_a_forward_into_its_modules_own_time(monkeypatc
     assert b["section_ms"]["rest"] > 0  # no time counted twice (a child's time left in its parent's)
     assert b["forward_ms"] >= 2 * norms  # the forward without hooks is timed too
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in target.modules())
+    # the ops counted by name: one rms_norm per norm of a one-row forward, all of them adding up to aten_ops
+    assert b0["ops_by_name"]["aten::rms_norm"] == norms and sum(b0["ops_by_name"].values()) == b0["aten_ops"]
+    counts = list(b0["ops_by_name"].values())
+    assert counts == sorted(counts, reverse=True)
+    assert "most called: " in profile.format_breakdown(b0, 1.0)[-1]
 
 
 def test_step_breakdown_decodes_with_the_sampling_it_is_given(monkeypatch):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from collections import Counter
 
 import torch
 
@@ -94,7 +95,8 @@ def forward_breakdown(target, context: int = 256, reps: int = 20) -> dict:
     attention module less its projections (rope, KV write, the row-invariant attention), "norm" the
     norms, "mlp_act" the MLP less its projections (SiLU and product), "rest" the forward less all of
     these (embedding, residual adds, the plan, Python). The hooks cost time of their own, so the forward
-    without them is reported beside (``forward_ms``). Also: the ATen ops one forward runs, and the time
+    without them is reported beside (``forward_ms``). Also: the ATen ops one forward runs, counted by name
+    (``ops_by_name``, most frequent first: views and reshapes cost a dispatch each too), and the time
     of one small op (``x + x`` on a row) hot and right after the LM head has streamed its weights,
     which is what most of those ops pay in a forward.
     """
@@ -158,7 +160,7 @@ def forward_breakdown(target, context: int = 256, reps: int = 20) -> dict:
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         forward()
-    ops = sum(1 for e in prof.events() if e.cpu_parent is None)
+    top = Counter(e.name for e in prof.events() if e.cpu_parent is None)  # the ops the forward itself calls
     row = torch.randn(1, target.cfg.d_model, device=target.device)
     small_hot = timed(lambda: row + row, 200) * 1e3
 
@@ -171,8 +173,8 @@ def forward_breakdown(target, context: int = 256, reps: int = 20) -> dict:
     for _ in range(3):
         after_stream()
     small_cold = sorted(after_stream() for _ in range(50))[25] * 1e6
-    return dict(context=context, forward_ms=plain, hooked_forward_ms=hooked, section_ms=ms, aten_ops=ops,
-                small_op_us=dict(hot=small_hot, after_weight_stream=small_cold))
+    return dict(context=context, forward_ms=plain, hooked_forward_ms=hooked, section_ms=ms, aten_ops=sum(top.values()),
+                ops_by_name=dict(top.most_common()), small_op_us=dict(hot=small_hot, after_weight_stream=small_cold))
 
 
 def step_breakdown(target, tok, prompts: list[str], drafters: dict, max_new_tokens: int, params=None,
@@ -251,7 +253,9 @@ def format_breakdown(b: dict, floor_ms: float) -> list[str]:
     return [f"one-row forward (context {b['context']}): {b['forward_ms']:.1f} ms = {floor_ms / b['forward_ms']:.2f} of the "
             f"floor; with timing hooks {b['hooked_forward_ms']:.1f} ms: " + ", ".join(f"{k} {ms[k]:.1f}" for k in SECTIONS),
             f"  {b['aten_ops']} ATen ops per forward; one small op {b['small_op_us']['hot']:.1f} us hot, "
-            f"{b['small_op_us']['after_weight_stream']:.1f} us right after a weight stream"]
+            f"{b['small_op_us']['after_weight_stream']:.1f} us right after a weight stream",
+            "  most called: " + ", ".join(f"{name.removeprefix('aten::')} {n}"
+                                          for name, n in list(b["ops_by_name"].items())[:8])]
 
 
 def format_profile(r: dict) -> str:
