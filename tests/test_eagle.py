@@ -279,6 +279,39 @@ def test_reduced_vocab_sampling_has_the_target_law(target, head):
     assert_same_law(law, exact)
 
 
+@pytest.mark.parametrize("draft_vocab", [None, 24], ids=["full-vocab", "draft-vocab"])
+def test_a_bfloat16_head_drafts_for_a_float32_target_without_changing_the_output(target, head, draft_vocab):
+    """``head_dtype=torch.bfloat16``: the drafter computes in a bf16 copy of the head and of the LM-head rows it
+    reads (the given head is left in float32), its logits come back in float32, and the output is the
+    target's: greedy tokens equal vanilla's, and a sampled chain's first three tokens have the target's law."""
+    model, tok = target
+    counts = _counts(model, tok) if draft_vocab else None
+
+    def make():
+        return EagleDrafter(model, head, tree="chain:3", draft_vocab=draft_vocab, token_counts=counts,
+                            head_dtype=torch.bfloat16)
+
+    d = make()
+    assert next(head.parameters()).dtype == torch.float32 and d.head is not head
+    assert {p.dtype for p in d.head.parameters()} == {p.dtype for p in d.lm_head.parameters()} == {torch.bfloat16}
+    assert model.lm_head.weight.dtype == torch.float32
+    assert d._logits(torch.zeros(model.cfg.d_model, dtype=torch.bfloat16)).dtype == torch.float32
+    accepted = 0
+    for prompt in PROMPTS:
+        spec = generate(model, tok, prompt, drafter=make(), max_new_tokens=60)
+        assert spec.tokens == generate(model, tok, prompt, max_new_tokens=60).tokens
+        accepted += sum(spec.stats.accepted_at_depth)
+    assert accepted > 20  # a bf16 head is still often right
+    if not draft_vocab:
+        return  # the law once, on the shipped configuration (a draft vocabulary)
+    params = dict(temperature=0.7, top_k=3)
+    ids = tok.encode("aaaa")
+    exact = exact_law(model, ids, params)
+    law = sample_law(model, tok, ids, make, exact, 1000, params)
+    assert law.accepted > law.n / 10
+    assert_same_law(law, exact)
+
+
 def test_warm_start_copies_a_saved_head_and_refuses_another_shape(target, tmp_path):
     from minispec.train.eagle import FORMAT, save_head, warm_start, warm_start_record
 

@@ -166,15 +166,22 @@ class EagleDrafter(TreeDrafter):
         draft_vocab: draft over the K most frequent tokens only (FR-Spec, ``minispec.drafters.vocab``);
             None: the full vocabulary. Verification stays over the full vocabulary (lossless).
         token_counts: [V] counts that rank the tokens (default: the ones shipped for SmolLM2).
+        head_dtype: the dtype the head and its LM-head rows compute in (default: the head's own). A draft
+            only proposes, so its precision changes acceptance, never the output: torch.bfloat16 halves
+            the bytes a drafted level reads, which is what a one-row draft on a CPU waits for
+            (``benchmarks/draft_dtype.py`` measures both on this machine). The logits come back in float32.
     """
 
     reads_features = True
     target_layers: tuple[int, ...] = ()  # EAGLE-1/2 reads only the last hidden state
 
     def __init__(self, target, head: EagleHead, tree: "TreeSpec | str | int | None" = None, capacity: int = 1024,
-                 draft_vocab: int | None = None, token_counts: torch.Tensor | None = None):
+                 draft_vocab: int | None = None, token_counts: torch.Tensor | None = None,
+                 head_dtype: torch.dtype | None = None):
         super().__init__(tree if tree is not None else default_tree("eagle"))
         self.check_target(target, head)
+        if head_dtype is not None and head_dtype != next(head.parameters()).dtype:  # a copy: the head may be shared
+            head = cast_head(head, head_dtype)
         self.target, self.head = target, head.eval()
         self.draft_vocab = draft_vocab
         self.lm_head = target.lm_head
@@ -185,6 +192,14 @@ class EagleDrafter(TreeDrafter):
                                  f"{target.cfg.vocab_size}: count tokens with the target's tokenizer "
                                  "(python -m minispec.train.token_counts)")
             self.lm_head = ReducedLMHead(target.lm_head, top_tokens(counts, draft_vocab))
+        self.head_dtype = next(self.head.parameters()).dtype
+        if self.head_dtype != target.dtype:  # the LM-head rows a draft reads, in the head's dtype: a copy
+            if isinstance(self.lm_head, ReducedLMHead):  # this drafter's own already
+                self.lm_head = self.lm_head.to(self.head_dtype)
+            else:  # the target's whole LM head
+                V, H = target.lm_head.weight.shape
+                self.lm_head = Linear(H, V, bias=False, device="meta")
+                self.lm_head.weight = nn.Parameter(target.lm_head.weight.detach().to(self.head_dtype), requires_grad=False)
         prepack(self.head), prepack(self.lm_head)  # not on the first timed draft
         c = head.cfg
         p = next(head.parameters())
@@ -236,7 +251,8 @@ class EagleDrafter(TreeDrafter):
         return self.head(emb, feat[None], positions.to(dev), mask, self.kv)[0]
 
     def _logits(self, g: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(g.to(self.target.device, self.target.dtype))  # [.., V] (-inf outside a reduced vocab)
+        z = self.lm_head(g.to(self.target.device, self.head_dtype))  # [.., V] (-inf outside a reduced vocab)
+        return z.to(self.target.dtype)
 
     def _start(self) -> torch.Tensor:
         context, n = self.context, len(self.context)
@@ -268,6 +284,14 @@ class EagleDrafter(TreeDrafter):
         self.tree, self.node_g = GrowingTree(), []
 
 
+def cast_head(head: EagleHead, dtype: torch.dtype) -> EagleHead:
+    """A copy of ``head`` in ``dtype`` on its device (the original is left as it is)."""
+    p = next(head.parameters())
+    copy = EagleHead(head.cfg).to(device=p.device, dtype=dtype)
+    copy.load_state_dict(head.state_dict())  # cast to dtype as it is copied
+    return copy
+
+
 def load_eagle(path: str | Path | None, target, tree: "TreeSpec | str | int | None" = None, **kw) -> EagleDrafter:
     """Build an ``EagleDrafter`` for ``target`` from a checkpoint.
 
@@ -297,7 +321,7 @@ def load_eagle(path: str | Path | None, target, tree: "TreeSpec | str | int | No
 def eagle_from_state(state: dict, meta: dict, target, weights: Path, tree=None, **kw) -> tuple[EagleDrafter, str]:
     """An ``EagleDrafter`` from a checkpoint's tensors and config (``layouts.read_checkpoint``), and one
     line on what was inferred; the EAGLE-1/2 builder of ``load_drafter`` and of ``load_eagle``.
-    kw: ``EagleDrafter``'s draft_vocab, capacity, token_counts."""
+    kw: ``EagleDrafter``'s draft_vocab, capacity, token_counts, head_dtype."""
     cfg = meta.get("config", meta)
     H, V = state["fc.weight"].shape[0], cfg.get("vocab_size", -1)
     fit("EAGLE-1/2", H, V, target)
