@@ -30,7 +30,7 @@ demo: install
 	$(BIN)/python -m minispec demo
 
 # the course in a browser: JupyterLab (the course extra) on the notebooks folder
-lab: install
+lab: torch
 	$(BIN)/pip install -q -e ".[dev,course]"
 	$(BIN)/jupyter lab notebooks
 
