@@ -15,6 +15,10 @@
 
 A branching method takes another tree as ``NAME@TREE``: ``sps@eagle`` (the EAGLE static tree),
 ``eagle2@5/8/32`` (a dynamic tree; '/' keeps commas free for method lists), ``eagle@chain:4``.
+A method that drafts with the EAGLE-1/2 head (eagle, eagle2, copy) takes ``+bf16`` before the tree:
+``eagle+bf16@chain:2`` drafts with a bfloat16 copy of the head and of the LM-head rows it reads
+(``EagleDrafter(head_dtype=...)``); the output is the same, only the draft's cost and acceptance can
+differ, so ``auto``'s calibration measures both on each machine.
 
 The table itself (head, default tree, draft vocabulary, Medusa's default, ``auto``'s candidates)
 is ``TABLE`` in ``drafters/registry.py``, re-exported here: it sits below the drafters, which read
@@ -26,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from .drafters import DraftModel, PromptLookup, TreeSpec, load_drafter
 from .drafters.copying import CopyingDrafter
 from .drafters.draft_checkpoint import load_draft_model
@@ -36,6 +42,7 @@ DRAFT_VOCAB = {m: r.draft_vocab for m, r in TABLE.items() if r.draft_vocab}
 PLAIN = tuple(m for m, r in TABLE.items() if r.tree is None and m != "auto")
 METHOD_NAMES = tuple(TABLE)
 HEADS = {m: r.head for m, r in TABLE.items() if r.head not in (None, "draft")}  # method -> head checkpoint kind
+HEAD_DTYPES = {"bf16": torch.bfloat16}  # NAME+DTYPE: the EAGLE-1/2 head drafts in this dtype
 
 
 @dataclass(frozen=True)
@@ -45,11 +52,13 @@ class MethodSpec:
     name: as given, e.g. 'eagle2@5/8/32' (tables and the drafter cache key on it).
     base: its row of ``TABLE``, e.g. 'eagle2'.
     tree: the tree given with ``@TREE``; None: the default one (``Methods.tree_of``).
+    head_dtype: the key of ``HEAD_DTYPES`` given with ``+DTYPE`` ('bf16'); None: the target's dtype.
     """
 
     name: str
     base: str
     tree: TreeSpec | None = None
+    head_dtype: str | None = None
 
     @property
     def row(self) -> Row:
@@ -57,17 +66,26 @@ class MethodSpec:
 
 
 def parse_method(method: "str | MethodSpec") -> MethodSpec:
-    """'eagle2@5/8/32' -> MethodSpec('eagle2@5/8/32', 'eagle2', the 5/8/32 tree); raises ValueError on an
-    unknown name, an unknown tree or a tree on a method that cannot branch."""
+    """'eagle2@5/8/32' -> MethodSpec('eagle2@5/8/32', 'eagle2', the 5/8/32 tree); 'eagle+bf16@chain:2' ->
+    MethodSpec(.., 'eagle', chain 2, 'bf16'). Raises ValueError on an unknown name, an unknown tree, a tree
+    on a method that cannot branch, or a head dtype on a method without an EAGLE-1/2 head."""
     if isinstance(method, MethodSpec):
         return method
     base, _, tree = method.strip().partition("@")
+    base, plus, dtype = base.partition("+")
     if base not in TABLE:
         raise ValueError(f"unknown method {base!r}; choose from {', '.join(METHOD_NAMES)} (with @TREE for "
                          f"{', '.join(DEFAULT_TREES)})")
     if tree and base not in DEFAULT_TREES:
         raise ValueError(f"method {base!r} does not draft trees; @{tree} applies to {', '.join(DEFAULT_TREES)}")
-    return MethodSpec(method.strip(), base, TreeSpec.parse(tree) if tree else None)
+    if plus:
+        with_head = [m for m, r in TABLE.items() if r.head == "eagle"]
+        if base not in with_head:
+            raise ValueError(f"method {base!r} has no EAGLE-1/2 head to cast; +{dtype} applies to {', '.join(with_head)}")
+        if dtype not in HEAD_DTYPES:
+            raise ValueError(f"unknown head dtype +{dtype} in {method.strip()!r}; choose from "
+                             f"{', '.join('+' + d for d in HEAD_DTYPES)}")
+    return MethodSpec(method.strip(), base, TreeSpec.parse(tree) if tree else None, dtype or None)
 
 
 def parse_methods(methods) -> list[MethodSpec]:
@@ -139,5 +157,6 @@ class Methods:
 
     def _load_head(self, spec: MethodSpec):
         path = self.drafter_path or shipped_head(spec.row.head, self.model_name)
-        head = load_drafter(str(path), self.target, tree=self.tree_of(spec), verbose=False, draft_vocab=self._vocab(spec))
+        head = load_drafter(str(path), self.target, tree=self.tree_of(spec), verbose=False, draft_vocab=self._vocab(spec),
+                            head_dtype=HEAD_DTYPES.get(spec.head_dtype))
         return CopyingDrafter(head, k=self.pld_k) if spec.base == "copy" else head

@@ -45,6 +45,13 @@ def test_method_names():
         parse_method("pld@eagle")
     with pytest.raises(ValueError, match="unknown tree"):
         parse_method("sps@oak")
+    spec = parse_method("eagle+bf16@chain:2")  # the EAGLE-1/2 head in bfloat16
+    assert (spec.base, spec.tree, spec.head_dtype) == ("eagle", TreeSpec.chain(2), "bf16")
+    assert parse_method("copy+bf16").head_dtype == "bf16" and parse_method("eagle2").head_dtype is None
+    with pytest.raises(ValueError, match="no EAGLE-1/2 head to cast"):
+        parse_method("sps+bf16@chain:2")
+    with pytest.raises(ValueError, match="unknown head dtype"):
+        parse_method("eagle+fp8")
 
 
 @pytest.mark.ch05

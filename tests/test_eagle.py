@@ -312,6 +312,30 @@ def test_a_bfloat16_head_drafts_for_a_float32_target_without_changing_the_output
     assert_same_law(law, exact)
 
 
+def test_a_method_named_with_bf16_loads_a_bfloat16_head(target, head, tmp_path):
+    """``eagle+bf16@chain:3`` (``minispec.methods``): the checkpoint's head drafts in bfloat16, beside the float32
+    one of ``eagle@chain:3`` from the same file, and the greedy output is still vanilla's."""
+    from minispec.drafters import load_drafter
+    from minispec.drafters.registry import shipped_head
+    from minispec.methods import Methods
+    from minispec.train.eagle import FORMAT, save_head
+
+    model, tok = target
+    path = tmp_path / "head.safetensors"
+    save_head(head, path, dict(format=FORMAT, target=model.cfg.name, config=head.cfg.to_dict(), command="test",
+                               data=dict(train_tokens=1)))
+    methods = Methods(model, model.cfg.name, drafter_path=path, draft_vocab=0)
+    d16, d32 = methods.drafter("eagle+bf16@chain:3"), methods.drafter("eagle@chain:3")
+    assert d16 is not d32 and d16.spec == d32.spec == TreeSpec.chain(3)
+    assert d16.head_dtype == torch.bfloat16 and d32.head_dtype == torch.float32
+    assert methods.drafter("copy+bf16@chain:3").fallback.head_dtype == torch.bfloat16
+    for prompt in PROMPTS[:2]:
+        assert generate(model, tok, prompt, drafter=d16, max_new_tokens=40).tokens == \
+            generate(model, tok, prompt, max_new_tokens=40).tokens
+    with pytest.raises(ValueError, match="head_dtype applies to EAGLE-1/2 heads"):  # checked before any shape
+        load_drafter(str(shipped_head("medusa")), model, head_dtype=torch.bfloat16)
+
+
 def test_warm_start_copies_a_saved_head_and_refuses_another_shape(target, tmp_path):
     from minispec.train.eagle import FORMAT, save_head, warm_start, warm_start_record
 

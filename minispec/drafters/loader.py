@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from .draft_checkpoint import load_draft_model
 from .draft_model import DraftModel
 from .eagle import eagle_from_state
@@ -34,7 +36,8 @@ from .medusa import MedusaDrafter, MedusaHeads
 from .registry import default_tree
 
 
-def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True, draft_vocab: int | None = None):
+def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True, draft_vocab: int | None = None,
+                 head_dtype: torch.dtype | None = None):
     """Build the right drafter for ``target`` from a checkpoint of any supported layout.
 
     Args:
@@ -48,6 +51,7 @@ def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True, draft_
         verbose: print one line with what was inferred.
         draft_vocab: EAGLE-1/2 heads only: draft over the K most frequent tokens (FR-Spec,
             ``minispec.drafters.vocab``); None: the full vocabulary.
+        head_dtype: EAGLE-1/2 heads only: draft in this dtype (``EagleDrafter``); None: the target's.
     Returns:
         EagleDrafter | Eagle3Drafter | MedusaDrafter | DraftModel, on the target's device and dtype.
     Raises:
@@ -55,12 +59,14 @@ def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True, draft_
         FileNotFoundError: nothing at the path and no reachable hub.
     """
     weights, state, meta, kind = read_checkpoint(path_or_hub_id)
-    if draft_vocab is not None and kind != "eagle":
-        raise ValueError(f"draft_vocab applies to EAGLE-1/2 heads (drafting through the target's LM head), not to a "
-                         f"{kind} checkpoint")
+    for name, value in (("draft_vocab", draft_vocab), ("head_dtype", head_dtype)):
+        if value is not None and kind != "eagle":
+            raise ValueError(f"{name} applies to EAGLE-1/2 heads (drafting through the target's LM head), not to a "
+                             f"{kind} checkpoint")
     dtype = next((v.dtype for v in state.values() if v.is_floating_point()), None)
     if kind == "eagle":
-        drafter, info = eagle_from_state(state, meta, target, weights, tree=tree, draft_vocab=draft_vocab)
+        drafter, info = eagle_from_state(state, meta, target, weights, tree=tree, draft_vocab=draft_vocab,
+                                         head_dtype=head_dtype)
     else:
         drafter, info = BUILDERS[kind](state, meta, target, weights, tree)
     if verbose:
