@@ -124,7 +124,7 @@ def _tune(args) -> int:
     cands = [c.strip() for c in args.candidates.split(",") if c.strip()] if args.candidates else None
     kw = dict(candidates=cands) if cands else {}
     r = tune(target, tok, prompts, args.model, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-             params=params, **kw)
+             params=params, head_dtype=args.head_dtype, **kw)
     print(format_tune(r))
     print(f"saved the choice to {save_choice(r)}")
     if args.json:
@@ -190,6 +190,8 @@ def _tune_flags(t) -> None:
     t.add_argument("--max-new-tokens", type=int, default=64)
     t.add_argument("--batch-size", type=int, default=1, help="choose for this batch size")
     t.add_argument("--candidates", default=None, help="comma list of methods (default: minispec.dispatch.DEFAULT_CANDIDATES)")
+    t.add_argument("--head-dtype", default="auto", choices=["auto", "target", "f32", "bf16"],
+                   help="the dtype the EAGLE-1/2 candidates draft in (auto: the faster on this machine, timed first)")
     t.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
     t.add_argument("--temperature", type=float, default=0.0,
                    help="choose for sampled decoding at this temperature (default 0: greedy); saved apart "

@@ -23,7 +23,12 @@ The dispatcher measures both sides on the user's machine and predicts, for each 
                     verification, KV compaction, the feature hand-off, Python): each method pays
                     its own, so a cheap drafter with a costly loop is not flattered
 
-and picks the best. At batch 1 the prediction differs from the decode speed the calibration run
+and picks the best. Before the candidates run, the EAGLE-1/2 head is timed drafting in float32 and in
+bfloat16 (``head_dtype_costs``): a draft only proposes, so its dtype changes its cost and perhaps its
+acceptance, never the output, and which dtype is faster depends on the CPU (bfloat16 halves the bytes a
+one-row draft reads, which is what it waits for; without native bfloat16 the products also convert). Every
+EAGLE-1/2 candidate then drafts in the faster one (``NAME+bf16`` where that is bfloat16), so the choice does
+not cost a second set of candidates. At batch 1 the prediction differs from the decode speed the calibration run
 measured only by the cost curve's t_verify against the forwards that run timed (both are
 reported); the cost curve carries it to the batch size asked for. The calibration
 runs are interleaved (every candidate on prompt 1, then every candidate on prompt 2, ...) so that
@@ -43,9 +48,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .config import cache_dir, cpu_tag, file_tag
-from .drafters.registry import DEFAULT_AUTO, DEFAULT_CANDIDATES, QUICK_CANDIDATES  # noqa: F401  (the table's)
+from .drafters.base import Features
+from .drafters.registry import DEFAULT_AUTO, DEFAULT_CANDIDATES, HEAD_DTYPE_PROBE, QUICK_CANDIDATES  # noqa: F401  (the table's)
 from .kv import KVCache
-from .methods import MethodSpec, Methods, parse_method
+from .methods import HEAD_DTYPES, MethodSpec, Methods, parse_method, with_head_dtype
 from .sampling import GREEDY, SamplingParams
 from .tree import Tree
 
@@ -78,6 +84,8 @@ class TuneResult:
     calibration_s: float | None = None  # wall time of a quick calibration (resolve_auto); None for tune
     drafters: str | None = None  # registry.shipped_fingerprint of the checkpoints it measured (save_choice)
     params: SamplingParams = GREEDY  # how the calibration decoded: greedy, or sampled (seeded)
+    head_dtype: str | None = None  # the EAGLE-1/2 head's dtype the candidates drafted in (a HEAD_DTYPES key); None: target's
+    head_dtype_s: dict = field(default_factory=dict)  # {dtype: seconds of one HEAD_DTYPE_PROBE draft} when timed
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -129,6 +137,48 @@ def verify_cost_curve(target, sizes=DEFAULT_SIZES, batch_sizes=(1,), context: in
     return curve
 
 
+def head_dtype_costs(target, methods: Methods, context: int = 128, reps: int = 4) -> dict[str, float]:
+    """Seconds of one draft of ``HEAD_DTYPE_PROBE`` (the EAGLE-1/2 head, a chain of two) with the head in each
+    dtype of ``HEAD_DTYPES``, after ``context`` tokens; {} when the head does not load (no checkpoint for
+    this model).
+
+    As in decoding, each draft runs right after a one-row target forward, which streams the target's weights
+    through the caches (a draft timed alone in a loop would find a small head still cached, and flatter the
+    smaller dtype); the dtypes are interleaved and each keeps its fastest of ``reps`` repetitions. The
+    features are random: the head's products cost the same whatever the values."""
+    try:
+        drafters = {d: methods.drafter(with_head_dtype(HEAD_DTYPE_PROBE, d)) for d in HEAD_DTYPES}
+    except (FileNotFoundError, ValueError, ImportError):
+        return {}
+    with torch.inference_mode():  # not while building: a head's prepacked weights must not be inference tensors
+        return _time_drafts(target, drafters, context, reps)
+
+
+def _time_drafts(target, drafters: dict, context: int, reps: int) -> dict[str, float]:
+    g = torch.Generator().manual_seed(0)
+    dev = target.device
+    tokens = torch.randint(0, target.cfg.vocab_size, (context + 1,), generator=g).tolist()
+    feats = Features(torch.randn(context, target.cfg.d_model, generator=g).to(dev, target.dtype))  # at tokens[:-1]
+    kv = KVCache.for_model(target, capacity=context + 1)
+    target(torch.tensor([tokens[:context]], device=dev), kv=kv, last_logits_only=True)
+    kv.commit()
+    one = torch.tensor([tokens[-1:]], device=dev)
+    times: dict[str, list[float]] = {d: [] for d in drafters}
+    for d in drafters.values():
+        d.prefill(tokens, feats)
+    for r in range(reps + 1):  # the first round is a warm-up
+        for name, d in drafters.items():
+            target(one, kv=kv, last_logits_only=True)  # a decode step's weights through the caches
+            kv.discard()
+            t = time.perf_counter()
+            d.propose(GREEDY, d.max_nodes)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            if r:
+                times[name].append(time.perf_counter() - t)
+    return {name: min(ts) for name, ts in times.items()}
+
+
 def interpolate(curve_b: dict, n: int) -> float:
     """t_verify at tree size n from a measured curve {N: seconds} (linear between points)."""
     xs = sorted(curve_b)
@@ -153,7 +203,7 @@ def predicted_tokens_per_s(tau: float, verify_s: float, draft_s: float, loop_s: 
 def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", candidates=DEFAULT_CANDIDATES,
          batch_size: int = 1, max_new_tokens: int = 64, context: int = 256, sizes=DEFAULT_SIZES, methods=None,
          progress: bool = True, race: float | None = None, budget_s: float | None = None, reps: int = 7,
-         params: SamplingParams = GREEDY, seed: int = 0) -> TuneResult:
+         params: SamplingParams = GREEDY, seed: int = 0, head_dtype: str = "auto") -> TuneResult:
     """Measure the cost curve and each candidate's tau and draft cost; choose the best predicted one.
 
     Args:
@@ -170,6 +220,9 @@ def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", cand
         reps: timed repetitions per tree size of the cost curve.
         params: the sampling parameters to choose for (default greedy); sampled calibrations are seeded,
             prompt i with ``seed + i`` for every candidate.
+        head_dtype: the dtype the EAGLE-1/2 candidates draft in: "auto" (a float32 target: the faster of
+            ``head_dtype_costs``, timed first), a key of ``HEAD_DTYPES``, or "target" (the target's, as a
+            plain name does). A candidate that names its dtype (``eagle+bf16``) keeps it.
     Returns:
         TuneResult with the cost curve, one row per candidate and the choice.
     """
@@ -183,10 +236,19 @@ def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", cand
         raise ValueError(f"budget_s must be positive seconds, got {budget_s}")
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
+    if head_dtype not in ("auto", "target", *HEAD_DTYPES):
+        raise ValueError(f"head_dtype must be 'auto', 'target' or one of {', '.join(HEAD_DTYPES)}, got {head_dtype!r}")
     t0 = time.perf_counter()
     methods = methods or Methods(target, model_name)
     curve = verify_cost_curve(target, sizes, sorted({1, batch_size}), context, reps)
     result = TuneResult(model_name, batch_size, context, curve, params=params)
+    if head_dtype == "auto" and target.dtype == torch.float32:  # a bf16 target's head is bf16 already
+        result.head_dtype_s = head_dtype_costs(target, methods, context)
+        head_dtype = min(result.head_dtype_s, key=result.head_dtype_s.get) if result.head_dtype_s else "target"
+    if head_dtype in HEAD_DTYPES:
+        result.head_dtype = head_dtype
+        if HEAD_DTYPES[head_dtype] != target.dtype:  # plain names draft in the target's dtype already
+            candidates = list(dict.fromkeys(with_head_dtype(c, head_dtype) for c in candidates))
     drafters = _build(methods, ["vanilla"] + [c for c in candidates if c != "vanilla"], result.skipped)
     deadline = None if budget_s is None else t0 + budget_s
     runs = _calibrate(target, tok, prompts, drafters, max_new_tokens, progress, curve[batch_size], race, deadline,

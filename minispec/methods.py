@@ -15,10 +15,11 @@
 
 A branching method takes another tree as ``NAME@TREE``: ``sps@eagle`` (the EAGLE static tree),
 ``eagle2@5/8/32`` (a dynamic tree; '/' keeps commas free for method lists), ``eagle@chain:4``.
-A method that drafts with the EAGLE-1/2 head (eagle, eagle2, copy) takes ``+bf16`` before the tree:
+A method that drafts with the EAGLE-1/2 head (eagle, eagle2, copy) takes ``+DTYPE`` before the tree:
 ``eagle+bf16@chain:2`` drafts with a bfloat16 copy of the head and of the LM-head rows it reads
-(``EagleDrafter(head_dtype=...)``); the output is the same, only the draft's cost and acceptance can
-differ, so ``auto``'s calibration measures both on each machine.
+(``EagleDrafter(head_dtype=...)``; ``+f32``: float32); without one the head computes in the target's dtype.
+The output is the same, only the draft's cost and acceptance can differ, so ``tune`` (and ``auto``'s
+calibration) times the head in both and drafts in the faster (``dispatch.head_dtype_costs``).
 
 The table itself (head, default tree, draft vocabulary, Medusa's default, ``auto``'s candidates)
 is ``TABLE`` in ``drafters/registry.py``, re-exported here: it sits below the drafters, which read
@@ -42,7 +43,7 @@ DRAFT_VOCAB = {m: r.draft_vocab for m, r in TABLE.items() if r.draft_vocab}
 PLAIN = tuple(m for m, r in TABLE.items() if r.tree is None and m != "auto")
 METHOD_NAMES = tuple(TABLE)
 HEADS = {m: r.head for m, r in TABLE.items() if r.head not in (None, "draft")}  # method -> head checkpoint kind
-HEAD_DTYPES = {"bf16": torch.bfloat16}  # NAME+DTYPE: the EAGLE-1/2 head drafts in this dtype
+HEAD_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}  # NAME+DTYPE: the EAGLE-1/2 head drafts in this dtype
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class MethodSpec:
     name: as given, e.g. 'eagle2@5/8/32' (tables and the drafter cache key on it).
     base: its row of ``TABLE``, e.g. 'eagle2'.
     tree: the tree given with ``@TREE``; None: the default one (``Methods.tree_of``).
-    head_dtype: the key of ``HEAD_DTYPES`` given with ``+DTYPE`` ('bf16'); None: the target's dtype.
+    head_dtype: the key of ``HEAD_DTYPES`` given with ``+DTYPE`` ('bf16', 'f32'); None: the target's dtype.
     """
 
     name: str
@@ -86,6 +87,18 @@ def parse_method(method: "str | MethodSpec") -> MethodSpec:
             raise ValueError(f"unknown head dtype +{dtype} in {method.strip()!r}; choose from "
                              f"{', '.join('+' + d for d in HEAD_DTYPES)}")
     return MethodSpec(method.strip(), base, TreeSpec.parse(tree) if tree else None, dtype or None)
+
+
+def with_head_dtype(method: "str | MethodSpec", dtype: str) -> str:
+    """'copy@chain:2', 'bf16' -> 'copy+bf16@chain:2': the method with its EAGLE-1/2 head in ``dtype`` (a key of
+    ``HEAD_DTYPES``). A method without that head, or one that names its dtype already, comes back as it is."""
+    spec = parse_method(method)
+    if spec.row.head != "eagle" or spec.head_dtype is not None:
+        return spec.name
+    if dtype not in HEAD_DTYPES:
+        raise ValueError(f"unknown head dtype {dtype!r}; choose from {', '.join(HEAD_DTYPES)}")
+    tree = spec.name.partition("@")[2]
+    return f"{spec.base}+{dtype}" + (f"@{tree}" if tree else "")
 
 
 def parse_methods(methods) -> list[MethodSpec]:

@@ -691,6 +691,9 @@ interact(explore_tree, D=(1, 5), K=(1, V_TOY), N=(1, 40));  # sliders (fast mode
 # %% [markdown]
 # The dispatcher does the same with measured numbers for every candidate: $\tau$ and the draft
 # and loop times from a short calibration run, the verify time from the curve.
+# First it times one EAGLE draft with the head in float32 and in bfloat16 (a draft only
+# proposes, so its dtype can change its cost and acceptance, never the output), and every EAGLE
+# candidate then drafts in the faster (`eagle2+bf16@...` when that is bfloat16).
 
 # %%
 cands = ["vanilla", "pld", f"{BASE}@chain:4", f"{BASE}@eagle", f"{BASE}@4/4/12"] if FAST else list(dispatch.DEFAULT_CANDIDATES)

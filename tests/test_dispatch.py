@@ -12,7 +12,7 @@ from minispec import dispatch, load
 
 from minispec.lab import tune_report
 from minispec.drafters import TreeSpec
-from minispec.methods import DEFAULT_AUTO, MethodSpec, Methods, parse_method
+from minispec.methods import DEFAULT_AUTO, MethodSpec, Methods, parse_method, with_head_dtype
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,11 @@ def test_method_names():
         parse_method("sps+bf16@chain:2")
     with pytest.raises(ValueError, match="unknown head dtype"):
         parse_method("eagle+fp8")
+    assert with_head_dtype("copy@chain:2", "bf16") == "copy+bf16@chain:2" and with_head_dtype("eagle2", "bf16") == "eagle2+bf16"
+    assert with_head_dtype("eagle2@5/8/32", "f32") == "eagle2+f32@5/8/32"
+    assert with_head_dtype("sps@chain:2", "bf16") == "sps@chain:2" and with_head_dtype("eagle+f32", "bf16") == "eagle+f32"
+    with pytest.raises(ValueError, match="unknown head dtype"):
+        with_head_dtype("eagle", "fp8")
 
 
 @pytest.mark.ch05
@@ -72,6 +77,7 @@ def test_tune_chooses_the_best_predicted_candidate(tiny):
     got = {c.method: c for c in r.candidates}
     assert set(got) == {"vanilla", "pld", "sps", "sps@2/2/4"}
     assert "eagle" in r.skipped  # no EAGLE head for tiny-llama
+    assert r.head_dtype is None and r.head_dtype_s == {}  # nor one to time in two dtypes
     assert got["vanilla"].tau == 1.0 and got["vanilla"].nodes == 0 and got["vanilla"].draft_s == 0.0
     assert got["sps"].nodes == 3 and got["sps@2/2/4"].nodes == 4 and got["sps"].draft_s > 0
     for c in r.candidates:

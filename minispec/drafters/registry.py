@@ -50,12 +50,13 @@ HF_METHODS = ("hf", "hf_assisted", "hf_pld")
 # --- how ``auto`` resolves (minispec.dispatch): a saved ``tune`` choice for this machine, else a quick
 # calibration over QUICK_CANDIDATES (batch 1), else DEFAULT_AUTO; ``tune`` tries DEFAULT_CANDIDATES
 DEFAULT_AUTO = "eagle@chain:2"
-# (NAME+bf16: the EAGLE-1/2 head drafts in bfloat16; whether that pays depends on the CPU, so both are measured)
-QUICK_CANDIDATES = ("eagle@chain:2", "eagle+bf16@chain:2", "eagle@chain:3", "eagle+bf16@chain:3", "copy@chain:2", "copy",
-                    "eagle2@4/4/12")
-DEFAULT_CANDIDATES = ("vanilla", "pld", "copy", "sps", "sps@eagle", "sps@4/4/12", "eagle", "eagle@chain:3",
-                      "eagle+bf16@chain:2", "eagle+bf16@chain:3", "eagle2@4/4/12", "eagle2+bf16@4/4/12",
+QUICK_CANDIDATES = ("eagle@chain:2", "eagle@chain:3", "copy@chain:2", "copy", "eagle2@4/4/12")
+DEFAULT_CANDIDATES = ("vanilla", "pld", "copy", "sps", "sps@eagle", "sps@4/4/12", "eagle", "eagle@chain:3", "eagle2@4/4/12",
                       "eagle2@5/8/32", "eagle2", "eagle3", "eagle3@5/8/32", "medusa")
+
+HEAD_DTYPE_PROBE = "eagle@chain:2"
+"""What ``tune`` times in each head dtype (``dispatch.head_dtype_costs``) to choose the one every EAGLE-1/2
+candidate drafts in (``NAME+bf16``, ``minispec.methods``)."""
 
 MEDUSA_TREE_HEADS = 4
 """Medusa heads a ``medusa`` tree needs; a checkpoint with fewer drafts a chain as deep as its heads."""

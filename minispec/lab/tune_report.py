@@ -4,10 +4,10 @@
 
 from __future__ import annotations
 
-from ..dispatch import TuneResult, describe_sampling
+from ..dispatch import HEAD_DTYPE_PROBE, TuneResult, describe_sampling
 from .tables import Col, text_table
 
-TUNE_COLUMNS = [Col("method", width=16, left=True), Col("N", "d", 3), Col("tau", ".2f", 5), Col("tok/step", ".2f"),
+TUNE_COLUMNS = [Col("method", width=18, left=True), Col("N", "d", 3), Col("tau", ".2f", 5), Col("tok/step", ".2f"),
                 Col("draft ms", ".1f"), Col("verify ms", ".1f"), Col("loop ms", ".1f"), Col("predicted tok/s", ".1f"),
                 Col("calibration tok/s", ".1f"), Col("prompts", "d"), Col("", left=True)]
 
@@ -18,6 +18,10 @@ def format_tune(r: TuneResult) -> str:
     lines = [f"verify cost: one target forward of N+1 tokens after {r.context} cached tokens (ms)"]
     lines += text_table([Col("batch", "d")] + [Col(f"N={n}", ".1f", 7) for n in sizes],
                         [[b] + [c[n] * 1e3 for n in sizes] for b, c in r.cost_curve.items()], indent="  ")
+    if r.head_dtype_s:
+        timed = ", ".join(f"{d} {s * 1e3:.2f} ms" for d, s in r.head_dtype_s.items())
+        lines += ["", f"EAGLE-1/2 head, one draft of {HEAD_DTYPE_PROBE} after a target forward: {timed}; the candidates "
+                      f"draft in {r.head_dtype}"]
     lines += ["", f"candidates at batch {r.batch_size}:"]
     rows = [[c.method, c.nodes, c.tau, c.step_tokens, c.draft_s * 1e3, c.verify_s * 1e3, c.loop_s * 1e3, c.predicted_tok_s,
              c.calibration_tok_s, c.prompts, " <- choice" if c.method == r.choice else ""]
