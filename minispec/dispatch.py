@@ -147,7 +147,8 @@ def head_dtype_costs(target, methods: Methods, context: int = 128, reps: int = 4
     smaller dtype); the dtypes are interleaved and each keeps its fastest of ``reps`` repetitions. The
     features are random: the head's products cost the same whatever the values."""
     try:
-        drafters = {d: methods.drafter(with_head_dtype(HEAD_DTYPE_PROBE, d)) for d in HEAD_DTYPES}
+        drafters = {d: methods.drafter(HEAD_DTYPE_PROBE if t == target.dtype else with_head_dtype(HEAD_DTYPE_PROBE, d))
+                    for d, t in HEAD_DTYPES.items()}  # the target's dtype: the plain name's head, loaded once
     except (FileNotFoundError, ValueError, ImportError):
         return {}
     with torch.inference_mode():  # not while building: a head's prepacked weights must not be inference tensors

@@ -44,6 +44,7 @@ PLAIN = tuple(m for m, r in TABLE.items() if r.tree is None and m != "auto")
 METHOD_NAMES = tuple(TABLE)
 HEADS = {m: r.head for m, r in TABLE.items() if r.head not in (None, "draft")}  # method -> head checkpoint kind
 HEAD_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}  # NAME+DTYPE: the EAGLE-1/2 head drafts in this dtype
+CASTABLE = tuple(m for m, r in TABLE.items() if r.head == "eagle")  # the methods that take +DTYPE
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,8 @@ def parse_method(method: "str | MethodSpec") -> MethodSpec:
     if tree and base not in DEFAULT_TREES:
         raise ValueError(f"method {base!r} does not draft trees; @{tree} applies to {', '.join(DEFAULT_TREES)}")
     if plus:
-        with_head = [m for m, r in TABLE.items() if r.head == "eagle"]
-        if base not in with_head:
-            raise ValueError(f"method {base!r} has no EAGLE-1/2 head to cast; +{dtype} applies to {', '.join(with_head)}")
+        if base not in CASTABLE:
+            raise ValueError(f"method {base!r} has no EAGLE-1/2 head to cast; +{dtype} applies to {', '.join(CASTABLE)}")
         if dtype not in HEAD_DTYPES:
             raise ValueError(f"unknown head dtype +{dtype} in {method.strip()!r}; choose from "
                              f"{', '.join('+' + d for d in HEAD_DTYPES)}")
@@ -93,12 +93,10 @@ def with_head_dtype(method: "str | MethodSpec", dtype: str) -> str:
     """'copy@chain:2', 'bf16' -> 'copy+bf16@chain:2': the method with its EAGLE-1/2 head in ``dtype`` (a key of
     ``HEAD_DTYPES``). A method without that head, or one that names its dtype already, comes back as it is."""
     spec = parse_method(method)
-    if spec.row.head != "eagle" or spec.head_dtype is not None:
+    if spec.base not in CASTABLE or spec.head_dtype is not None:
         return spec.name
-    if dtype not in HEAD_DTYPES:
-        raise ValueError(f"unknown head dtype {dtype!r}; choose from {', '.join(HEAD_DTYPES)}")
     tree = spec.name.partition("@")[2]
-    return f"{spec.base}+{dtype}" + (f"@{tree}" if tree else "")
+    return parse_method(f"{spec.base}+{dtype}" + (f"@{tree}" if tree else "")).name  # parse_method checks dtype
 
 
 def parse_methods(methods) -> list[MethodSpec]:

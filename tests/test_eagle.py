@@ -312,19 +312,25 @@ def test_a_bfloat16_head_drafts_for_a_float32_target_without_changing_the_output
     assert_same_law(law, exact)
 
 
+def _methods_with_saved(head, model, tmp_path):
+    """A ``Methods`` whose EAGLE-1/2 methods load ``head``, saved as a checkpoint, over the full vocabulary."""
+    from minispec.methods import Methods
+    from minispec.train.eagle import FORMAT, save_head
+
+    path = tmp_path / "head.safetensors"
+    save_head(head, path, dict(format=FORMAT, target=model.cfg.name, config=head.cfg.to_dict(), command="test",
+                               data=dict(train_tokens=1)))
+    return Methods(model, model.cfg.name, drafter_path=path, draft_vocab=0)
+
+
 def test_a_method_named_with_bf16_loads_a_bfloat16_head(target, head, tmp_path):
     """``eagle+bf16@chain:3`` (``minispec.methods``): the checkpoint's head drafts in bfloat16, beside the float32
     one of ``eagle@chain:3`` from the same file, and the greedy output is still vanilla's."""
     from minispec.drafters import load_drafter
     from minispec.drafters.registry import shipped_head
-    from minispec.methods import Methods
-    from minispec.train.eagle import FORMAT, save_head
 
     model, tok = target
-    path = tmp_path / "head.safetensors"
-    save_head(head, path, dict(format=FORMAT, target=model.cfg.name, config=head.cfg.to_dict(), command="test",
-                               data=dict(train_tokens=1)))
-    methods = Methods(model, model.cfg.name, drafter_path=path, draft_vocab=0)
+    methods = _methods_with_saved(head, model, tmp_path)
     d16, d32 = methods.drafter("eagle+bf16@chain:3"), methods.drafter("eagle@chain:3")
     assert d16 is not d32 and d16.spec == d32.spec == TreeSpec.chain(3)
     assert d16.head_dtype == torch.bfloat16 and d32.head_dtype == torch.float32
@@ -341,14 +347,9 @@ def test_tune_times_the_head_in_each_dtype_and_its_candidates_draft_in_the_faste
     candidates to the faster dtype, keeps a candidate that names its own, and reports both times."""
     from minispec import dispatch
     from minispec.lab.tune_report import format_tune
-    from minispec.methods import Methods
-    from minispec.train.eagle import FORMAT, save_head
 
     model, tok = target
-    path = tmp_path / "head.safetensors"
-    save_head(head, path, dict(format=FORMAT, target=model.cfg.name, config=head.cfg.to_dict(), command="test",
-                               data=dict(train_tokens=1)))
-    methods = Methods(model, model.cfg.name, drafter_path=path, draft_vocab=0)
+    methods = _methods_with_saved(head, model, tmp_path)
     costs = dispatch.head_dtype_costs(model, methods, context=16, reps=1)
     assert set(costs) == {"f32", "bf16"} and all(s > 0 for s in costs.values())
     kw = dict(candidates=("vanilla", "eagle@chain:2", "eagle+f32@chain:3", "pld"), max_new_tokens=8, context=16,
