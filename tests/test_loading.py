@@ -54,3 +54,29 @@ def test_to_hf_round_trip():
         assert (model(x).logits - hf(x).logits).abs().max() <= 1e-5
     with pytest.raises(ValueError, match="Llama"):
         to_hf(load("tiny-gpt2")[0])
+
+
+def test_the_gguf_conversion_reads_each_file_once_and_leaves_gguf_as_it_was(tmp_path):
+    """``ensure_smollm2`` converts inside ``_gguf_read_once``: a second read of the same GGUF file (transformers
+    reads it for the config, the tokenizer and the weights) is the first reader, a name map is built once
+    per argument, and the library's own functions are back afterwards. (The conversion itself runs in every
+    fresh CI run, whose model cache starts empty.)"""
+    import gguf
+    import numpy as np
+
+    from minispec.models import _gguf_read_once
+
+    path = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(2)
+    w.add_tensor("token_embd.weight", np.arange(12, dtype=np.float32).reshape(3, 4))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
+    w.close()
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with _gguf_read_once():
+        first = gguf.GGUFReader(str(path))
+        assert gguf.GGUFReader(str(path)) is first and gguf.GGUFReader(str(path)).tensors[0].name == "token_embd.weight"
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+    assert gguf.GGUFReader is reader and gguf.get_tensor_name_map is name_map
+    assert gguf.GGUFReader(str(path)) is not gguf.GGUFReader(str(path))  # unmemoized again
