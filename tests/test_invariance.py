@@ -343,6 +343,32 @@ def test_attention_sums_long_key_ranges_in_fixed_blocks(monkeypatch):
     assert causal_rows_differ(invariant.AttentionPlan(), P=517) != []
 
 
+def test_a_short_last_block_past_the_first_is_padded_in_its_own_product_only(monkeypatch):
+    """Past the first block, a last block of fewer than MIN_BLOCK_KEYS keys is padded with zeros in its own
+    p @ v product: the keys and values are read where they lie (no padded copy of the cache), and each row
+    equals, bit for bit, the same attention over keys padded with hidden ones (the padded layout)."""
+    from minispec.attention import invariant
+
+    KB, MIN = invariant.KEY_BLOCK, invariant.MIN_BLOCK_KEYS
+    invariant.attention_plan(64)  # probed (and cached) before the products are recorded
+    products = []
+    monkeypatch.setattr(invariant, "_product", lambda a, b: products.append((a.shape, b.shape)) or torch.bmm(a, b))
+    g = torch.Generator().manual_seed(0)
+    for S in (2 * KB + 1, 2 * KB + MIN - 1):
+        T = 3
+        q, k, v = (torch.randn(1, h, n, 64, generator=g) for h, n in ((6, T), (2, S), (2, S)))
+        products.clear()
+        with torch.inference_mode():
+            out = invariant_attention(q, k, v)
+        assert products[0][1][-1] == S  # the scores: every key, none padded
+        assert [a[-1] for a, _ in products[1:]] == [KB, KB, MIN]  # p @ v by block; the last padded to MIN keys
+        pad = MIN - S % KB
+        mask = torch.cat([torch.ones(T, S, dtype=torch.bool).tril(S - T), torch.zeros(T, pad, dtype=torch.bool)], 1)
+        with torch.inference_mode():
+            padded = invariant_attention(q, F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad)), mask)
+        assert torch.equal(out, padded), S
+
+
 def tree_rows_differ(P, hd=16, Hkv=3, G=3, B=1):
     """Rows t of a 12-token tree after P keys that differ from row t alone over its visible keys."""
     parents = [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 4, 8]

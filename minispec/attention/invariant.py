@@ -296,10 +296,13 @@ def _rows(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tens
     S = k.shape[2]
     kt = k.transpose(-1, -2)  # [B, Hkv, hd, S]: row-major when the cache stores keys last (KVCache on the CPU)
     S_ = padded_keys(S, plan.pad_keys)
-    if S_ > S:  # hidden zero keys (p = 0 for them, so they add exact zeros)
-        kt, v = F.pad(kt, (0, S_ - S)), F.pad(v, (0, 0, 0, S_ - S))
+    # past the first block, a short last block (pad_keys off) is padded in its own p @ v product only, so the
+    # keys and values are read where they lie instead of copied: Sk, the keys the tensors below hold
+    Sk = S if S > KEY_BLOCK and not plan.pad_keys else S_
+    if Sk > S:  # hidden zero keys (p = 0 for them, so they add exact zeros)
+        kt, v = F.pad(kt, (0, Sk - S)), F.pad(v, (0, 0, 0, Sk - S))
         hidden = F.pad(hidden if hidden is not None else torch.zeros(1, 1, 1, T, S, dtype=torch.bool, device=k.device),
-                       (0, S_ - S), value=True)
+                       (0, Sk - S), value=True)
     elif kt.stride(-1) != 1:
         kt = kt.contiguous()  # a copy of the keys, for any other layout
     last = S_ - (S_ - 1) // KEY_BLOCK * KEY_BLOCK  # keys in the last block
@@ -310,22 +313,28 @@ def _rows(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tens
     #                                  order for some shapes (MKL at 2 threads, hd = 8)
     if R2 > R:  # pad with zero queries; their results are dropped
         qg = F.pad(qg, (0, 0, 0, R2 - R))
-    s = _product(qg.reshape(B * Hkv, R2, hd), kt.reshape(B * Hkv, hd, S_)).view(B, Hkv, R2, S_)  # [B, Hkv, R', S']
-    if hidden is not None:  # view the first G*T rows as [G, T] so the [., 1, 1, T, S'] mask broadcasts
+    s = _product(qg.reshape(B * Hkv, R2, hd), kt.reshape(B * Hkv, hd, Sk)).view(B, Hkv, R2, Sk)  # [B, Hkv, R', Sk]
+    if hidden is not None:  # view the first G*T rows as [G, T] so the [., 1, 1, T, Sk] mask broadcasts
         s[:, :, :R].unflatten(2, (G, T)).masked_fill_(hidden, float("-inf"))
     if torch.is_grad_enabled() and s.requires_grad:  # training (a draft model): autograd keeps s
         p = torch.exp(s - s.amax(dim=-1, keepdim=True))
     else:
-        p = s.sub_(s.amax(dim=-1, keepdim=True)).exp_()  # [B, Hkv, R', S']; hidden keys exactly 0
+        p = s.sub_(s.amax(dim=-1, keepdim=True)).exp_()  # [B, Hkv, R', Sk]; hidden keys exactly 0
     l = p.cumsum(-1, dtype=torch.float64)[..., -1:].to(p.dtype)  # [B, Hkv, R', 1]: a running sum in key order
     if hd_ > hd:
         v = F.pad(v, (0, hd_ - hd))
-    p3, v3 = p.view(B * Hkv, R2, S_), v.reshape(B * Hkv, S_, hd_)  # [BH, R', S'], [BH, S', hd']
+    if S_ > Sk:  # a short last block: p padded with zeros (a small copy), so that every product reads p as
+        p = F.pad(p, (0, S_ - Sk))  # it would with padded keys; that block's few values are padded below
+    p3, v3 = p.view(B * Hkv, R2, S_), v.reshape(B * Hkv, Sk, hd_)  # [BH, R', S'], [BH, Sk, hd']
     o = None
     for block in blocks if blocks is not None else range(0, S_, KEY_BLOCK):  # in key order, block by block
         if blocks is None:  # a run of keys from s0
-            n = min(KEY_BLOCK, S_ - block)
-            pb, vb = (p3, v3) if n == S_ else (p3.narrow(2, block, n), v3.narrow(1, block, n))
+            n_ = min(KEY_BLOCK, S_ - block)  # keys in the product
+            n = min(n_, Sk - block)  # of which v holds n (fewer: the short last block, padded with zeros)
+            pb = p3 if n_ == S_ else p3.narrow(2, block, n_)
+            vb = v3 if n == S_ else v3.narrow(1, block, n)
+            if n < n_:
+                vb = F.pad(vb, (0, 0, 0, n_ - n))
         else:  # the keys whose rank falls in the block, gathered in key order, padded as a run would be
             n = block.numel()
             n_ = MAX_PRODUCT_KEYS if plan.pad_keys else max(n, MIN_BLOCK_KEYS)
