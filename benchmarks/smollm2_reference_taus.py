@@ -1,5 +1,6 @@
 """Tau of every SmolLM2 method on the test suite's greedy references (tests/conftest.py: one prompt per
-category x N_REF new tokens), each output checked against vanilla; then the full-vocabulary shipped EAGLE
+category x N_REF new tokens; each tree method on the half of them its test decodes, ``half_of``), each
+output checked against vanilla; then the full-vocabulary shipped EAGLE
 head on the first three references, and the shipped draft's teacher-forced agreement beside the undistilled
 control. The source of the figures in the comments of tests/test_smollm2_speculative.py, tests/test_eagle.py
 and tests/test_draft_checkpoint.py.
@@ -13,7 +14,7 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-from conftest import N_REF, one_per_category  # noqa: E402
+from conftest import N_REF, half_of, one_per_category  # noqa: E402
 
 from minispec import generate, load  # noqa: E402
 from minispec.drafters import DraftModel, PromptLookup  # noqa: E402
@@ -23,7 +24,9 @@ from minispec.methods import Methods  # noqa: E402
 from minispec.tokenizer import encode_prompt  # noqa: E402
 from minispec.train.distill_draft import build_draft  # noqa: E402
 
-METHODS = ["sps@eagle", "sps@4/4/12", "eagle", "eagle@eagle", "eagle2", "eagle3", "eagle3@5/8/32", "medusa"]
+from test_smollm2_speculative import TREE_METHODS  # noqa: E402
+
+METHODS = list(TREE_METHODS)  # in the test's order: the i-th decodes half_of(refs, i)
 
 
 def tau(model, tok, refs, make) -> float:
@@ -59,7 +62,10 @@ def main() -> None:
     makers["prompt lookup"] = lambda: PromptLookup(k=8)
     makers["draft chain k=4"] = lambda: DraftModel(draft, k=4)
     for name, make in makers.items():
-        print(f"{name}: tau {tau(model, tok, refs, make):.2f}", flush=True)
+        if name in METHODS:
+            print(f"{name}: tau {tau(model, tok, half_of(refs, METHODS.index(name)), make):.2f} (3 prompts)", flush=True)
+        else:
+            print(f"{name}: tau {tau(model, tok, refs, make):.2f}", flush=True)
     first3 = dict(list(refs.items())[:3])
     for tree in ("chain:5", "5,8,32"):
         t = tau(model, tok, first3, lambda tree=tree: EagleDrafter.from_pretrained(model, tree=tree))

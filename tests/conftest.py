@@ -47,6 +47,24 @@ def shared(tmp_path_factory, worker_id):
 
 
 @pytest.fixture(scope="session")
+def shared_torch(tmp_path_factory, worker_id):
+    """``shared_torch(name, compute)``: as ``shared``, for a result of tensors (dicts, lists and tensors, such as
+    a trained head's state dict): saved with ``torch.save`` by the worker that computes it first and read back
+    with ``torch.load(weights_only=True)`` by the others."""
+    from filelock import FileLock
+
+    def get(name: str, compute):
+        if worker_id == "master":
+            return compute()
+        path = tmp_path_factory.getbasetemp().parent / f"shared-{name}-{torch.get_num_threads()}t.pt"
+        with FileLock(f"{path}.lock"):
+            if not path.exists():
+                torch.save(compute(), path)
+            return torch.load(path, weights_only=True)
+    return get
+
+
+@pytest.fixture(scope="session")
 def smollm2_hf():
     return load_hf("smollm2-135m")
 
@@ -65,6 +83,13 @@ def one_per_category() -> list[str]:
             seen.add(p["category"])
             out.append(p["prompt"])
     return out
+
+
+def half_of(refs: dict, i: int) -> dict:
+    """Every other item of ``refs`` from the ``i % 2``-th: the prompts (and their references) that the ``i``-th
+    tree method of tests/test_smollm2_speculative.py decodes, so that the methods alternate halves of
+    ``one_per_category`` and each prompt meets half of them."""
+    return dict(list(refs.items())[i % 2::2])
 
 
 @pytest.fixture(scope="session")

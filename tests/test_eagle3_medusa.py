@@ -32,11 +32,9 @@ def target():
     return load("tiny-llama")
 
 
-@pytest.fixture(scope="module")
-def data(target):
+def _data(model, tok):
     """The tiny target's continuations (half greedy, half sampled at temperature 0.7, top-k 3: the
     settings tested below) of 64 seeded byte prompts, and its features on them."""
-    model, tok = target
     rng = random.Random(0)
     seqs = []
     for i in range(64):
@@ -58,16 +56,17 @@ def _train(params, loss_fn, steps, lr=1e-2):
     return accs
 
 
-@pytest.fixture(scope="module")
-def eagle3_head(target, data):
+def _eagle3_config(model):
+    return Eagle3Config.for_target(model, 96)
+
+
+def _train_eagle3(model, seqs, feats):
     from minispec.train.eagle3 import make_batch, target_map, ttt_loss
 
-    model, _ = target
-    seqs, feats = data
     torch.manual_seed(0)
     counts = torch.bincount(torch.cat([s.tokens for s in seqs]), minlength=model.cfg.vocab_size)
     d2t, t2d = build_vocab_map(counts, 96)
-    head = Eagle3Head(Eagle3Config.for_target(model, 96))
+    head = Eagle3Head(_eagle3_config(model))
     with torch.no_grad():
         head.d2t.copy_(d2t), head.t2d.copy_(t2d)
     tmap, layers = target_map(head), eagle3_layers(model.cfg.n_layer)
@@ -75,16 +74,12 @@ def eagle3_head(target, data):
     with torch.no_grad():
         before = ttt_loss(head, model.tok_emb, batch, 3, 0.8, tmap)[1]
     after = _train(list(head.parameters()), lambda s: ttt_loss(head, model.tok_emb, batch, 3, 0.8, tmap), 120)
-    head.eval().requires_grad_(False)
     return head, before, after
 
 
-@pytest.fixture(scope="module")
-def medusa_heads(target, data):
+def _train_medusa(model, seqs, feats):
     from minispec.train.medusa import make_batch, medusa_loss
 
-    model, _ = target
-    seqs, feats = data
     torch.manual_seed(0)
     heads = MedusaHeads(model.cfg.d_model, 4, model.cfg.vocab_size)
     batch = make_batch(seqs, feats, list(range(len(seqs))))
@@ -92,8 +87,39 @@ def medusa_heads(target, data):
     with torch.no_grad():
         before = medusa_loss(heads, lm, *batch)[1]
     after = _train(list(heads.parameters()), lambda s: medusa_loss(heads, lm, *batch), 50)
-    heads.eval().requires_grad_(False)
     return heads, before, after
+
+
+@pytest.fixture(scope="module")
+def trained(target, shared_torch):
+    """The heads trained on ``_data`` (and their top-1 accuracy before and after), and the context of the
+    sampled-law tests: computed once per test run, read by every pytest-xdist worker (~50 s each time)."""
+    def compute():
+        model, tok = target
+        seqs, feats = _data(model, tok)
+        out = {"context": seqs[3].tokens[:seqs[3].prompt_len + 2]}  # an odd index: a sampled continuation
+        for kind, train in (("eagle3", _train_eagle3), ("medusa", _train_medusa)):
+            head, before, after = train(model, seqs, feats)
+            out[kind] = dict(state=head.state_dict(), before=torch.tensor(before), after=torch.tensor(after))
+        return out
+    return shared_torch("tiny-llama-eagle3-medusa", compute)
+
+
+def _head(kind, model, saved):
+    head = (Eagle3Head(_eagle3_config(model)) if kind == "eagle3"
+            else MedusaHeads(model.cfg.d_model, 4, model.cfg.vocab_size))
+    head.load_state_dict(saved[kind]["state"])
+    return head.eval().requires_grad_(False), saved[kind]["before"].tolist(), saved[kind]["after"].tolist()
+
+
+@pytest.fixture(scope="module")
+def eagle3_head(target, trained):
+    return _head("eagle3", target[0], trained)
+
+
+@pytest.fixture(scope="module")
+def medusa_heads(target, trained):
+    return _head("medusa", target[0], trained)
 
 
 def drafter(kind, model, head, tree):
@@ -217,7 +243,7 @@ def test_greedy_decoding_equals_vanilla(target, heads, kind, tree):
 
 @pytest.mark.parametrize("kind", ["eagle3", "medusa"])
 @pytest.mark.parametrize("tree", ["chain:3", "3,3,6"])
-def test_sampled_decoding_has_the_target_law(target, data, heads, kind, tree):
+def test_sampled_decoding_has_the_target_law(target, trained, heads, kind, tree):
     """First three tokens at temperature 0.7, top-k 3 (27 outcomes): chi-square against the exact law.
     Chains carry a real q (Leviathan/Chen), trees deterministic drafts (one-hot q). The context is one
     of the target's own sampled continuations the heads trained on (its prompt and first two tokens):
@@ -225,8 +251,7 @@ def test_sampled_decoding_has_the_target_law(target, data, heads, kind, tree):
     arbitrary prompt they may never be accepted (and the test would check nothing)."""
     model, tok = target
     params = dict(temperature=0.7, top_k=3)
-    seq = data[0][3]  # an odd index: a sampled continuation (the data fixture)
-    ids = seq.tokens[:seq.prompt_len + 2].tolist()
+    ids = trained["context"].tolist()  # a sampled continuation of the training data: its prompt, two tokens
     exact = exact_law(model, ids, params)
     law = sample_law(model, tok, ids, lambda: drafter(kind, model, heads[kind], tree), exact, 800, params)
     # drafts were accepted (~10% of runs with these tiny heads): verification mattered
