@@ -25,43 +25,40 @@ def smollm2():
     return load("smollm2-135m")
 
 
-@pytest.fixture(scope="session")
-def shared(tmp_path_factory, worker_id):
-    """``shared(name, compute)``: ``compute()``'s result (JSON), computed once per test run and read by every
-    pytest-xdist worker, instead of once per worker (the SmolLM2 greedy references cost a minute each on a
-    slow 2-core machine). Keyed by ``name`` and the torch thread count (a row plan is chosen per thread
-    count); without xdist, simply ``compute()``."""
-    import json
-
+def _once_per_run(tmp_path_factory, worker_id, suffix: str, save, read):
+    """``get(name, compute)``: ``compute()``'s result, saved by the pytest-xdist worker that asks first (the
+    others wait for it and read the file); keyed by ``name`` and the torch thread count (a row plan is chosen
+    per thread count); without xdist, simply ``compute()``."""
     from filelock import FileLock
 
     def get(name: str, compute):
         if worker_id == "master":
             return compute()
-        path = tmp_path_factory.getbasetemp().parent / f"shared-{name}-{torch.get_num_threads()}t.json"
+        path = tmp_path_factory.getbasetemp().parent / f"shared-{name}-{torch.get_num_threads()}t.{suffix}"
         with FileLock(f"{path}.lock"):
             if not path.exists():
-                path.write_text(json.dumps(compute()))
-            return json.loads(path.read_text())
+                save(compute(), path)
+            return read(path)
     return get
+
+
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory, worker_id):
+    """``shared(name, compute)``: ``compute()``'s result (JSON), computed once per test run and read by every
+    pytest-xdist worker, instead of once per worker (the SmolLM2 greedy references cost a minute each on a
+    slow 2-core machine)."""
+    import json
+
+    return _once_per_run(tmp_path_factory, worker_id, "json", lambda x, path: path.write_text(json.dumps(x)),
+                         lambda path: json.loads(path.read_text()))
 
 
 @pytest.fixture(scope="session")
 def shared_torch(tmp_path_factory, worker_id):
     """``shared_torch(name, compute)``: as ``shared``, for a result of tensors (dicts, lists and tensors, such as
-    a trained head's state dict): saved with ``torch.save`` by the worker that computes it first and read back
-    with ``torch.load(weights_only=True)`` by the others."""
-    from filelock import FileLock
-
-    def get(name: str, compute):
-        if worker_id == "master":
-            return compute()
-        path = tmp_path_factory.getbasetemp().parent / f"shared-{name}-{torch.get_num_threads()}t.pt"
-        with FileLock(f"{path}.lock"):
-            if not path.exists():
-                torch.save(compute(), path)
-            return torch.load(path, weights_only=True)
-    return get
+    a trained head's state dict): saved with ``torch.save``, read back with ``torch.load(weights_only=True)``."""
+    return _once_per_run(tmp_path_factory, worker_id, "pt", torch.save,
+                         lambda path: torch.load(path, weights_only=True))
 
 
 @pytest.fixture(scope="session")
