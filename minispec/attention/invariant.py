@@ -296,8 +296,8 @@ def _rows(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tens
     S = k.shape[2]
     kt = k.transpose(-1, -2)  # [B, Hkv, hd, S]: row-major when the cache stores keys last (KVCache on the CPU)
     S_ = padded_keys(S, plan.pad_keys)
-    # past the first block, a short last block (pad_keys off) is padded in its own p @ v product only, so the
-    # keys and values are read where they lie instead of copied: Sk, the keys the tensors below hold
+    # past the first block (pad_keys off), a short last block copies neither keys nor values: the scores run
+    # over the keys as they lie, and p and that block's values are padded below. Sk: the keys k and v hold
     Sk = S if S > KEY_BLOCK and not plan.pad_keys else S_
     if Sk > S:  # hidden zero keys (p = 0 for them, so they add exact zeros)
         kt, v = F.pad(kt, (0, Sk - S)), F.pad(v, (0, 0, 0, Sk - S))
