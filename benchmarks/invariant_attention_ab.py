@@ -3,9 +3,13 @@
 
 One process, one model, one KV cache after a prefill: each round runs a one-row step and tree
 verify steps (binary trees of 8 and 32 nodes) with this checkout's ``invariant_attention`` and
-with the one of ``--before`` (read with ``git show`` and imported as a module), interleaved, so a
-slow period of the machine hits both alike. Reports medians (the first round is dropped as warm-up)
-and the ratio, with the device.
+with the one of ``--before`` (read with ``git show`` and imported as a module), interleaved in an
+order that alternates from round to round, so a
+slow period of the machine hits both alike. Reports medians (the first round is dropped as warm-up),
+their ratio, and the median of the rounds' own ratios (paired: each round's after / before, the steps a
+moment apart, which a noisy machine moves less), with the device. ``--prefix`` sets the keys in the
+cache: e.g. 1029, where a one-row step sees 1030 keys and the last block of 128 holds 6 (the short
+last block that 3fe632f..b1c25a6 stopped copying the cache for).
 
     python benchmarks/invariant_attention_ab.py --before ee3b993 --threads 2   # the attention before 17de9ec
 """
@@ -69,8 +73,9 @@ def main() -> None:
     with torch.inference_mode():
         model(torch.randint(0, model.cfg.vocab_size, (1, args.prefix), generator=g), kv=kv)
         kv.commit(list(range(args.prefix)))
-        for _ in range(args.rounds):
-            for name, mod in (("before", before), ("after", after)):
+        for r in range(args.rounds):
+            order = (("before", before), ("after", after))
+            for name, mod in order if r % 2 else order[::-1]:  # alternating: neither goes first every round
                 attention.invariant_attention = mod.invariant_attention
                 for T in (1, 8, 32):
                     tokens = torch.randint(0, model.cfg.vocab_size, (1, T), generator=g)
@@ -84,8 +89,10 @@ def main() -> None:
           f"medians of {args.rounds - 1} interleaved rounds")
     for T in (1, 8, 32):
         b, a = (statistics.median(times[(n, T)][1:]) for n in ("before", "after"))
+        paired = statistics.median(x / y for x, y in zip(times[("after", T)][1:], times[("before", T)][1:]))
         what = "one row" if T == 1 else f"{T}-node binary tree"
-        print(f"{what:<22} {args.before}: {b * 1e3:6.1f} ms   this checkout: {a * 1e3:6.1f} ms   ratio {a / b:.3f}")
+        print(f"{what:<22} {args.before}: {b * 1e3:6.1f} ms   this checkout: {a * 1e3:6.1f} ms   ratio {a / b:.3f}"
+              f"   paired {paired:.3f}")
 
 
 if __name__ == "__main__":
