@@ -12,8 +12,9 @@ generator and statistics; the batch shares the target's forward and one paged KV
 
 Sequences differ in prompt length, accepted length and tree shape, so the batch is ragged:
 the forward runs on a ragged attention plan (``attention.plan.prepare_ragged``, built from
-``{sequence: new tokens}``): every row attends over its own prefix
-(read through its block table), and the linear layers are row-invariant (``minispec.linear``),
+``{sequence: new tokens}``): every row attends over its own prefix (read through its block table; all rows
+in one attention call, padded with keys their masks hide, ``RaggedPlan``), and the linear layers are
+row-invariant (``minispec.linear``),
 so each row computes, bit for bit, what that sequence's forward alone computes. Hence greedy
 batched output equals unbatched output, and sampled output too, given each sequence's seed:
 every random draw stays in its own sequence's generator.

@@ -682,9 +682,11 @@ assert n_got == n_want and err < 1e-5
 # padded to the largest) and tree shapes (so masks and positions differ per row). All of that goes
 # into the forward's attention plan, built before it (`minispec.attention.plan.prepare_ragged`,
 # from `{sequence: new tokens}`); `Transformer.forward` runs it unchanged: the linear layers run on
-# all rows at once, and attention runs row by row over that sequence's own prefix, read through
-# its block table. Because
-# minispec's linear layers give each row the same bits whatever the row count (`minispec.linear`),
+# all rows at once, and so does attention: each row reads its own sequence's blocks, in block-table
+# order, padded to the longest row with keys its mask hides (`PagedKVCache.read_rows`, one gather per
+# layer); where that padding would more than double the scores (a prefill of prompts of very
+# different lengths), attention runs row by row instead. Hidden keys add exact zeros on the CPU, and
+# minispec's linear layers give each row the same bits whatever the row count (`minispec.linear`), so
 # **every row computes exactly what its sequence alone computes**: batched greedy output equals
 # unbatched output token for token, and with one seed per sequence, sampled output too.
 #

@@ -156,3 +156,44 @@ def test_ragged_plan_needs_a_paged_cache_and_rows_that_fit(tiny):
     with pytest.raises(ValueError, match="one mask"):
         prepare_ragged(2, 3, "cpu", kv, {0: 1, 1: 1}, masks=[None])
     assert kv.pending == 0
+
+
+def _ragged_forward(tiny, one_call: bool, masks, ns, prompts):
+    """A paged cache with ``prompts`` tokens committed per sequence, then one ragged forward of ``ns`` new tokens
+    (row by row or in one attention call): the logits [R, T, V]."""
+    g = torch.Generator().manual_seed(1)
+    kv = PagedKVCache.for_model(tiny, 160, batch_size=len(prompts), block_size=4)
+    for b, n in enumerate(prompts):  # each sequence prefilled alone
+        plan = prepare_ragged(1, n, "cpu", kv, {b: n})
+        tiny(torch.randint(0, tiny.cfg.vocab_size, (1, n), generator=g), kv=kv, plan=plan)
+        kv.commit()
+    T = max(ns)
+    tokens = torch.randint(0, tiny.cfg.vocab_size, (len(ns), T), generator=g)
+    plan = prepare_ragged(len(ns), T, "cpu", kv, dict(enumerate(ns)), masks=masks)
+    assert plan.mask is not None  # these rows are close enough in length for one call
+    if not one_call:
+        plan.mask = None  # row by row
+    logits = tiny(tokens, kv=kv, plan=plan).logits  # [R, T, V]
+    return [logits[r, :n] for r, n in enumerate(ns)]
+
+
+def test_a_ragged_batch_attends_in_one_call_with_the_bits_of_row_by_row(tiny):
+    """Rows of different prefixes (some past one key block of the CPU attention's 128 keys), one new token, a causal
+    run, a draft tree and padding: one attention call over ``read_rows`` gives every row the bits the row-by-row
+    reads give (hidden keys add exact zeros)."""
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # a root and two children
+    prompts, ns, masks = [120, 131, 100, 126], [1, 3, 3, 2], [None, tree, None, None]
+    with torch.inference_mode():
+        batched = _ragged_forward(tiny, True, masks, ns, prompts)
+        rows = _ragged_forward(tiny, False, masks, ns, prompts)
+    for a, b in zip(batched, rows):
+        assert torch.equal(a, b)
+
+
+def test_a_prefill_of_very_different_lengths_attends_row_by_row(tiny):
+    kv = PagedKVCache.for_model(tiny, 64, batch_size=3, block_size=4)
+    assert prepare_ragged(3, 40, "cpu", kv, {0: 40, 1: 2, 2: 2}).mask is None  # 3 x 40 x 40 scores for 40 x 40 + 2 x 4
+    kv.discard()
+    assert prepare_ragged(2, 40, "cpu", kv, {0: 40, 2: 30}).mask is not None
+    kv.discard()
+    assert prepare_ragged(2, 4, "cpu", kv, {0: 4, 1: 3}, backend="split_torch").mask is None

@@ -151,6 +151,25 @@ def _filled(lengths, n_blocks, block_size=4, seed=0) -> PagedKVCache:
     return kv
 
 
+def test_read_rows_gives_every_row_its_sequence_first_in_whole_blocks():
+    """One gather for a ragged forward's rows: row r's first keys are ``read(layer, its sequence)``, in order;
+    past them, up to the most blocks of a row, come entries its mask hides; K is the transpose of a row-major
+    [R, Hkv, hd, S] (what the CPU attention reads without a copy)."""
+    kv = _filled([9, 2, 5], n_blocks=12)
+    kv.begin(2, {2: 3, 0: 1})  # rows: sequence 2 with 3 new tokens, then sequence 0 with 1
+    g = torch.Generator().manual_seed(1)
+    for layer in range(L):
+        kv.store(layer, torch.randn(2, HKV, 3, HD, generator=g), torch.randn(2, HKV, 3, HD, generator=g))
+    for layer in range(L):
+        k, v = kv.read_rows(layer)
+        assert k.shape == v.shape == (2, HKV, 12, HD)  # 3 blocks of 4: sequence 0's 10 tokens
+        assert k.transpose(-1, -2).is_contiguous()
+        for r, seq in enumerate([2, 0]):
+            k_r, v_r = kv.read(layer, seq)  # [1, HKV, n, HD]
+            n = k_r.shape[2]
+            assert n == [8, 10][r] and torch.equal(k[r, :, :n], k_r[0]) and torch.equal(v[r, :, :n], v_r[0])
+
+
 def test_pool_exhaustion_raises_and_changes_nothing():
     kv = _filled([9, 5], n_blocks=6)  # 3 + 2 blocks of 4 used, 1 free
     before = snapshot(kv)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from . import attend, causal_mask
 from ..kv.protocol import KVCacheProtocol, RaggedKVCache
@@ -69,14 +70,27 @@ class Row:
 
 @dataclass
 class RaggedPlan(Plan):
-    """A ragged batch: the linear layers run on all rows at once (row-invariant, ``minispec.linear``),
-    attention row by row over each sequence's own prefix, so that every row computes, bit for bit,
-    what its sequence's forward alone computes; a padding token's output is meaningless."""
+    """A ragged batch: the linear layers run on all rows at once (row-invariant, ``minispec.linear``), and so
+    does dense attention: every row reads its own sequence (``kv.read_rows``: its prefix and new tokens, then
+    entries its row of ``mask`` hides, up to the longest row), which on the CPU computes, bit for bit, what
+    the row's forward alone computes (``invariant.invariant_attention``: hidden keys add exact zeros, the
+    regime its probe checks). The split backends, whose prefix is one length for the whole batch, attend
+    row by row, and so does dense attention where padding the rows to the longest would more than double the
+    scores to compute (a prefill of prompts of different lengths). A padding token's output is meaningless.
+
+    mask: the dense backend's [R, 1, T, S] mask over the rows' keys (None: row by row), extended with hidden
+        keys to the S' keys ``read_rows`` returns on first use.
+    """
 
     rows: list[Row] = field(default_factory=list)
 
     def attend(self, backend, layer, q, k, v, kv: RaggedKVCache) -> torch.Tensor:
         kv.store(layer, k, v)  # row r's first n_r tokens into its sequence's blocks
+        if self.mask is not None and backend == "dense":
+            k_all, v_all = kv.read_rows(layer)  # [R, Hkv, S', hd], S' >= S: the keys past S are hidden too
+            if self.mask.shape[-1] != k_all.shape[2]:
+                self.mask = F.pad(self.mask, (0, k_all.shape[2] - self.mask.shape[-1]), value=False)
+            return attend(backend, q, k_all, v_all, 0, None, self.mask)
         out = torch.zeros_like(q)  # [R, H, T, hd]; a row's padding stays 0
         for r, row in enumerate(self.rows):
             k_r, v_r = kv.read(layer, row.seq)  # [1, Hkv, prefix_r + n_r, hd]
@@ -146,7 +160,22 @@ def prepare_ragged(B: int, T: int, device, kv: RaggedKVCache, ragged: dict[int, 
     rows = [Row(s, n, *mask_pair(m, 1, n, p, device, backend)) for s, n, m, p in zip(seqs, ns, row_masks, prefix)]
     check_context(positions, context)
     kv.begin(B, ragged)
-    return RaggedPlan(positions, rows=rows)
+    S = max(p + n for p, n in zip(prefix, ns))
+    one_call = backend == "dense" and B > 1 and B * T * S <= 2 * sum(n * (p + n) for p, n in zip(prefix, ns))
+    return RaggedPlan(positions, ragged_mask(rows, prefix, T, device) if one_call else None, rows=rows)
+
+
+def ragged_mask(rows: list[Row], prefix: list[int], T: int, device) -> torch.Tensor:
+    """The [R, 1, T, S] mask of a ragged batch's rows over ``read_rows``' keys (S = the longest prefix + n):
+    row r's queries see what its own forward shows them (its ``Row.mask``, or every key of one new token,
+    or causal), nothing past its own keys; a padding query sees its row's first key (its output is dropped)."""
+    S = max(p + row.n for p, row in zip(prefix, rows))
+    mask = torch.zeros(len(rows), 1, T, S, dtype=torch.bool, device=device)
+    for r, (p, row) in enumerate(zip(prefix, rows)):
+        n = row.n
+        mask[r, 0, :n, :p + n] = row.mask[0, 0] if row.mask is not None else causal_mask(n, p + n, device)
+        mask[r, 0, n:, 0] = True
+    return mask
 
 
 def check_context(positions: torch.Tensor, context: int | None) -> None:

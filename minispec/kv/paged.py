@@ -80,7 +80,7 @@ class PagedKVCache:
         self.pendings = [0] * batch_size  # tokens written by the last forward, not yet committed
         self._plan = None  # this forward's slot indices (see _write_plan), while tokens are pending
         self.rows = list(range(batch_size))  # the sequences of the pending forward's rows
-        self._reads: dict = {}  # sequence -> its (blocks, offsets) for read(), per forward
+        self._reads: dict = {}  # sequence (or "rows") -> its (blocks, offsets) for read() (read_rows()), per forward
 
     @classmethod
     def for_model(cls, model, capacity: int, batch_size: int = 1, block_size: int = 16,
@@ -209,6 +209,25 @@ class PagedKVCache:
         blk, off = self._reads[seq]
         return (self.k_pool[layer, blk, :, off].transpose(0, 1)[None],  # [n, Hkv, hd] -> [1, Hkv, n, hd]
                 self.v_pool[layer, blk, :, off].transpose(0, 1)[None])
+
+    def read_rows(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's K and V [R, Hkv, S, hd] of the pending forward's R rows at once (a copy), S = the most
+        blocks of a row x ``block_size``: row r holds its sequence's blocks in order (its committed and pending
+        tokens first), then repeats of its first block, whose entries past its own tokens the row's attention
+        mask must hide (``RaggedPlan`` does). Whole blocks are gathered (one ``index_select`` per layer, where
+        ``read`` gathers each row's tokens one by one), and K comes back as the transpose of a row-major
+        [R, Hkv, hd, S], the layout the CPU's row-invariant attention reads."""
+        if "rows" not in self._reads:  # the same blocks in every layer of this forward
+            tables = [self.tables[s] or [0] for s in self.rows]
+            nb = max(map(len, tables))
+            self._reads["rows"] = torch.tensor([t + t[:1] * (nb - len(t)) for t in tables],
+                                               device=self.k_pool.device)  # [R, nb]
+        table = self._reads["rows"]
+        (R, nb), (_, Hkv, bs, hd) = table.shape, self.k_pool.shape[1:]
+        k = self.k_pool[layer].index_select(0, table.flatten()).view(R, nb, Hkv, bs, hd)
+        v = self.v_pool[layer].index_select(0, table.flatten()).view(R, nb, Hkv, bs, hd)
+        kt = k.permute(0, 2, 4, 1, 3).reshape(R, Hkv, hd, nb * bs)  # [R, Hkv, hd, S] row-major
+        return kt.transpose(-1, -2), v.transpose(1, 2).reshape(R, Hkv, nb * bs, hd)  # [R, Hkv, S, hd] both
 
     def gather(self, seq: int, pending: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The contiguous K and V [L, Hkv, n, hd] of sequence ``seq``: its committed tokens (and the

@@ -11,7 +11,8 @@ A forward's life with a cache:
 
 A ragged batch (chapter 7) needs more: rows of different lengths cannot come back as one tensor,
 so the cache stores a layer's new entries (``store``) and each row reads its own sequence
-(``read``); only the paged cache does that (``RaggedKVCache``).
+(``read``), or every row at once, each padded to the longest with entries its mask hides (``read_rows``);
+only the paged cache does that (``RaggedKVCache``).
 
 Shapes: B batch, Hkv key/value heads, T new tokens, S cached + new keys, hd head dim.
 """
@@ -60,3 +61,6 @@ class RaggedKVCache(KVCacheProtocol, Protocol):
 
     def read(self, layer: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sequence ``seq``'s keys and values [1, Hkv, n, hd]: committed + pending."""
+
+    def read_rows(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's keys and values [R, Hkv, S, hd]: committed + pending, then entries to hide."""
