@@ -112,12 +112,14 @@ class BatchDecoder:
                            last_logits_only=last_logits_only)
 
     def prefill(self) -> None:
-        """Every prompt in one forward; then each sequence starts on its row (``Decoder.start``)."""
+        """Every prompt, in as few forwards as keep the padding small (``prefill_groups``: prompts of similar
+        lengths together); then each sequence starts on its row (``Decoder.start``)."""
         t0 = time.perf_counter()
-        out = self._forward({b: dec.ids for b, dec in enumerate(self.decs)}, last_logits_only=True)
-        self.kv.commit()
-        for r, dec in enumerate(self.decs):
-            dec.start(out, r)
+        for group in prefill_groups([len(dec.ids) for dec in self.decs]):
+            out = self._forward({b: self.decs[b].ids for b in group}, last_logits_only=True)
+            self.kv.commit()
+            for r, b in enumerate(group):
+                self.decs[b].start(out, r)
         self._finish()
         self.prefill_s = time.perf_counter() - t0
 
@@ -162,6 +164,30 @@ class BatchDecoder:
         for b, dec in enumerate(self.decs):
             if dec.done and self.kv.tables[b]:
                 self.kv.free(b)
+
+
+PREFILL_PADDING = 1.25  # a prefill forward computes at most this many token rows per prompt token
+
+
+def prefill_groups(lengths: Sequence[int], padding: float = PREFILL_PADDING) -> list[list[int]]:
+    """The sequences of each prefill forward: shortest prompt first, a forward taking the next prompt while
+    its rows, right-padded to the longest, stay within ``padding`` x its prompt tokens. The linear layers
+    compute every padded row, so one forward over prompts of 20 to 192 tokens costs ~3x their tokens; a
+    forward more costs one more read of the weights. Rows are row-invariant, so the grouping changes no bit.
+
+    Returns:
+        lists of indices into ``lengths``, every index once.
+    """
+    groups: list[list[int]] = []
+    tokens = 0  # of the last group
+    for b in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if groups and (len(groups[-1]) + 1) * lengths[b] <= padding * (tokens + lengths[b]):
+            groups[-1].append(b)
+            tokens += lengths[b]
+        else:
+            groups.append([b])
+            tokens = lengths[b]
+    return groups
 
 
 def _drafters(drafter, B: int) -> list[Drafter | None]:

@@ -14,7 +14,7 @@ import torch
 
 from lawcheck import Sampled, assert_same_law, exact_law
 from minispec import generate, load
-from minispec.batch import BatchDecoder, generate_batch
+from minispec.batch import BatchDecoder, generate_batch, prefill_groups
 from minispec.drafters import DraftModel, PromptLookup
 from minispec.tokenizer import encode_prompt
 
@@ -54,6 +54,17 @@ def test_batched_greedy_equals_each_sequence_alone(tiny, name, block_size):
     assert max(batch.rows_per_step) == len(PROMPTS)
     if name != "vanilla":
         assert any(r.stats.tau > 1 for r in got)  # speculation did accept drafts
+
+
+def test_prefill_groups_prompts_of_similar_lengths_and_pads_little():
+    lengths = [192, 20, 24, 180, 60, 22, 64, 190, 1]
+    groups = prefill_groups(lengths)
+    assert sorted(b for g in groups for b in g) == list(range(len(lengths)))  # every prompt once
+    for g in groups:
+        assert len(g) * max(lengths[b] for b in g) <= 1.25 * sum(lengths[b] for b in g)  # padded rows / tokens
+    assert sorted(map(sorted, groups)) == [[0, 3, 7], [1, 2, 5], [4, 6], [8]]  # 1 would pad 20-token rows to 20
+    assert prefill_groups([7] * 5) == [[0, 1, 2, 3, 4]] and prefill_groups([]) == []
+    assert len(prefill_groups(lengths, padding=100.0)) == 1
 
 
 def test_sequences_leave_the_batch_when_they_finish(tiny):
