@@ -162,14 +162,13 @@ def prepare_ragged(B: int, T: int, device, kv: RaggedKVCache, ragged: dict[int, 
     kv.begin(B, ragged)
     S = max(p + n for p, n in zip(prefix, ns))
     one_call = backend == "dense" and B > 1 and B * T * S <= 2 * sum(n * (p + n) for p, n in zip(prefix, ns))
-    return RaggedPlan(positions, ragged_mask(rows, prefix, T, device) if one_call else None, rows=rows)
+    return RaggedPlan(positions, ragged_mask(rows, prefix, T, S, device) if one_call else None, rows=rows)
 
 
-def ragged_mask(rows: list[Row], prefix: list[int], T: int, device) -> torch.Tensor:
+def ragged_mask(rows: list[Row], prefix: list[int], T: int, S: int, device) -> torch.Tensor:
     """The [R, 1, T, S] mask of a ragged batch's rows over ``read_rows``' keys (S = the longest prefix + n):
     row r's queries see what its own forward shows them (its ``Row.mask``, or every key of one new token,
     or causal), nothing past its own keys; a padding query sees its row's first key (its output is dropped)."""
-    S = max(p + row.n for p, row in zip(prefix, rows))
     mask = torch.zeros(len(rows), 1, T, S, dtype=torch.bool, device=device)
     for r, (p, row) in enumerate(zip(prefix, rows)):
         n = row.n

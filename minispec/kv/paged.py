@@ -220,12 +220,12 @@ class PagedKVCache:
         if "rows" not in self._reads:  # the same blocks in every layer of this forward
             tables = [self.tables[s] or [0] for s in self.rows]
             nb = max(map(len, tables))
-            self._reads["rows"] = torch.tensor([t + t[:1] * (nb - len(t)) for t in tables],
-                                               device=self.k_pool.device)  # [R, nb]
-        table = self._reads["rows"]
-        (R, nb), (_, Hkv, bs, hd) = table.shape, self.k_pool.shape[1:]
-        k = self.k_pool[layer].index_select(0, table.flatten()).view(R, nb, Hkv, bs, hd)
-        v = self.v_pool[layer].index_select(0, table.flatten()).view(R, nb, Hkv, bs, hd)
+            self._reads["rows"] = len(tables), nb, torch.tensor([b for t in tables for b in t + t[:1] * (nb - len(t))],
+                                                                device=self.k_pool.device)  # [R * nb] block ids
+        R, nb, blocks = self._reads["rows"]
+        _, Hkv, bs, hd = self.k_pool.shape[1:]
+        k = self.k_pool[layer].index_select(0, blocks).view(R, nb, Hkv, bs, hd)
+        v = self.v_pool[layer].index_select(0, blocks).view(R, nb, Hkv, bs, hd)
         kt = k.permute(0, 2, 4, 1, 3).reshape(R, Hkv, hd, nb * bs)  # [R, Hkv, hd, S] row-major
         return kt.transpose(-1, -2), v.transpose(1, 2).reshape(R, Hkv, nb * bs, hd)  # [R, Hkv, S, hd] both
 
