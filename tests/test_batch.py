@@ -67,6 +67,18 @@ def test_prefill_groups_prompts_of_similar_lengths_and_pads_little():
     assert len(prefill_groups(lengths, padding=100.0)) == 1
 
 
+def test_the_prefill_runs_one_forward_per_group_of_similar_prompts(tiny, monkeypatch):
+    """``BatchDecoder.prefill`` follows ``prefill_groups`` (each sequence's answer stays its own: the tests above)."""
+    model, tok, _ = tiny
+    ids = [encode_prompt(tok, p, chat=False) for p in PROMPTS]
+    batch = BatchDecoder(model, ids, max_new_tokens=4)
+    seen = []
+    forward = batch._forward
+    monkeypatch.setattr(batch, "_forward", lambda rows, **kw: seen.append(sorted(rows)) or forward(rows, **kw))
+    batch.prefill()
+    assert seen == [sorted(g) for g in prefill_groups([len(i) for i in ids])] and len(seen) > 1
+
+
 def test_sequences_leave_the_batch_when_they_finish(tiny):
     """Different token budgets (through EOS ids) finish sequences at different steps: the forward's
     rows shrink and the finished sequence's blocks return to the pool at once."""
