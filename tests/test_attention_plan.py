@@ -197,3 +197,37 @@ def test_a_prefill_of_very_different_lengths_attends_row_by_row(tiny):
     assert prepare_ragged(2, 40, "cpu", kv, {0: 40, 2: 30}).mask is not None
     kv.discard()
     assert prepare_ragged(2, 4, "cpu", kv, {0: 4, 1: 3}, backend="split_torch").mask is None
+
+
+def test_a_plan_works_its_mask_out_once_for_every_layer_with_the_same_bits(tiny, monkeypatch):
+    """A verify over a prefix past one key block: the hidden keys and key blocks of the plan's mask are worked
+    out once (``masked_keys``), not in each of the layers, and the logits equal those of each layer working the
+    raw mask out itself; a mask that does not fit the keys is still refused with its shape."""
+    import minispec.attention.invariant as invariant
+    import minispec.attention.plan as plan_module
+
+    calls = []
+
+    def counted(mask):
+        calls.append(mask)
+        return invariant.masked_keys(mask)
+
+    monkeypatch.setattr(plan_module, "masked_keys", counted)
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    x = torch.tensor([[7, 8, 9, 10]])
+    with torch.inference_mode():
+        kv = KVCache.for_model(tiny, 200)
+        tiny(torch.randint(0, 256, (1, 150), generator=torch.Generator().manual_seed(0)), kv=kv)
+        kv.commit()
+        once = tiny(x, kv=kv, mask=tree).logits
+        kv.discard()
+        assert len(calls) == 1 and tiny.cfg.n_layer > 1
+        monkeypatch.setattr(plan_module.Plan, "masked", lambda self, backend, q: self.mask)  # every layer its own
+        each = tiny(x, kv=kv, mask=tree).logits
+        kv.discard()
+    assert torch.equal(once, each)
+    q, k = torch.zeros(1, 4, 4, 16), torch.zeros(1, 2, 150, 16)
+    with pytest.raises(ValueError, match=r"mask must be boolean \[4, 150\]"):
+        invariant.invariant_attention(q, k, k, invariant.masked_keys(torch.ones(4, 154, dtype=torch.bool)))
+    with pytest.raises(ValueError, match="mask must be boolean"):
+        invariant.masked_keys(torch.ones(4, 150))

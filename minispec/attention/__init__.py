@@ -83,7 +83,8 @@ def attend(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pref
         prefix_len: committed tokens before the new ones.
         tree_mask: bool [B or 1, T, T] among the new tokens when the whole prefix is visible
             (None with mask None means causal).
-        mask: the full bool mask [B or 1, 1, T, S] / [T, S], or None for causal.
+        mask: the full bool mask [B or 1, 1, T, S] / [T, S], or None for causal; on the CPU's dense path also
+            its ``invariant.masked_keys`` (a plan works the mask out once for every layer).
     Returns:
         [B, H, T, hd]. The split backends run when mask is None or tree_mask is given; any
         other mask goes to dense (row-invariant on the CPU, SDPA elsewhere: ``dense_attention``,

@@ -169,14 +169,35 @@ def _rows_invariant(plan: AttentionPlan, hd: int, dtype: torch.dtype) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class MaskedKeys:
+    """What a mask tells the products, worked out once (``masked_keys``) for every layer that shares it.
+
+    mask: bool [T, S] or [B or 1, 1, T, S]; hidden: ~mask as [B or 1, 1, 1, T, S]; blocks: ``key_blocks(mask)``.
+    """
+    mask: torch.Tensor
+    hidden: torch.Tensor
+    blocks: list[torch.Tensor] | str | None
+
+
+def masked_keys(mask: torch.Tensor) -> MaskedKeys:
+    """Check a bool mask [T, S] / [B or 1, 1, T, S] and work out its hidden keys and key blocks (a few small ops
+    and, past one block of keys, a read on the host): a forward's layers share one mask, so a plan does this once."""
+    if mask.dtype != torch.bool or mask.dim() not in (2, 4) or (mask.dim() == 4 and mask.shape[1] != 1):
+        raise ValueError(f"mask must be boolean [T, S] or [B or 1, 1, T, S], got {mask.dtype} {tuple(mask.shape)}")
+    hidden = ~(mask if mask.dim() == 4 else mask[None, None])[:, :, None]  # [B or 1, 1, 1, T, S]
+    return MaskedKeys(mask, hidden, key_blocks(mask))
+
+
 def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        mask: torch.Tensor | None = None, plan: AttentionPlan | None = None) -> torch.Tensor:
+                        mask: torch.Tensor | MaskedKeys | None = None, plan: AttentionPlan | None = None) -> torch.Tensor:
     """Softmax attention whose every row is computed as it would be alone.
 
     Args:
         q: [B, H, T, hd] queries; k, v: [B, Hkv, S, hd] keys and values.
-        mask: bool (True = may attend) of shape [T, S] or [B or 1, 1, T, S], or None: causal with
-            the T queries at the last T key positions (every key visible when T = 1).
+        mask: bool (True = may attend) of shape [T, S] or [B or 1, 1, T, S], or the ``masked_keys`` of one
+            (what a plan hands every layer), or None: causal with the T queries at the last T key positions
+            (every key visible when T = 1).
         plan: how to shape the products; None: ``attention_plan`` probed for this CPU (on another
             device, where minispec claims no row invariance, the plain plan).
     Returns:
@@ -188,18 +209,15 @@ def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         plan = attention_plan(hd, q.dtype) if q.device.type == "cpu" else AttentionPlan()
     if mask is None and T > 1:
         mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)  # [T, S]
-    hidden = None
+    hidden = blocks = None
     if mask is not None:
-        if mask.dtype != torch.bool or mask.shape[-2:] != (T, S) or mask.dim() not in (2, 4):
-            raise ValueError(f"mask must be boolean [{T}, {S}] or [B or 1, 1, {T}, {S}], got {mask.dtype} "
-                             f"{tuple(mask.shape)}")
-        hidden = ~(mask if mask.dim() == 4 else mask[None, None])[:, :, None]  # [B or 1, 1, 1, T, S]
-        blocks = key_blocks(mask)
+        keys = mask if isinstance(mask, MaskedKeys) else masked_keys(mask)
+        if keys.mask.shape[-2:] != (T, S):
+            raise ValueError(f"mask must be boolean [{T}, {S}] or [B or 1, 1, {T}, {S}], got {tuple(keys.mask.shape)}")
+        hidden, blocks = keys.hidden, keys.blocks
         if blocks == "per batch":  # trees that differ between batch rows and straddle a block boundary
-            return torch.cat([invariant_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], mask[b:b + 1], plan)
+            return torch.cat([invariant_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], keys.mask[b:b + 1], plan)
                               for b in range(B)])
-    else:
-        blocks = None
     qg = q.reshape(B, Hkv, G * T, hd)  # the G query heads of a KV head as rows (g, t)
     B_ = batch_for_threads(B, Hkv) if q.device.type == "cpu" else B
     if B_ > B:

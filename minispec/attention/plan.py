@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from . import attend, causal_mask
+from .invariant import MaskedKeys, masked_keys
 from ..kv.protocol import KVCacheProtocol, RaggedKVCache
 
 
@@ -43,6 +44,7 @@ class Plan:
     positions: torch.Tensor
     mask: torch.Tensor | None = None
     tree: torch.Tensor | None = None
+    keys: MaskedKeys | None = field(default=None, init=False, repr=False)  # the mask worked out once (CPU dense)
 
     def attend(self, backend: str, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                kv: KVCacheProtocol | None) -> torch.Tensor:
@@ -50,7 +52,16 @@ class Plan:
         if kv is not None:
             k, v = kv.write(layer, k, v)  # [B, Hkv, S, hd] committed prefix + new
         # dense: one pass with the full mask; split_*: mask-free prefix + masked tree, merged by log-sum-exp
-        return attend(backend, q, k, v, k.shape[2] - q.shape[2], self.tree, self.mask)
+        return attend(backend, q, k, v, k.shape[2] - q.shape[2], self.tree, self.masked(backend, q))
+
+    def masked(self, backend: str, q: torch.Tensor) -> torch.Tensor | MaskedKeys | None:
+        """The mask as ``attend`` takes it: on the CPU's dense path, its ``masked_keys``, worked out by the first
+        layer for all (the hidden keys and key blocks are the same in every layer); elsewhere the mask."""
+        if self.mask is None or backend != "dense" or q.device.type != "cpu":
+            return self.mask
+        if self.keys is None or self.keys.mask is not self.mask:
+            self.keys = masked_keys(self.mask)
+        return self.keys
 
     def last(self, h: torch.Tensor) -> torch.Tensor:
         """Each row's last new token: h [B, T, D] -> [B, 1, D] (a prefill's LM head)."""
@@ -90,7 +101,7 @@ class RaggedPlan(Plan):
             k_all, v_all = kv.read_rows(layer)  # [R, Hkv, S', hd], S' >= S: the keys past S are hidden too
             if self.mask.shape[-1] != k_all.shape[2]:
                 self.mask = F.pad(self.mask, (0, k_all.shape[2] - self.mask.shape[-1]), value=False)
-            return attend(backend, q, k_all, v_all, 0, None, self.mask)
+            return attend(backend, q, k_all, v_all, 0, None, self.masked(backend, q))
         out = torch.zeros_like(q)  # [R, H, T, hd]; a row's padding stays 0
         for r, row in enumerate(self.rows):
             k_r, v_r = kv.read(layer, row.seq)  # [1, Hkv, prefix_r + n_r, hd]
