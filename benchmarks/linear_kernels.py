@@ -8,6 +8,10 @@ timed at several row counts M, the candidates interleaved round by round in one 
     panels     minispec's path: the weight as contiguous [in, 32] panels, one torch.bmm
     f_linear   F.linear (the BLAS picks its kernel from M)
     onednn     oneDNN's prepacked weights (torch.ops.mkldnn._linear_pointwise), where available
+    numpy      with ``--numpy``: NumPy's own BLAS (OpenBLAS in NumPy's wheels) at the same thread count
+               (``threadpoolctl``), a reference only: at one row it is a matrix-vector kernel, which on
+               some CPUs reads the weights faster than the others, but its rows change bits with M (see
+               the probe), so minispec cannot verify with it what it decodes with it
 
 (each candidate runs a few untimed passes before its timed ones in every round, so its own weight
 copy is as warm in the caches as when decoding uses it alone), and each kind of weight is probed for the row counts at which its rows change
@@ -19,6 +23,7 @@ copy is as warm in the caches as when decoding uses it alone), and each kind of 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -26,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 
-def kernels(layers) -> dict:
-    """{name: product(layer, x)} for the candidates this PyTorch build has."""
+def kernels(layers, numpy: bool = False) -> dict:
+    """{name: product(layer, x)} for the candidates this PyTorch build has (and NumPy's BLAS with ``numpy``)."""
     out = {"panels": lambda layer, x: layer._product("panels", x),
            "f_linear": lambda layer, x: F.linear(x, layer.weight)}
     if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
@@ -35,7 +40,23 @@ def kernels(layers) -> dict:
                   for layer in layers}
         out["onednn"] = lambda layer, x: torch.ops.mkldnn._linear_pointwise(x, packed[id(layer)], layer.bias, "none",
                                                                             [], "")
+    if numpy:
+        w_np = {id(layer): layer.weight.detach().numpy() for layer in layers}  # the same memory, [out, in]
+        out["numpy"] = lambda layer, x: torch.from_numpy(x.numpy() @ w_np[id(layer)].T)  # bias-free layers only
     return out
+
+
+def numpy_blas(threads: int):
+    """NumPy's BLAS held to ``threads`` threads for the run (a context manager) and its name, e.g. 'openblas
+    (Haswell)'; raises SystemExit naming the missing package without threadpoolctl."""
+    try:
+        from threadpoolctl import threadpool_info, threadpool_limits
+    except ImportError:
+        raise SystemExit("--numpy needs threadpoolctl to hold NumPy's BLAS to --threads: pip install threadpoolctl")
+    info = [i for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"].lower()] \
+        or [i for i in threadpool_info() if i["user_api"] == "blas"]
+    name = f"{info[0]['internal_api']} ({info[0].get('architecture')})" if info else "unknown"
+    return threadpool_limits(limits=threads, user_api="blas"), name
 
 
 def main(argv=None) -> int:
@@ -50,17 +71,23 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default="1,2,5,9,17", help="row counts M to time")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds (the median is reported)")
     ap.add_argument("--passes", type=int, default=3, help="untimed then timed passes per candidate and round")
+    ap.add_argument("--numpy", action="store_true", help="NumPy's own BLAS as a reference (needs threadpoolctl)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, _ = load(args.model)
     layers = [m for m in model.modules() if isinstance(m, Linear)]
-    cands = kernels(layers)
+    if args.numpy and any(layer.bias is not None for layer in layers):
+        raise SystemExit(f"--numpy times bias-free products only; {args.model} has biases")
+    limits, blas = numpy_blas(args.threads) if args.numpy else (contextlib.nullcontext(), None)
+    cands = kernels(layers, args.numpy)
     weight_mb = sum(layer.weight.numel() * layer.weight.element_size() for layer in layers) / 2**20
     print(f"{args.model}: {len(layers)} linear products per forward, {weight_mb:.0f} MiB of weights; "
           f"{args.threads} threads")
+    if blas:
+        print(f"numpy: NumPy's BLAS, {blas}, {args.threads} threads (a reference: its rows vary with M)")
     times: dict = {}
-    with torch.inference_mode():
+    with torch.inference_mode(), limits:
         for m in [int(r) for r in args.rows.split(",")]:
             xs = [torch.randn(m, layer.in_features) for layer in layers]
             samples = {name: [] for name in cands}
@@ -85,7 +112,7 @@ def main(argv=None) -> int:
     for key, v in varies.items():
         print(f"  {key:12s} " + "  ".join(f"{name}: {rows or 'none'}" for name, rows in v.items()))
     if args.json:
-        print(f"saved {save_json(args.json, dict(benchmark='linear_kernels', model=args.model, threads=args.threads, rounds=args.rounds, ms_per_forward=times, varying_rows=varies))}")
+        print(f"saved {save_json(args.json, dict(benchmark='linear_kernels', model=args.model, threads=args.threads, rounds=args.rounds, numpy_blas=blas, ms_per_forward=times, varying_rows=varies))}")
     return 0
 
 
