@@ -118,14 +118,18 @@ def test_profile_command_on_a_tiny_model(tmp_path):
     import subprocess
     import sys
 
+    import os
+
     out = tmp_path / "p.json"
-    r = subprocess.run([sys.executable, "-m", "minispec", "profile", "--model", "tiny-llama", "--methods", "vanilla,pld",
+    r = subprocess.run([sys.executable, "-m", "minispec", "profile", "--model", "tiny-llama", "--methods", "vanilla,pld,auto",
                         "--prompts", "2", "--max-new-tokens", "16", "--sizes", "0,2", "--reps", "1", "--threads", "1",
-                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+                        "--json", str(out)], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, MINISPEC_CACHE=str(tmp_path)))
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
     assert res["copy_bandwidth_gb_s"] > 0 and res["weight_bytes"] > 0 and set(res["verify_ms"]) == {"0", "2"}
-    assert set(res["methods"]) == {"vanilla", "pld"} and res["methods"]["vanilla"]["tau"] == 1.0
+    assert set(res["methods"]) == {"vanilla", "pld", "auto"} and res["methods"]["vanilla"]["tau"] == 1.0
+    assert "auto = vanilla (calibrated now" in r.stdout  # auto resolves to this machine's choice (no head: vanilla)
     assert res["device"]["cpu"] and "vanilla" in r.stdout and "floor" in r.stdout
     assert res["device"]["linear_kernel"] in ("auto: panels", "auto: onednn", "panels", "onednn")  # the kernel that ran
     assert res["peak_gflop_s"] > 0 and res["flop_per_row"] == res["weight_bytes"] // 2  # fp32: 4 bytes, 2 FLOP

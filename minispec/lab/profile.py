@@ -218,7 +218,7 @@ def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new
                 reps: int, draft_vocab=None, params=None, breakdown: bool = True) -> dict:
     """Everything ``python -m minispec profile`` reports, as one dict (``breakdown``: with ``forward_breakdown``)."""
     from .. import load
-    from ..dispatch import verify_cost_curve
+    from ..dispatch import resolve, verify_cost_curve
     from ..sampling import GREEDY
     from ..methods import Methods
 
@@ -232,7 +232,9 @@ def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new
     t0 = curve[min(curve)]
     parts = forward_breakdown(target, context) if breakdown else None
     made = Methods(target, model_name, draft_vocab=draft_vocab)
-    rows = step_breakdown(target, tok, prompts, {m: made.drafter(m) for m in methods}, max_new_tokens, params)
+    drafters = {m: made.drafter(resolve(m, made, tok, say=lambda line: print(line, flush=True), params=params or GREEDY))
+                for m in methods}  # auto: this machine's choice, announced
+    rows = step_breakdown(target, tok, prompts, drafters, max_new_tokens, params)
     base = rows.get("vanilla")
     for r in rows.values():
         r["ms_per_token"] = r["step_ms"] / r["tau"]
