@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def _run(*args):
     return subprocess.run([sys.executable, "-m", "minispec", *args], capture_output=True, text=True, timeout=300)
@@ -138,3 +140,18 @@ def test_idle_cores_are_measured_now_not_averaged_over_the_last_minute(tmp_path)
     stat.write_text("cpu  10 1 5 80 4 0 0 0 0 0\ncpu0 5 0 2 40 2 0 0 0 0 0\n")
     assert _cpu_times(str(stat)) == (84, 100)
     assert _cpu_times(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (("demo", "--model", "tiny-llama", "--threads", "-3"), "argument --threads: must be at least 0, got -3"),
+    (("bench", "--threads", "x"), "argument --threads: must be a whole number, got 'x'"),
+    (("train", "eagle", "--threads", "0"), "argument --threads: must be at least 1, got 0"),
+    (("profile", "--methods", "vanilla,zzz"), "unknown method 'zzz'"),
+    (("profile", "--sizes", "0,x"), "--sizes: must be a whole number, got 'x'"),
+    (("profile", "--reps", "0"), "argument --reps: must be at least 1, got 0"),
+])
+def test_bad_counts_and_methods_are_refused_by_name_before_anything_loads(args, message):
+    """A bad --threads (any command), profile's methods, sizes or repetitions: exit 2 with the argument named,
+    not a traceback from torch.set_num_threads or int() once the model has loaded."""
+    r = _run(*args)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -10,6 +10,7 @@ prepacked linear kernel this machine runs (``minispec.kernel_choice``).
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import platform
@@ -20,6 +21,22 @@ REQUIRED = ["torch", "numpy", "transformers", "safetensors", "gguf", "accelerate
 # the course extra: opening the notebooks in a browser. Missing, check-env warns and does not fail: scripts, the
 # tests and headless notebook runs (pytest --nbmake) work without it
 COURSE = {"jupyterlab": "open the notebooks in a browser: make lab (or pip install -e '.[course]')"}
+
+
+def at_least(minimum: int):
+    """An argparse ``type``: a whole number >= ``minimum`` (``--threads`` at 0 means ``default_threads``), so that a
+    bad count is refused with its name before anything loads, not by a traceback from deep inside."""
+    def whole(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {n}")
+        return n
+
+    whole.__name__ = f"whole number >= {minimum}"  # how argparse names the type in its messages
+    return whole
 
 
 def default_threads(cores: int | None = None, load: float | None = None, idle: float | None = None) -> int:

@@ -313,6 +313,8 @@ class Suite:
 
 
 def main(argv=None) -> int:
+    from .env import at_least
+
     ap = argparse.ArgumentParser(prog="python -m minispec gpu-suite", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="directory for the JSON files")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: the same code paths, for CI")
@@ -320,7 +322,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tests-s", type=float, default=TESTS_S,
                     help=f"the GPU tests' own time limit in seconds (default {TESTS_S:.0f})")
     ap.add_argument("--only", default=None, help=f"comma list of sections (default all: {','.join(SECTIONS)})")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads for --smoke (default: one per idle core)")
+    ap.add_argument("--threads", type=at_least(0), default=0, help="torch CPU threads for --smoke (default, or 0: one per idle core)")
     args = ap.parse_args(argv)
     sections = [s.strip() for s in args.only.split(",")] if args.only else list(SECTIONS)
     if unknown := [s for s in sections if s not in SECTIONS]:

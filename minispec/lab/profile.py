@@ -282,20 +282,21 @@ def format_profile(r: dict) -> str:
 def main(argv=None) -> int:
     from .benchinfo import save_json
     from ..config import fast
-    from .env import default_threads
+    from .env import at_least, default_threads
+    from ..methods import parse_method
     from ..prompts import own_prompts
 
     ap = argparse.ArgumentParser(prog="python -m minispec profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--methods", default="vanilla,pld,eagle,eagle2@5/6/16,eagle2")
-    ap.add_argument("--prompts", type=int, default=4, help="minispec's own prompts (never Spec-Bench)")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--prompts", type=at_least(1), default=4, help="minispec's own prompts (never Spec-Bench)")
+    ap.add_argument("--max-new-tokens", type=at_least(1), default=64)
     ap.add_argument("--sizes", default="0,1,2,4,8,16,32,64", help="N of the verify-cost curve")
-    ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--context", type=at_least(1), default=256)
+    ap.add_argument("--reps", type=at_least(1), default=7)
     ap.add_argument("--draft-vocab", type=int, default=None)
     ap.add_argument("--no-prepack", action="store_true", help="F.linear instead of the weight panels (the before figure)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: one per idle core)")
+    ap.add_argument("--threads", type=at_least(0), default=0, help="torch threads (default, or 0: one per idle core)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); else sampled, seeded")
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
@@ -307,8 +308,12 @@ def main(argv=None) -> int:
 
     try:
         params = SamplingParams(args.temperature, args.top_k, args.top_p)
-    except ValueError as e:
-        ap.error(str(e))
+        methods = [parse_method(m.strip()).name for m in args.methods.split(",") if m.strip()]
+        sizes = sorted({at_least(0)(n) for n in args.sizes.split(",")})
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        ap.error(f"--sizes: {e}" if isinstance(e, argparse.ArgumentTypeError) else str(e))
+    if not methods:
+        ap.error("--methods names no method")
     torch.set_num_threads(args.threads or default_threads())
     if args.no_prepack:
         from ..linear import Linear
@@ -316,8 +321,7 @@ def main(argv=None) -> int:
         Linear.prepack = False
     n_prompts, tokens = (1, 8) if fast() else (args.prompts, args.max_new_tokens)
     prompts = [p["prompt"] for p in own_prompts()][:n_prompts]
-    r = run_profile(args.model, [m.strip() for m in args.methods.split(",") if m.strip()], prompts, tokens,
-                    [int(s) for s in args.sizes.split(",")], args.context, args.reps, args.draft_vocab, params,
+    r = run_profile(args.model, methods, prompts, tokens, sizes, args.context, args.reps, args.draft_vocab, params,
                     args.breakdown)
     print(format_profile(r))
     if args.json:

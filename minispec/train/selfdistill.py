@@ -54,6 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..lab.env import at_least
 from ..config import cache_dir
 from ..drafters.base import Features, Vanilla
 from . import TARGET
@@ -181,7 +182,7 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--max-prompt-tokens", type=int, default=192)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=at_least(1), default=1)
     p.add_argument("--minutes", type=float, default=0,
                    help="stop after the call that ends past this wall time (0: none); the parts done are kept")
     p.add_argument("--generator", choices=["minispec", "transformers"], default="minispec",
