@@ -112,6 +112,10 @@ def as_drafter(drafter) -> Drafter:
     """``drafter``, or ``Vanilla()`` for None; TypeError for anything that is not a ``Drafter``."""
     if drafter is None:
         return Vanilla()
+    if isinstance(drafter, str):  # a method's name: its drafter comes from the method table
+        raise TypeError(f"drafter={drafter!r} is a name, not a Drafter: pass "
+                        f"minispec.methods.Methods(model).drafter({drafter!r}) (a method such as 'pld', 'eagle' "
+                        "or 'eagle2@5/8/32')")
     if not isinstance(drafter, Drafter):
         raise TypeError(f"{drafter!r} is not a minispec Drafter: subclass minispec.drafters.Drafter "
                         "(propose, and prefill / commit to learn what the target committed)")

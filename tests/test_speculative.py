@@ -144,6 +144,8 @@ def test_an_object_that_is_no_drafter_is_rejected(target):
 
     with pytest.raises(TypeError, match="not a minispec Drafter"):
         generate(model, tok, "hi", drafter=NotADrafter(), max_new_tokens=4)
+    with pytest.raises(TypeError, match=r"is a name, not a Drafter: pass minispec.methods.Methods\(model\).drafter\('pld'\)"):
+        generate(model, tok, "hi", drafter="pld", max_new_tokens=4)
     with pytest.raises(TypeError):  # the contract is an abstract base class: propose is required
         type("NoPropose", (Drafter,), {})()
 
