@@ -31,6 +31,9 @@ import torch
 import torch.nn.functional as F
 
 
+NUMPY_IDLE_S = 0.5  # seconds after NumPy's passes before the next candidate runs
+
+
 def kernels(layers, numpy: bool = False) -> dict:
     """{name: product(layer, x)} for the candidates this PyTorch build has (and NumPy's BLAS with ``numpy``)."""
     out = {"panels": lambda layer, x: layer._product("panels", x),
@@ -99,6 +102,8 @@ def main(argv=None) -> int:
                             fn(layer, x)
                         if r >= 1 and p >= args.passes:
                             samples[name].append(time.perf_counter() - t0)
+                    if name == "numpy":  # OpenBLAS's threads spin for ~0.1-0.2 s after a call, which slows the
+                        time.sleep(NUMPY_IDLE_S)  # next candidate's two threads ~3x: let them go to sleep first
             times[m] = {name: statistics.median(s) * 1e3 for name, s in samples.items()}
             print(f"M = {m:3d}: " + "  ".join(f"{name} {ms:6.2f} ms" for name, ms in times[m].items())
                   + f"  (panels {times[m]['f_linear'] / times[m]['panels']:.2f}x F.linear)")
