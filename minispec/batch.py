@@ -40,7 +40,7 @@ import torch
 from .attention.plan import prepare_ragged
 from .drafters.base import Drafter
 from .generate import Decoder, GenerationResult, _eos_ids, as_drafter, check_block_size, encode_checked, seeded
-from .kv import PagedKVCache
+from .kv import PagedKVCache, RowKVCache
 from .sampling import GREEDY, SamplingParams, as_params
 
 
@@ -63,7 +63,7 @@ class BatchDecoder:
 
     def __init__(self, target, prompts: Sequence[Sequence[int]], drafters: Sequence[Drafter | None] | None = None,
                  params: SamplingParams = GREEDY, max_new_tokens: int | Sequence[int] = 64, eos: set[int] = frozenset(),
-                 generators: Sequence[torch.Generator | None] | None = None, block_size: int = 16):
+                 generators: Sequence[torch.Generator | None] | None = None, block_size: int = 16, kv: str = "paged"):
         B = len(prompts)
         drafters = list(drafters) if drafters is not None else [None] * B
         generators = list(generators) if generators is not None else [None] * B
@@ -78,8 +78,13 @@ class BatchDecoder:
         check_block_size(block_size)
         most = max(d.max_nodes for d in drafters)  # every row of a step's forward is padded to the largest tree
         capacity = [len(p) + n + most for p, n in zip(prompts, budgets)]
-        n_blocks = sum(-(-c // block_size) for c in capacity)
-        self.kv = PagedKVCache.for_model(target, max(capacity), batch_size=B, block_size=block_size, n_blocks=n_blocks)
+        if kv == "rows":  # every sequence a contiguous row of its own: a step reads its rows without gathers
+            self.kv = RowKVCache.for_model(target, max(capacity), batch_size=B)
+        elif kv == "paged":  # chapter 7's pool of blocks, shared by the sequences
+            n_blocks = sum(-(-c // block_size) for c in capacity)
+            self.kv = PagedKVCache.for_model(target, max(capacity), batch_size=B, block_size=block_size, n_blocks=n_blocks)
+        else:
+            raise ValueError(f"kv must be 'paged' or 'rows', got {kv!r}")
         self.decs = [Decoder(target, ids, d, params, n, eos, g, kv=self.kv)
                      for ids, d, g, n in zip(prompts, drafters, generators, budgets)]
         self.target = target
@@ -162,7 +167,7 @@ class BatchDecoder:
     def _finish(self) -> None:
         """Finished sequences leave the batch: their KV blocks return to the pool."""
         for b, dec in enumerate(self.decs):
-            if dec.done and self.kv.tables[b]:
+            if dec.done and self.kv.lengths[b]:
                 self.kv.free(b)
 
 
@@ -210,7 +215,8 @@ def generate_batch(target, tokenizer, prompts: Sequence[str | Sequence[int]],
                    drafter: Sequence[Drafter] | Callable[[], Drafter] | None = None, temperature: float = 0.0,
                    top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64, chat: bool = True,
                    seed: int | Sequence[int] | None = None, stop_at_eos: bool = True,
-                   kv_block_size: int = 16, params: SamplingParams | None = None) -> tuple[list[GenerationResult], BatchDecoder]:
+                   kv_block_size: int = 16, params: SamplingParams | None = None, kv: str = "paged"
+                   ) -> tuple[list[GenerationResult], BatchDecoder]:
     """Generate continuations of B prompts together (chapter 7); each equals ``generate`` alone.
 
     Args:
@@ -220,6 +226,8 @@ def generate_batch(target, tokenizer, prompts: Sequence[str | Sequence[int]],
         seed: None, one seed for all, or one per prompt; sequence b samples from its own
             generator, so its output equals ``generate(..., seed=seed_b)``.
         kv_block_size: tokens per block of the shared paged KV cache.
+        kv: "paged" (chapter 7's pool of blocks) or "rows" (``RowKVCache``: every sequence a contiguous row of its
+            own, read without gathers: faster on the CPU, for as much memory as the longest sequence in every row).
         The rest as for ``generate``.
     Returns:
         (one GenerationResult per prompt, the BatchDecoder: batch timings ``prefill_s``,
@@ -236,7 +244,7 @@ def generate_batch(target, tokenizer, prompts: Sequence[str | Sequence[int]],
         raise ValueError(f"{B} prompts need one seed or {B} seeds, got {len(seeds)}")
     eos = _eos_ids(target, tokenizer) if stop_at_eos else set()
     batch = BatchDecoder(target, ids, _drafters(drafter, B), params, max_new_tokens, eos, [seeded(s) for s in seeds],
-                         kv_block_size)
+                         kv_block_size, kv)
     batch.prefill()
     while not batch.done:
         batch.step()

@@ -12,7 +12,7 @@ A forward's life with a cache:
 A ragged batch (chapter 7) needs more: rows of different lengths cannot come back as one tensor,
 so the cache stores a layer's new entries (``store``) and each row reads its own sequence
 (``read``), or every row at once, each padded to the longest with entries its mask hides (``read_rows``);
-only the paged cache does that (``RaggedKVCache``).
+the paged cache and the row cache do that (``RaggedKVCache``).
 
 Shapes: B batch, Hkv key/value heads, T new tokens, S cached + new keys, hd head dim.
 """

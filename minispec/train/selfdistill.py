@@ -181,6 +181,9 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16, help="sequences decoded together")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--max-prompt-tokens", type=int, default=192)
+    p.add_argument("--kv", choices=["rows", "paged"], default="rows",
+                   help="the batch's KV cache: rows (each sequence its own row, read without gathers: faster on the "
+                        "CPU) or paged (chapter 7's block pool); the same tokens and features either way")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=at_least(1), default=1)
     p.add_argument("--minutes", type=float, default=0,
@@ -231,7 +234,7 @@ def make_part(target, tok, ids: list[list[int]], args) -> dict:
         batch = ids[s:s + args.batch_size]
         recorders = [FeatureRecorder() for _ in batch]
         results, _ = generate_batch(target, tok, batch, drafter=recorders, max_new_tokens=args.max_new_tokens,
-                                    chat=False)
+                                    chat=False, kv=getattr(args, "kv", "rows"))
         for r, rec in zip(results, recorders):
             tokens = torch.tensor(r.prompt_tokens + r.tokens, dtype=torch.int32)  # [T]
             feats = rec.features  # [T - 1, D]: position t's hidden state (it predicts token t + 1)
