@@ -57,7 +57,78 @@ def _is_list(k) -> bool:
     return isinstance(k, (list, tuple)) or (torch.is_tensor(k) and k.dim() == 1)
 
 
-class PagedKVCache:
+def ragged_counts(n_new, batch_size: int, sequences: int) -> tuple[list[int], list[int]]:
+    """A ragged ``begin``'s arguments -> (the forward's rows: its sequences in row order, new tokens per sequence).
+    ``n_new``: one count for every sequence, one per sequence, or ``{sequence: count}``; ValueError if it does not
+    fit ``sequences`` sequences or a forward of ``batch_size`` rows."""
+    if isinstance(n_new, dict):
+        rows = [int(s) for s in n_new]
+        if len(set(rows)) != len(rows) or any(not 0 <= s < sequences for s in rows):
+            raise ValueError(f"sequences {rows} must be distinct indices into the batch of {sequences}")
+        ns = [0] * sequences
+        for s, n in zip(rows, n_new.values()):
+            ns[s] = int(n)
+    else:
+        rows = list(range(sequences))
+        ns = [int(n) for n in (n_new if isinstance(n_new, (list, tuple)) else [n_new] * sequences)]
+    if batch_size != len(rows):
+        raise ValueError(f"batch of {batch_size} does not match the KV cache's batch of {len(rows)}")
+    if len(ns) != sequences or min(ns) < 0:
+        raise ValueError(f"n_new={n_new} must be a count >= 0 or one per sequence ({sequences})")
+    return rows, ns
+
+
+def ragged_keeps(keep, pendings: list[int]) -> list[list[int]]:
+    """A ragged ``commit``'s ``keep`` (None, one list of indices, or one list or None per sequence) -> the pending
+    indices each sequence keeps, all validated before any is used (ValueError)."""
+    per_seq = keep is not None and len(keep) == len(pendings) and all(k is None or _is_list(k) for k in keep)
+    keeps = list(keep) if per_seq else [keep] * len(pendings)
+    keeps = [list(range(n)) if k is None else [int(i) for i in k] for k, n in zip(keeps, pendings)]
+    for k, n in zip(keeps, pendings):
+        if any(not 0 <= i < n for i in k) or any(a >= b for a, b in zip(k, k[1:])):
+            raise ValueError(f"keep={k} must be strictly increasing indices into the {n} pending entries")
+    return keeps
+
+
+def ragged_rollback(n, lengths: list[int]) -> list[int]:
+    """A ragged ``rollback``'s n (one count, or one per sequence) -> the count per sequence (ValueError past a
+    sequence's committed tokens)."""
+    ns = [int(x) for x in (n if isinstance(n, (list, tuple)) else [n] * len(lengths))]
+    if len(ns) != len(lengths) or any(not 0 <= x <= L for x, L in zip(ns, lengths)):
+        raise ValueError(f"cannot roll back {n} tokens: the cache holds {lengths}")
+    return ns
+
+
+class RaggedLengths:
+    """The lengths of a ragged cache's sequences (``lengths`` committed, ``pendings`` uncommitted, per sequence),
+    as the single-prefix interface reads them; shared by ``PagedKVCache`` and ``rows.RowKVCache``."""
+
+    lengths: list[int]
+    pendings: list[int]
+
+    @property
+    def length(self) -> int:
+        """The committed length shared by all sequences (the model's prefix); ValueError if ragged."""
+        if len(set(self.lengths)) > 1:
+            raise ValueError(f"sequences have different lengths {self.lengths}: a ragged batch has no single "
+                             "length; read .lengths")
+        return self.lengths[0]
+
+    @property
+    def pending(self) -> int:
+        """Pending tokens of the last forward (the most of any sequence; 0 = nothing pending)."""
+        return max(self.pendings)
+
+    def free(self, seq: int) -> None:
+        """Sequence ``seq`` is finished: forget its tokens."""
+        if self.pending:
+            raise RuntimeError("commit() or discard() the pending entries before freeing a sequence")
+        if not 0 <= seq < len(self.lengths):
+            raise ValueError(f"no sequence {seq} in a batch of {len(self.lengths)}")
+        self.lengths[seq] = 0
+
+
+class PagedKVCache(RaggedLengths):
     """K/V of B sequences in a pool of blocks.
 
     State: ``k_pool``, ``v_pool`` [L, N, Hkv, bs, hd]; ``tables[b]`` the blocks of sequence b in
@@ -94,19 +165,6 @@ class PagedKVCache:
     def n_blocks(self) -> int:
         return self.k_pool.shape[1]
 
-    @property
-    def length(self) -> int:
-        """The committed length shared by all sequences (the model's prefix); ValueError if ragged."""
-        if len(set(self.lengths)) > 1:
-            raise ValueError(f"sequences have different lengths {self.lengths}: a ragged batch has no single "
-                             "length; read .lengths and attend through block_table()")
-        return self.lengths[0]
-
-    @property
-    def pending(self) -> int:
-        """Pending tokens of the last forward (the most of any sequence; 0 = nothing pending)."""
-        return max(self.pendings)
-
     def __repr__(self):
         return (f"PagedKVCache(lengths={self.lengths}, pending={self.pendings}, blocks free {len(self.free_list)}"
                 f"/{self.n_blocks} of {self.block_size} tokens, batch={self.batch_size})")
@@ -126,20 +184,7 @@ class PagedKVCache:
         if self.pending:
             raise RuntimeError(f"{self.pending} pending KV entries from the last forward: "
                                "call commit() or discard() first")
-        if isinstance(n_new, dict):
-            rows = [int(s) for s in n_new]
-            if len(set(rows)) != len(rows) or any(not 0 <= s < self.batch_size for s in rows):
-                raise ValueError(f"sequences {rows} must be distinct indices into the batch of {self.batch_size}")
-            ns = [0] * self.batch_size
-            for s, n in zip(rows, n_new.values()):
-                ns[s] = int(n)
-        else:
-            rows = list(range(self.batch_size))
-            ns = [int(n) for n in (n_new if isinstance(n_new, (list, tuple)) else [n_new] * self.batch_size)]
-        if batch_size != len(rows):
-            raise ValueError(f"batch of {batch_size} does not match the KV cache's batch of {len(rows)}")
-        if len(ns) != self.batch_size or min(ns) < 0:
-            raise ValueError(f"n_new={n_new} must be a count >= 0 or one per sequence ({self.batch_size})")
+        rows, ns = ragged_counts(n_new, batch_size, self.batch_size)
         bs = self.block_size
         need = [_cdiv(L + n, bs) - len(t) for L, n, t in zip(self.lengths, ns, self.tables)]
         if sum(need) > len(self.free_list):
@@ -255,12 +300,7 @@ class PagedKVCache:
         """Keep pending entries: all (None), those at the given strictly increasing indices (0 = first
         new token; a draft tree's accepted path), or one such list (or None) per sequence (ragged
         acceptance). Kept entries move to contiguous slots; blocks left without a token return to the pool."""
-        per_seq = keep is not None and len(keep) == self.batch_size and all(k is None or _is_list(k) for k in keep)
-        keeps = list(keep) if per_seq else [keep] * self.batch_size
-        keeps = [list(range(n)) if k is None else [int(i) for i in k] for k, n in zip(keeps, self.pendings)]
-        for k, n in zip(keeps, self.pendings):  # validate every sequence before changing any
-            if any(not 0 <= i < n for i in k) or any(a >= b for a, b in zip(k, k[1:])):
-                raise ValueError(f"keep={k} must be strictly increasing indices into the {n} pending entries")
+        keeps = ragged_keeps(keep, self.pendings)  # every sequence validated before any changes
         for b, k in enumerate(keeps):
             L = self.lengths[b]
             if k != list(range(len(k))):  # compaction: the accepted path moves down to the next slots
@@ -284,20 +324,13 @@ class PagedKVCache:
         """Forget the last n committed tokens (an int, or one count per sequence): O(1), no copy."""
         if self.pending:
             raise RuntimeError("commit() or discard() the pending entries before rolling back")
-        ns = [int(x) for x in (n if isinstance(n, (list, tuple)) else [n] * self.batch_size)]
-        if len(ns) != self.batch_size or any(not 0 <= x <= L for x, L in zip(ns, self.lengths)):
-            raise ValueError(f"cannot roll back {n} tokens: the cache holds {self.lengths}")
-        for b, x in enumerate(ns):
+        for b, x in enumerate(ragged_rollback(n, self.lengths)):
             self.lengths[b] -= x
             self._release_beyond(b, self.lengths[b])
 
     def free(self, seq: int) -> None:
         """Sequence ``seq`` is finished: forget its tokens, its blocks return to the pool."""
-        if self.pending:
-            raise RuntimeError("commit() or discard() the pending entries before freeing a sequence")
-        if not 0 <= seq < self.batch_size:
-            raise ValueError(f"no sequence {seq} in a batch of {self.batch_size}")
-        self.lengths[seq] = 0
+        super().free(seq)
         self._release_beyond(seq, 0)
 
     def reset(self) -> None:

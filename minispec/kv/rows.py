@@ -3,8 +3,8 @@
 The paged cache (``paged.py``) shares one pool of blocks among sequences of any length. Reading a whole ragged
 batch from it at once (``read_rows``) gathers every row's blocks and, for the CPU's row-invariant attention, which
 reads K^T row-major, transposes them: in a batched decode step on the CPU those copies are most of the step. Here
-sequence b owns row b of two buffers, K stored keys last [L, B, Hkv, hd, cap] (the layout the CPU attention
-reads, as ``KVCache`` stores it) and V [L, B, Hkv, cap, hd], so a step's rows are read as views of the buffers
+sequence b owns row b of two buffers [L, B, Hkv, cap, hd], K stored keys last (the layout the CPU attention
+reads, as ``KVCache`` stores it), so a step's rows are read as views of the buffers
 (or with one ``index_select`` of rows when some sequences sit the step out). The price is the contiguous cache's:
 every sequence holds ``capacity`` slots from the start.
 
@@ -22,13 +22,14 @@ from typing import Sequence
 
 import torch
 
-from .contiguous import KVCacheOverflow
+from .contiguous import KVCacheOverflow, zeros_keys_last
+from .paged import RaggedLengths, ragged_counts, ragged_keeps, ragged_rollback
 
 
-class RowKVCache:
+class RowKVCache(RaggedLengths):
     """K/V of B sequences, sequence b in row b.
 
-    State: ``k`` [L, B, Hkv, hd, cap] (keys last), ``v`` [L, B, Hkv, cap, hd]; ``lengths[b]`` committed tokens of
+    State: ``k``, ``v`` [L, B, Hkv, cap, hd] (``k`` stored keys last); ``lengths[b]`` committed tokens of
     sequence b, ``pendings[b]`` its uncommitted ones (written after them); ``rows`` the sequences of the pending
     forward, in row order. Slots past a sequence's tokens hold stale (finite) entries that attention masks hide.
     """
@@ -37,8 +38,9 @@ class RowKVCache:
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         if capacity <= 0 or batch_size <= 0:
             raise ValueError(f"capacity and batch_size must be positive, got {capacity} and {batch_size}")
-        self.k = torch.zeros(n_layer, batch_size, n_kv_head, head_dim, capacity, dtype=dtype, device=device)
-        self.v = torch.zeros(n_layer, batch_size, n_kv_head, capacity, head_dim, dtype=dtype, device=device)
+        shape = (n_layer, batch_size, n_kv_head, capacity, head_dim)
+        self.k = zeros_keys_last(shape, dtype, device)  # the transpose of a row-major [L, B, Hkv, hd, cap]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.batch_size = batch_size
         self.lengths = [0] * batch_size  # committed tokens per sequence
         self.pendings = [0] * batch_size  # tokens written by the last forward, not yet committed
@@ -53,19 +55,7 @@ class RowKVCache:
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[-1]
-
-    @property
-    def length(self) -> int:
-        """The committed length shared by all sequences (the model's prefix); ValueError if ragged."""
-        if len(set(self.lengths)) > 1:
-            raise ValueError(f"sequences have different lengths {self.lengths}: a ragged batch has no single length")
-        return self.lengths[0]
-
-    @property
-    def pending(self) -> int:
-        """Pending tokens of the last forward (the most of any sequence; 0 = nothing pending)."""
-        return max(self.pendings)
+        return self.k.shape[3]
 
     def __repr__(self):
         return f"RowKVCache(lengths={self.lengths}, pending={self.pendings}, capacity={self.capacity})"
@@ -78,20 +68,7 @@ class RowKVCache:
         if self.pending:
             raise RuntimeError(f"{self.pending} pending KV entries from the last forward: "
                                "call commit() or discard() first")
-        if isinstance(n_new, dict):
-            rows = [int(s) for s in n_new]
-            if len(set(rows)) != len(rows) or any(not 0 <= s < self.batch_size for s in rows):
-                raise ValueError(f"sequences {rows} must be distinct indices into the batch of {self.batch_size}")
-            ns = [0] * self.batch_size
-            for s, n in zip(rows, n_new.values()):
-                ns[s] = int(n)
-        else:
-            rows = list(range(self.batch_size))
-            ns = [int(n) for n in (n_new if isinstance(n_new, (list, tuple)) else [n_new] * self.batch_size)]
-        if batch_size != len(rows):
-            raise ValueError(f"batch of {batch_size} does not match the KV cache's batch of {len(rows)}")
-        if len(ns) != self.batch_size or min(ns) < 0:
-            raise ValueError(f"n_new={n_new} must be a count >= 0 or one per sequence ({self.batch_size})")
+        rows, ns = ragged_counts(n_new, batch_size, self.batch_size)
         over = [b for b in range(self.batch_size) if self.lengths[b] + ns[b] > self.capacity]
         if over:
             raise KVCacheOverflow(f"KV cache overflow: sequences {over} would hold "
@@ -110,7 +87,7 @@ class RowKVCache:
         if self._plan is None or k.shape[2] != self.pending:
             raise RuntimeError(f"write of {k.shape[2]} tokens but {self.pending} were reserved with begin()")
         r, toks, seq, pos = self._plan
-        self.k[layer, seq, :, :, pos] = k[r, :, toks]  # [n, Hkv, hd] into their slots
+        self.k[layer, seq, :, pos] = k[r, :, toks]  # [n, Hkv, hd] into their slots
         self.v[layer, seq, :, pos] = v[r, :, toks]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,12 +100,12 @@ class RowKVCache:
                                "read_rows() for a ragged batch")
         self.store(layer, k, v)
         S = S.pop()
-        return self.k[layer, :, :, :, :S].transpose(-1, -2), self.v[layer, :, :, :S]
+        return self.k[layer, :, :, :S], self.v[layer, :, :, :S]
 
     def read(self, layer: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's K and V [1, Hkv, n, hd] of sequence ``seq``: its committed and pending tokens (views)."""
         n = self.lengths[seq] + self.pendings[seq]
-        return self.k[layer, seq, :, :, :n].transpose(-1, -2)[None], self.v[layer, seq, :, :n][None]
+        return self.k[layer, seq, :, :n][None], self.v[layer, seq, :, :n][None]
 
     def read_rows(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's K and V [R, Hkv, S, hd] of the pending forward's R rows, S = the longest row's tokens: row r
@@ -136,29 +113,23 @@ class RowKVCache:
         when every sequence takes part in the forward, in order; else one ``index_select`` of rows. K is the
         transpose of a row-major [R, Hkv, hd, S], the layout the CPU's row-invariant attention reads."""
         S = max(self.lengths[s] + self.pendings[s] for s in self.rows)
-        k, v = self.k[layer, :, :, :, :S], self.v[layer, :, :, :S]
-        if self.rows != list(range(self.batch_size)):
+        k, v = self.k[layer, :, :, :S], self.v[layer, :, :, :S]  # views, K keys last
+        if self.rows != list(range(self.batch_size)):  # some sequences sit this forward out: copy the rows that run
             idx = torch.tensor(self.rows, device=k.device)
-            k, v = k.index_select(0, idx), v.index_select(0, idx)
-        return k.transpose(-1, -2), v
+            k = k.transpose(-1, -2).index_select(0, idx).transpose(-1, -2)  # still keys last
+            v = v.index_select(0, idx)
+        return k, v
 
     # ------------------------------------------------------------------ the decode loop's side
     def commit(self, keep=None) -> None:
         """Keep pending entries: all (None), those at the given strictly increasing indices (0 = first new token;
         a draft tree's accepted path), or one such list (or None) per sequence. Kept entries move to the next slots."""
-        per_seq = keep is not None and len(keep) == self.batch_size and all(
-            k is None or isinstance(k, (list, tuple)) or (torch.is_tensor(k) and k.dim() == 1) for k in keep)
-        keeps = list(keep) if per_seq else [keep] * self.batch_size
-        keeps = [list(range(n)) if k is None else [int(i) for i in k] for k, n in zip(keeps, self.pendings)]
-        for k, n in zip(keeps, self.pendings):  # validate every sequence before changing any
-            if any(not 0 <= i < n for i in k) or any(a >= b for a, b in zip(k, k[1:])):
-                raise ValueError(f"keep={k} must be strictly increasing indices into the {n} pending entries")
-        for b, k in enumerate(keeps):
+        for b, k in enumerate(ragged_keeps(keep, self.pendings)):  # every sequence validated before any changes
             L = self.lengths[b]
             if k != list(range(len(k))):  # compaction: the accepted path moves down to the next slots
                 src, dst = torch.tensor([L + i for i in k]), torch.arange(L, L + len(k))
-                self.k[:, b, :, :, dst] = self.k[:, b, :, :, src]  # gathered before stored
-                self.v[:, b, :, dst] = self.v[:, b, :, src]
+                for buf in (self.k, self.v):
+                    buf[:, b, :, dst] = buf[:, b, :, src]  # gathered before stored
             self.lengths[b] += len(k)
             self.pendings[b] = 0
         self._plan = None
@@ -171,32 +142,18 @@ class RowKVCache:
         """Forget the last n committed tokens (an int, or one count per sequence): no copy."""
         if self.pending:
             raise RuntimeError("commit() or discard() the pending entries before rolling back")
-        ns = [int(x) for x in (n if isinstance(n, (list, tuple)) else [n] * self.batch_size)]
-        if len(ns) != self.batch_size or any(not 0 <= x <= L for x, L in zip(ns, self.lengths)):
-            raise ValueError(f"cannot roll back {n} tokens: the cache holds {self.lengths}")
-        self.lengths = [L - x for L, x in zip(self.lengths, ns)]
-
-    def free(self, seq: int) -> None:
-        """Sequence ``seq`` is finished: forget its tokens."""
-        if self.pending:
-            raise RuntimeError("commit() or discard() the pending entries before freeing a sequence")
-        if not 0 <= seq < self.batch_size:
-            raise ValueError(f"no sequence {seq} in a batch of {self.batch_size}")
-        self.lengths[seq] = 0
+        self.lengths = [L - x for L, x in zip(self.lengths, ragged_rollback(n, self.lengths))]
 
     def reset(self) -> None:
         """Forget every sequence and anything pending."""
         self.lengths, self.pendings, self._plan = [0] * self.batch_size, [0] * self.batch_size, None
 
     def reserve(self, capacity: int) -> None:
-        """Grow every row (at least doubling) to hold ``capacity`` tokens."""
-        if capacity <= self.capacity:
-            return
-        if self.pending:
+        """Grow every row (at least doubling) to hold ``capacity`` tokens, keeping what it holds."""
+        if self.pending and capacity > self.capacity:
             raise RuntimeError("commit() or discard() the pending entries before growing the cache")
-        new = max(capacity, 2 * self.capacity)
-        k = self.k.new_zeros(*self.k.shape[:-1], new)
-        k[..., :self.capacity] = self.k
-        v = self.v.new_zeros(*self.v.shape[:3], new, self.v.shape[-1])
-        v[:, :, :, :self.capacity] = self.v
-        self.k, self.v = k, v
+        if capacity > self.capacity:
+            old, shape = self.capacity, (*self.v.shape[:3], max(capacity, 2 * self.capacity), self.v.shape[4])
+            k, v = zeros_keys_last(shape, self.k.dtype, self.k.device), self.v.new_zeros(shape)
+            k[:, :, :, :old], v[:, :, :, :old] = self.k, self.v
+            self.k, self.v = k, v
