@@ -78,6 +78,16 @@ def ragged_counts(n_new, batch_size: int, sequences: int) -> tuple[list[int], li
     return rows, ns
 
 
+def new_slots(rows: list[int], pendings: list[int], lengths: list[int], device) -> tuple[torch.Tensor, ...]:
+    """Where a ragged forward's new tokens go, as index tensors [n] (n = the pending tokens of its rows): the forward
+    row of each, its index among its row's new tokens, its sequence and its position in that sequence."""
+    ns = torch.tensor([pendings[s] for s in rows], device=device)  # [R]
+    r = torch.repeat_interleave(torch.arange(len(rows), device=device), ns)  # [n]: forward row of each new token
+    toks = torch.cat([torch.arange(pendings[s], device=device) for s in rows])  # [n]: index among the row's new ones
+    seq = torch.tensor(rows, device=device)[r]  # [n]
+    return r, toks, seq, torch.tensor(lengths, device=device)[seq] + toks  # position: after the committed tokens
+
+
 def ragged_keeps(keep, pendings: list[int]) -> list[list[int]]:
     """A ragged ``commit``'s ``keep`` (None, one list of indices, or one list or None per sequence) -> the pending
     indices each sequence keeps, all validated before any is used (ValueError)."""
@@ -201,12 +211,7 @@ class PagedKVCache(RaggedLengths):
         """Index tensors for this forward's writes (and reads), built once and used by every layer."""
         dev, bs = self.k_pool.device, self.block_size
         table = self.block_table().long()  # [B, W]
-        slot = torch.tensor(self.rows, device=dev)  # [R]: the sequence of each forward row
-        ns = torch.tensor([self.pendings[s] for s in self.rows], device=dev)  # [R]
-        rows = torch.repeat_interleave(torch.arange(len(self.rows), device=dev), ns)  # [n]: forward row of each new token
-        toks = torch.cat([torch.arange(self.pendings[s], device=dev) for s in self.rows])  # [n]: index among the new
-        seq = slot[rows]
-        pos = torch.tensor(self.lengths, device=dev)[seq] + toks  # [n]: its position in the sequence
+        rows, toks, seq, pos = new_slots(self.rows, self.pendings, self.lengths, dev)  # [n] each
         write = rows, toks, table[seq, pos // bs], pos % bs  # (source row, source token) -> (block, offset)
         S = {L + n for L, n in zip(self.lengths, self.pendings)}
         read = None

@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from .contiguous import KVCacheOverflow, zeros_keys_last
-from .paged import RaggedLengths, ragged_counts, ragged_keeps, ragged_rollback
+from .paged import RaggedLengths, new_slots, ragged_counts, ragged_keeps, ragged_rollback
 
 
 class RowKVCache(RaggedLengths):
@@ -46,6 +46,7 @@ class RowKVCache(RaggedLengths):
         self.pendings = [0] * batch_size  # tokens written by the last forward, not yet committed
         self.rows = list(range(batch_size))  # the sequences of the pending forward's rows
         self._plan = None  # the pending forward's (rows, toks, seq, pos) index tensors, shared by every layer
+        self._read = None  # what its read_rows reads in every layer: (keys S, the rows' index or None for all)
 
     @classmethod
     def for_model(cls, model, capacity: int, batch_size: int = 1) -> "RowKVCache":
@@ -75,12 +76,9 @@ class RowKVCache(RaggedLengths):
                                   f"{[self.lengths[b] + ns[b] for b in over]} tokens, capacity {self.capacity}; "
                                   "allocate a larger cache or reserve() more")
         dev = self.k.device
-        n_rows = torch.tensor([ns[s] for s in rows], device=dev)  # [R]
-        r = torch.repeat_interleave(torch.arange(len(rows), device=dev), n_rows)  # [n]: forward row of each new token
-        toks = torch.cat([torch.arange(ns[s], device=dev) for s in rows])  # [n]: its index among the row's new ones
-        seq = torch.tensor(rows, device=dev)[r]  # [n]
-        pos = torch.tensor(self.lengths, device=dev)[seq] + toks  # [n]: its slot in its sequence's row
-        self.pendings, self.rows, self._plan = ns, rows, (r, toks, seq, pos)
+        self.pendings, self.rows, self._plan = ns, rows, new_slots(rows, ns, self.lengths, dev)  # [n] each
+        every = rows == list(range(self.batch_size))  # every sequence in the forward, in order: views will do
+        self._read = max((self.lengths[s] + ns[s] for s in rows), default=0), None if every else torch.tensor(rows, device=dev)
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store layer's new k, v [R, Hkv, T, hd] (T = the most pending; row r keeps its first pendings)."""
@@ -94,7 +92,7 @@ class RowKVCache(RaggedLengths):
         """Store layer's new k, v [B, Hkv, T, hd]; return prefix + new [B, Hkv, S, hd] (views; every sequence in
         the forward with the same length)."""
         S = {L + n for L, n in zip(self.lengths, self.pendings)}
-        if len(S) != 1 or self.rows != list(range(self.batch_size)):
+        if self._plan is not None and (len(S) != 1 or self._read[1] is not None):  # without begin(), store() raises
             raise RuntimeError(f"write() returns one [B, Hkv, S, hd] tensor, but the sequences hold "
                                f"{[L + n for L, n in zip(self.lengths, self.pendings)]} tokens; use store() and "
                                "read_rows() for a ragged batch")
@@ -112,10 +110,9 @@ class RowKVCache(RaggedLengths):
         holds its sequence's tokens, then stale entries its attention mask must hide (``RaggedPlan`` does). Views
         when every sequence takes part in the forward, in order; else one ``index_select`` of rows. K is the
         transpose of a row-major [R, Hkv, hd, S], the layout the CPU's row-invariant attention reads."""
-        S = max(self.lengths[s] + self.pendings[s] for s in self.rows)
+        S, idx = self._read
         k, v = self.k[layer, :, :, :S], self.v[layer, :, :, :S]  # views, K keys last
-        if self.rows != list(range(self.batch_size)):  # some sequences sit this forward out: copy the rows that run
-            idx = torch.tensor(self.rows, device=k.device)
+        if idx is not None:  # some sequences sit this forward out: copy the rows that run
             k = k.transpose(-1, -2).index_select(0, idx).transpose(-1, -2)  # still keys last
             v = v.index_select(0, idx)
         return k, v
