@@ -2,8 +2,10 @@
 
 The same ShareGPT prompts (self-distillation's own order, never Spec-Bench), decoded greedily as one batch with
 ``generate_batch(..., kv=...)`` for each cache, the caches alternating round by round in one process; reports
-tokens/s, ms per decode step and whether both caches gave the same tokens. Not part of CI: timings are
-machine-dependent.
+tokens/s, ms per decode step and whether both caches gave the same tokens. ``--row-call-scores 0,512`` also
+alternates the ragged plan's cost of a per-row attention call (``minispec.attention.plan.ROW_CALL_SCORES``; 0: a
+ragged step attends in one call only when padding at most doubles its scores), each value with each cache. Not part
+of CI: timings are machine-dependent.
 
     python benchmarks/row_vs_paged_kv.py --batch-size 32 --max-new-tokens 96 --rounds 2 --threads 1 \\
         --json benchmarks/results/row_vs_paged_kv_cpu.json
@@ -18,6 +20,7 @@ import torch
 
 
 def main(argv=None) -> int:
+    from minispec.attention import plan
     from minispec.batch import generate_batch
     from minispec.lab.benchinfo import save_json
     from minispec.lab.env import at_least
@@ -31,29 +34,45 @@ def main(argv=None) -> int:
     ap.add_argument("--offset", type=at_least(0), default=5000, help="where in self-distillation's prompt order")
     ap.add_argument("--rounds", type=at_least(1), default=2)
     ap.add_argument("--threads", type=at_least(1), default=1)
+    ap.add_argument("--row-call-scores", default=None,
+                    help="comma-separated values of plan.ROW_CALL_SCORES to alternate (default: the shipped one)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    try:
+        costs = [int(c) for c in args.row_call_scores.split(",")] if args.row_call_scores else [plan.ROW_CALL_SCORES]
+    except ValueError:
+        costs = [-1]
+    if any(c < 0 for c in costs):
+        ap.error(f"--row-call-scores must be counts >= 0, got {args.row_call_scores}")
     torch.set_num_threads(args.threads)
     model, tok = load(sd.TARGET)
     texts = sd.prompt_order()[args.offset:args.offset + 2 * args.batch_size]
     ids = sd.part_prompts(tok, texts, args)[:args.batch_size]
-    runs: dict[str, list[dict]] = {"paged": [], "rows": []}
+    shipped = plan.ROW_CALL_SCORES
+    variants = [(kv, c) for c in costs for kv in ("paged", "rows")]
+    name = (lambda kv, c: kv) if len(costs) == 1 else (lambda kv, c: f"{kv}@{c}")
+    runs: dict[str, list[dict]] = {name(*v): [] for v in variants}
     tokens: dict[str, list] = {}
-    for r in range(args.rounds):
-        for kv in (("paged", "rows") if r % 2 == 0 else ("rows", "paged")):
-            results, batch = generate_batch(model, tok, ids, max_new_tokens=args.max_new_tokens, chat=False,
-                                            stop_at_eos=False, kv=kv)
-            new = sum(len(x.tokens) for x in results)
-            runs[kv].append(dict(new_tokens=new, decode_s=batch.decode_s, prefill_s=batch.prefill_s,
-                                 steps=batch.steps, tokens_per_s=new / (batch.prefill_s + batch.decode_s),
-                                 step_ms=batch.decode_s / batch.steps * 1e3))
-            tokens[kv] = [x.tokens for x in results]
-            print(f"round {r} {kv:5s}: {runs[kv][-1]['tokens_per_s']:.1f} tok/s, {runs[kv][-1]['step_ms']:.0f} ms/step")
-    same = tokens["rows"] == tokens["paged"]
-    summary = {kv: {k: statistics.median(x[k] for x in rs) for k in ("tokens_per_s", "step_ms")} for kv, rs in runs.items()}
-    print(f"median: paged {summary['paged']['tokens_per_s']:.1f} tok/s ({summary['paged']['step_ms']:.0f} ms/step), "
-          f"rows {summary['rows']['tokens_per_s']:.1f} tok/s ({summary['rows']['step_ms']:.0f} ms/step): "
-          f"{summary['rows']['tokens_per_s'] / summary['paged']['tokens_per_s']:.2f}x; same tokens: {same}")
+    try:
+        for r in range(args.rounds):
+            for kv, c in (variants if r % 2 == 0 else variants[::-1]):
+                plan.ROW_CALL_SCORES = c
+                results, batch = generate_batch(model, tok, ids, max_new_tokens=args.max_new_tokens, chat=False,
+                                                stop_at_eos=False, kv=kv)
+                new = sum(len(x.tokens) for x in results)
+                v = name(kv, c)
+                runs[v].append(dict(new_tokens=new, decode_s=batch.decode_s, prefill_s=batch.prefill_s,
+                                    steps=batch.steps, tokens_per_s=new / (batch.prefill_s + batch.decode_s),
+                                    step_ms=batch.decode_s / batch.steps * 1e3))
+                tokens[v] = [x.tokens for x in results]
+                print(f"round {r} {v:10s}: {runs[v][-1]['tokens_per_s']:.1f} tok/s, {runs[v][-1]['step_ms']:.0f} ms/step")
+    finally:
+        plan.ROW_CALL_SCORES = shipped
+    same = all(t == tokens[name(*variants[0])] for t in tokens.values())
+    summary = {v: {k: statistics.median(x[k] for x in rs) for k in ("tokens_per_s", "step_ms")} for v, rs in runs.items()}
+    base = summary[name(*variants[0])]["tokens_per_s"]
+    print("median: " + ", ".join(f"{v} {s['tokens_per_s']:.1f} tok/s ({s['step_ms']:.0f} ms/step, "
+                                 f"{s['tokens_per_s'] / base:.2f}x)" for v, s in summary.items()) + f"; same tokens: {same}")
     if args.json:
         print(f"saved {save_json(args.json, dict(benchmark='row_vs_paged_kv', settings=vars(args), runs=runs, summary=summary, same_tokens=same))}")
     return 0 if same else 1

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from minispec import load
-from minispec.attention.plan import Plan, RaggedPlan, prepare, prepare_ragged
+from minispec.attention.plan import ROW_CALL_SCORES, Plan, RaggedPlan, prepare, prepare_ragged
 from minispec.cuda_graphs import StaticKVCache, static_forward
 from minispec.drafters.eagle import EagleConfig, EagleHead
 from minispec.drafters.eagle3 import Eagle3Config, Eagle3Head
@@ -190,13 +190,22 @@ def test_a_ragged_batch_attends_in_one_call_with_the_bits_of_row_by_row(tiny):
         assert torch.equal(a, b)
 
 
-def test_a_prefill_of_very_different_lengths_attends_row_by_row(tiny):
+def test_a_prefill_of_very_different_lengths_attends_row_by_row_and_a_ragged_decode_step_in_one_call(tiny):
     kv = PagedKVCache.for_model(tiny, 64, batch_size=3, block_size=4)
-    assert prepare_ragged(3, 40, "cpu", kv, {0: 40, 1: 2, 2: 2}).mask is None  # 3 x 40 x 40 scores for 40 x 40 + 2 x 4
+    # 3 x 60 x 60 scores padded, for 60 x 60 + 2 x 4 of the rows' own: more than the 3 calls' ROW_CALL_SCORES save
+    assert 3 * 60 * 60 > 2 * (60 * 60 + 2 * 4) + 3 * ROW_CALL_SCORES
+    assert prepare_ragged(3, 60, "cpu", kv, {0: 60, 1: 2, 2: 2}).mask is None
     kv.discard()
     assert prepare_ragged(2, 40, "cpu", kv, {0: 40, 2: 30}).mask is not None
     kv.discard()
     assert prepare_ragged(2, 4, "cpu", kv, {0: 4, 1: 3}, backend="split_torch").mask is None
+    kv.discard()
+    prepare_ragged(3, 40, "cpu", kv, {0: 40, 1: 2, 2: 2}, backend="split_torch")
+    kv.commit()  # prefixes of 40, 2 and 2 keys
+    # a decode step: 3 x 41 scores padded against 41 + 3 + 3 of the rows' own, more than twice as many,
+    # but far cheaper than two more attention calls in every layer
+    assert 3 * 41 > 2 * (41 + 3 + 3) and 3 * 41 <= 2 * (41 + 3 + 3) + 3 * ROW_CALL_SCORES
+    assert prepare_ragged(3, 1, "cpu", kv, {0: 1, 1: 1, 2: 1}).mask is not None
 
 
 def test_a_plan_works_its_mask_out_once_for_every_layer_with_the_same_bits(tiny, monkeypatch):

@@ -31,6 +31,13 @@ from .invariant import MaskedKeys, masked_keys
 from ..kv.protocol import KVCacheProtocol, RaggedKVCache
 
 
+ROW_CALL_SCORES = 512  # what one row's own attention call costs beyond its scores, counted in (query, key) score
+#                        entries: ~200 us a layer against ~0.5 us an entry (SmolLM2's 9 heads, one thread, a 2-core
+#                        AMD EPYC). A ragged batch attends in one call, padded to its longest row, unless the padding
+#                        costs more than the calls it saves (a ragged decode step: one call; prompts of very
+#                        different lengths: row by row). Either way the same bits (RaggedPlan)
+
+
 @dataclass
 class Plan:
     """One attention call for the whole batch: every row sees the same committed prefix.
@@ -86,8 +93,9 @@ class RaggedPlan(Plan):
     entries its row of ``mask`` hides, up to the longest row), which on the CPU computes, bit for bit, what
     the row's forward alone computes (``invariant.invariant_attention``: hidden keys add exact zeros, the
     regime its probe checks). The split backends, whose prefix is one length for the whole batch, attend
-    row by row, and so does dense attention where padding the rows to the longest would more than double the
-    scores to compute (a prefill of prompts of different lengths). A padding token's output is meaningless.
+    row by row, and so does dense attention where padding the rows to the longest would cost more than the
+    per-row calls it saves (``ROW_CALL_SCORES``: a prefill of prompts of very different lengths). A padding
+    token's output is meaningless.
 
     mask: the dense backend's [R, 1, T, S] mask over the rows' keys (None: row by row), extended with hidden
         keys to the S' keys ``read_rows`` returns on first use.
@@ -172,7 +180,8 @@ def prepare_ragged(B: int, T: int, device, kv: RaggedKVCache, ragged: dict[int, 
     check_context(positions, context)
     kv.begin(B, ragged)
     S = max(p + n for p, n in zip(prefix, ns))
-    one_call = backend == "dense" and B > 1 and B * T * S <= 2 * sum(n * (p + n) for p, n in zip(prefix, ns))
+    scores = sum(n * (p + n) for p, n in zip(prefix, ns))  # (query, key) pairs the rows' own forwards compute
+    one_call = backend == "dense" and B > 1 and B * T * S <= 2 * scores + B * ROW_CALL_SCORES
     return RaggedPlan(positions, ragged_mask(rows, prefix, T, S, device) if one_call else None, rows=rows)
 
 
