@@ -9,6 +9,7 @@ generator and statistics; the batch shares the target's forward and one paged KV
     rows  = [dec.verify(tree_r, logits of row r)]             each sequence accepts its own path
     kv.commit(rows per sequence)                              ragged commit, blocks freed
     finished sequences free their blocks and leave the batch
+    waiting prompts take the freed rows (prefilled together)  continuous batching (``max_rows``)
 
 Sequences differ in prompt length, accepted length and tree shape, so the batch is ragged:
 the forward runs on a ragged attention plan (``attention.plan.prepare_ragged``, built from
@@ -18,6 +19,12 @@ row-invariant (``minispec.linear``),
 so each row computes, bit for bit, what that sequence's forward alone computes. Hence greedy
 batched output equals unbatched output, and sampled output too, given each sequence's seed:
 every random draw stays in its own sequence's generator.
+
+With ``max_rows`` below the number of prompts, at most that many sequences decode at once, and a
+finished sequence's cache row goes to the next waiting prompt at once (Orca's iteration-level
+scheduling): the forwards stay full while answers of different lengths finish, instead of running
+on fewer and fewer rows until the longest is done. A sequence's tokens do not depend on its company,
+so which prompts share a step changes no bit.
 
 Drafting is done sequence by sequence (each drafter holds its own context); the batching is in
 the target's forward, which on a memory-bound machine costs about the same for B rows as for
@@ -59,12 +66,18 @@ class BatchDecoder:
         params, eos: as for ``Decoder``; max_new_tokens: one budget, or one per sequence.
         generators: None or one sampling generator per sequence.
         block_size: tokens per KV block of the shared paged cache.
+        kv: "paged" (chapter 7's pool of blocks) or "rows" (``RowKVCache``).
+        max_rows: most sequences in a forward (None: every prompt at once); the others wait for a row.
     """
 
     def __init__(self, target, prompts: Sequence[Sequence[int]], drafters: Sequence[Drafter | None] | None = None,
                  params: SamplingParams = GREEDY, max_new_tokens: int | Sequence[int] = 64, eos: set[int] = frozenset(),
-                 generators: Sequence[torch.Generator | None] | None = None, block_size: int = 16, kv: str = "paged"):
+                 generators: Sequence[torch.Generator | None] | None = None, block_size: int = 16, kv: str = "paged",
+                 max_rows: int | None = None):
         B = len(prompts)
+        if max_rows is not None and (not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1):
+            raise ValueError(f"max_rows must be a positive number of sequences or None, got {max_rows!r}")
+        self.rows = B if max_rows is None else min(max_rows, B)  # the cache's rows
         drafters = list(drafters) if drafters is not None else [None] * B
         generators = list(generators) if generators is not None else [None] * B
         if len(drafters) != B or len(generators) != B:
@@ -79,15 +92,18 @@ class BatchDecoder:
         most = max(d.max_nodes for d in drafters)  # every row of a step's forward is padded to the largest tree
         capacity = [len(p) + n + most for p, n in zip(prompts, budgets)]
         if kv == "rows":  # every sequence a contiguous row of its own: a step reads its rows without gathers
-            self.kv = RowKVCache.for_model(target, max(capacity), batch_size=B)
-        elif kv == "paged":  # chapter 7's pool of blocks, shared by the sequences
-            n_blocks = sum(-(-c // block_size) for c in capacity)
-            self.kv = PagedKVCache.for_model(target, max(capacity), batch_size=B, block_size=block_size, n_blocks=n_blocks)
+            self.kv = RowKVCache.for_model(target, max(capacity), batch_size=self.rows)
+        elif kv == "paged":  # chapter 7's pool of blocks, shared by the sequences (enough for the largest at once)
+            n_blocks = sum(sorted((-(-c // block_size) for c in capacity), reverse=True)[:self.rows])
+            self.kv = PagedKVCache.for_model(target, max(capacity), batch_size=self.rows, block_size=block_size,
+                                             n_blocks=n_blocks)
         else:
             raise ValueError(f"kv must be 'paged' or 'rows', got {kv!r}")
         self.decs = [Decoder(target, ids, d, params, n, eos, g, kv=self.kv)
                      for ids, d, g, n in zip(prompts, drafters, generators, budgets)]
         self.target = target
+        self.row_of: dict[int, int] = {}  # sequence -> its cache row, while it decodes
+        self.waiting = list(range(B))  # sequences not yet prefilled, in prompt order
         self.layers = tuple(sorted({i for dec in self.decs for i in dec.layers}))
         self.phase_s = dict.fromkeys(("draft", "target", "verify", "commit", "hand_off"), 0.0)
         self.prefill_s = self.decode_s = 0.0
@@ -99,34 +115,46 @@ class BatchDecoder:
         return all(dec.done for dec in self.decs)
 
     def active(self) -> list[int]:
-        """The unfinished sequences (their order is the forward's row order)."""
-        return [b for b, dec in enumerate(self.decs) if not dec.done]
+        """The unfinished sequences that hold a cache row (their order is the forward's row order)."""
+        return [b for b in sorted(self.row_of) if not self.decs[b].done]
 
     def _forward(self, rows: dict[int, list[int]], positions: torch.Tensor | None = None, masks=None,
                  last_logits_only: bool = False):
-        """One target forward over ``{sequence: its new tokens}``, right-padded into [R, T]."""
+        """One target forward over ``{sequence: its new tokens}`` (each on its cache row), right-padded into [R, T]."""
         T = max(len(t) for t in rows.values())
         tokens = torch.zeros(len(rows), T, dtype=torch.long)  # [R, T]
         for r, t in enumerate(rows.values()):
             tokens[r, :len(t)] = torch.tensor(t)
         dev, cfg = self.target.device, self.target.cfg
-        plan = prepare_ragged(len(rows), T, dev, self.kv, {b: len(t) for b, t in rows.items()},
+        plan = prepare_ragged(len(rows), T, dev, self.kv, {self.row_of[b]: len(t) for b, t in rows.items()},
                               None if positions is None else positions.to(dev), masks, self.target.attention,
                               cfg.max_seq_len)  # each row attends over its own sequence's prefix
         return self.target(tokens.to(dev), kv=self.kv, plan=plan, hidden_layers=self.layers,
                            last_logits_only=last_logits_only)
 
     def prefill(self) -> None:
-        """Every prompt, in as few forwards as keep the padding small (``prefill_groups``: prompts of similar
-        lengths together); then each sequence starts on its row (``Decoder.start``)."""
-        t0 = time.perf_counter()
-        for group in prefill_groups([len(dec.ids) for dec in self.decs]):
-            out = self._forward({b: self.decs[b].ids for b in group}, last_logits_only=True)
-            self.kv.commit()
-            for r, b in enumerate(group):
-                self.decs[b].start(out, r)
-        self._finish()
-        self.prefill_s = time.perf_counter() - t0
+        """The first ``max_rows`` prompts (all by default) take the cache's rows (``admit``)."""
+        self.admit()
+
+    def admit(self) -> list[int]:
+        """Waiting prompts take the free cache rows, in prompt order; their prompts run in as few forwards as
+        keep the padding small (``prefill_groups``: prompts of similar lengths together), then each sequence
+        starts on its row (``Decoder.start``). Time counted in ``prefill_s``. Returns the sequences started."""
+        t0, started = time.perf_counter(), []
+        while self.waiting and len(self.row_of) < self.rows:
+            taken = set(self.row_of.values())
+            free = [r for r in range(self.rows) if r not in taken]
+            new = [self.waiting.pop(0) for _ in range(min(len(free), len(self.waiting)))]
+            self.row_of.update(zip(new, free))
+            for group in prefill_groups([len(self.decs[b].ids) for b in new]):
+                out = self._forward({new[i]: self.decs[new[i]].ids for i in group}, last_logits_only=True)
+                self.kv.commit()
+                for r, i in enumerate(group):
+                    self.decs[new[i]].start(out, r)
+            started += new
+            self._finish()  # a sequence may be done at its first token: its row goes to the next prompt
+        self.prefill_s += time.perf_counter() - t0
+        return started
 
     def step(self) -> dict[int, list[int]]:
         """One target forward for every unfinished sequence. Returns {sequence: tokens it emitted}."""
@@ -139,20 +167,20 @@ class BatchDecoder:
         active = self.active()
         trees = {b: self.decs[b].propose() for b in active}
         lap("draft")
-        inputs = {b: self.decs[b].inputs(tree, self.kv.lengths[b]) for b, tree in trees.items()}  # as each alone
+        inputs = {b: self.decs[b].inputs(tree, self.kv.lengths[self.row_of[b]]) for b, tree in trees.items()}  # as alone
         T = max(len(tokens) for tokens, _, _ in inputs.values())
         positions = torch.zeros(len(active), T, dtype=torch.long)  # [R, T]; padding at the sequence's length
         for r, (b, (tokens, pos, _)) in enumerate(inputs.items()):
-            positions[r] = self.kv.lengths[b]
+            positions[r] = self.kv.lengths[self.row_of[b]]
             positions[r, :len(tokens)] = pos
         masks = [None if m is None else m.to(self.target.device) for _, _, m in inputs.values()]
         out = self._forward({b: tokens for b, (tokens, _, _) in inputs.items()}, positions, masks)
         lap("target")
         verified = {b: self.decs[b].verify(tree, out.logits[r, :1 + len(tree)]) for r, (b, tree) in enumerate(trees.items())}
         lap("verify")
-        keep: list[list[int] | None] = [None] * len(self.decs)  # None: nothing pending (finished sequences)
+        keep: list[list[int] | None] = [None] * self.rows  # per cache row; None: nothing pending (a free row)
         for b, (_, rows) in verified.items():
-            keep[b] = rows
+            keep[self.row_of[b]] = rows
         self.kv.commit(keep)
         lap("commit")
         emitted = {b: self.decs[b].advance(trees[b], res, out, rows, r)
@@ -162,13 +190,15 @@ class BatchDecoder:
         self.steps += 1
         self.rows_per_step.append(len(active))
         self.decode_s += laps[-1] - laps[0]
+        self.admit()  # waiting prompts take the rows just freed
         return emitted
 
     def _finish(self) -> None:
-        """Finished sequences leave the batch: their KV blocks return to the pool."""
-        for b, dec in enumerate(self.decs):
-            if dec.done and self.kv.lengths[b]:
-                self.kv.free(b)
+        """Finished sequences leave the batch: their cache rows (KV blocks) are freed for the waiting prompts."""
+        for b in [b for b in self.row_of if self.decs[b].done]:
+            row = self.row_of.pop(b)
+            if self.kv.lengths[row]:
+                self.kv.free(row)
 
 
 PREFILL_PADDING = 1.25  # a prefill forward computes at most this many token rows per prompt token
@@ -215,8 +245,8 @@ def generate_batch(target, tokenizer, prompts: Sequence[str | Sequence[int]],
                    drafter: Sequence[Drafter] | Callable[[], Drafter] | None = None, temperature: float = 0.0,
                    top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64, chat: bool = True,
                    seed: int | Sequence[int] | None = None, stop_at_eos: bool = True,
-                   kv_block_size: int = 16, params: SamplingParams | None = None, kv: str = "paged"
-                   ) -> tuple[list[GenerationResult], BatchDecoder]:
+                   kv_block_size: int = 16, params: SamplingParams | None = None, kv: str = "paged",
+                   max_rows: int | None = None) -> tuple[list[GenerationResult], BatchDecoder]:
     """Generate continuations of B prompts together (chapter 7); each equals ``generate`` alone.
 
     Args:
@@ -228,6 +258,8 @@ def generate_batch(target, tokenizer, prompts: Sequence[str | Sequence[int]],
         kv_block_size: tokens per block of the shared paged KV cache.
         kv: "paged" (chapter 7's pool of blocks) or "rows" (``RowKVCache``: every sequence a contiguous row of its
             own, read without gathers: faster on the CPU, for as much memory as the longest sequence in every row).
+        max_rows: at most this many sequences decode together (None: all); a finished sequence's row goes to
+            the next prompt at once (continuous batching). Each output is the same either way.
         The rest as for ``generate``.
     Returns:
         (one GenerationResult per prompt, the BatchDecoder: batch timings ``prefill_s``,
@@ -244,7 +276,7 @@ def generate_batch(target, tokenizer, prompts: Sequence[str | Sequence[int]],
         raise ValueError(f"{B} prompts need one seed or {B} seeds, got {len(seeds)}")
     eos = _eos_ids(target, tokenizer) if stop_at_eos else set()
     batch = BatchDecoder(target, ids, _drafters(drafter, B), params, max_new_tokens, eos, [seeded(s) for s in seeds],
-                         kv_block_size, kv)
+                         kv_block_size, kv, max_rows)
     batch.prefill()
     while not batch.done:
         batch.step()

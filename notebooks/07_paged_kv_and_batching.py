@@ -732,6 +732,27 @@ ax.set_title("ragged acceptance: each sequence commits its own number of tokens 
 ax.legend(ncol=6, fontsize=8); plt.tight_layout(); plt.show()
 
 # %% [markdown]
+# **Continuous batching.** Above, the batch only shrinks: once a sequence finishes, its row is idle
+# until the longest answer is done, and the forwards run on fewer and fewer rows. With more prompts
+# than rows (`max_rows`), a finished sequence's cache row goes to the next waiting prompt at once
+# (Orca's iteration-level scheduling): its prompt is prefilled, and from the next step on it decodes
+# beside the others. Which prompts share a forward changes no bit of any answer (every row computes
+# what it computes alone), so the scheduler is free to fill the rows. It pays where answers end at
+# very different lengths; `python benchmarks/continuous_batching.py` measures it against static batches
+# on self-distillation's workload, where it does not: there most answers run to the token budget, and
+# a row that gets two such answers back to back takes as many steps as two static batches.
+
+# %%
+batch = BatchDecoder(target, ids, [m() for m in makers], max_new_tokens=budgets, block_size=4, max_rows=3)
+batch.prefill()
+while not batch.done:
+    batch.step()
+print("rows in each step's forward, 3 cache rows for 6 prompts:", batch.rows_per_step)
+for b, (dec, make) in enumerate(zip(batch.decs, makers)):
+    assert dec.new == generate(target, tok, ids[b], drafter=make(), max_new_tokens=budgets[b], chat=False).tokens
+print("every answer equals the prompt decoded alone")
+
+# %% [markdown]
 # **Throughput and its economics.** Batching and speculation both buy tokens per weight read:
 # batching with more sequences, speculation with more rows per sequence. Extra rows are cheap
 # only while the forward is bound by memory bandwidth, and on a 2-core CPU that ends after a few

@@ -106,6 +106,39 @@ def test_sequences_leave_the_batch_when_they_finish(tiny):
         assert dec.new == cut
 
 
+@pytest.mark.parametrize("kv", ["paged", "rows"])
+def test_waiting_prompts_take_the_rows_of_finished_sequences_and_each_answer_stays_its_own(tiny, kv):
+    """Continuous batching: six prompts with budgets of 2 to 30 tokens on a cache of two rows (``max_rows=2``).
+    While prompts wait, every step's forward is full (a finished sequence's row went to the next prompt at
+    once); no forward has more than two rows; and each answer, greedy with a draft chain or sampled with
+    its seed, equals the sequence alone."""
+    model, tok, draft = tiny
+    ids = [encode_prompt(tok, p, chat=False) for p in PROMPTS]
+    budgets = [3, 17, 5, 9, 2, 30]
+    batch = BatchDecoder(model, ids, [DraftModel(draft, k=2) for _ in ids], max_new_tokens=budgets, kv=kv, max_rows=2)
+    assert batch.kv.batch_size == 2
+    batch.prefill()
+    full = []
+    while not batch.done:
+        batch.step()
+        if batch.waiting:
+            full.append(len(batch.active()) == 2)
+    assert full and all(full) and max(batch.rows_per_step) == 2 and not batch.row_of
+    assert any(dec.stats.tau > 1 for dec in batch.decs)  # the drafts were accepted
+    for dec, x, n in zip(batch.decs, ids, budgets):
+        alone = generate(model, tok, x, drafter=DraftModel(draft, k=2), max_new_tokens=n, chat=False, stop_at_eos=False)
+        assert dec.new == alone.tokens
+    seeds = list(range(20, 20 + len(PROMPTS)))
+    want = [generate(model, tok, p, drafter=PromptLookup(k=3), max_new_tokens=12, temperature=0.8, seed=s).tokens
+            for p, s in zip(PROMPTS, seeds)]
+    got, batch = generate_batch(model, tok, PROMPTS, drafter=lambda: PromptLookup(k=3), max_new_tokens=12,
+                                temperature=0.8, seed=seeds, kv=kv, max_rows=4)
+    assert [r.tokens for r in got] == want and max(batch.rows_per_step) <= 4
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="max_rows must be a positive number"):
+            generate_batch(model, tok, PROMPTS, max_new_tokens=4, kv=kv, max_rows=bad)
+
+
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
 def test_batched_sampling_equals_each_sequence_alone_with_its_seed(tiny, temperature, top_p):
     model, tok, draft = tiny

@@ -178,7 +178,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m minispec.train.selfdistill", description=__doc__.split("\n\n")[0])
     p.add_argument("--parts", type=int, default=1, help="parts to add (each --part-prompts prompts)")
     p.add_argument("--part-prompts", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=16, help="sequences decoded together")
+    p.add_argument("--batch-size", type=at_least(1), default=16, help="sequences decoded together")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--max-prompt-tokens", type=int, default=192)
     p.add_argument("--kv", choices=["rows", "paged"], default="rows",
@@ -226,7 +226,9 @@ def part_prompts(tok, texts: list[str], args) -> list[list[int]]:
 @torch.inference_mode()
 def make_part(target, tok, ids: list[list[int]], args) -> dict:
     """Generate one part with minispec's batch decoder: greedy answers of the prompts ``ids``, batched,
-    with the features recorded."""
+    with the features recorded. In static batches: with a part's 64 prompts on 32 rows, most answers run to
+    the token budget, so continuous batching (``max_rows``) takes as many steps and pays for its admissions'
+    prefills (``benchmarks/continuous_batching.py``)."""
     from ..batch import generate_batch
 
     seqs = []
