@@ -139,6 +139,37 @@ def test_profile_command_on_a_tiny_model(tmp_path):
     b = res["breakdown"]
     assert b["aten_ops"] > 0 and "ATen ops per forward" in r.stdout and "of the floor" in r.stdout
     assert b["small_op_us"]["hot"] > 0 and b["small_op_us"]["after_weight_stream"] > 0
+    assert b["eager_floor_ms"] > 0 and "eager floor" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
+def test_the_eager_floor_times_the_same_architecture_with_its_widths_shrunk(name):
+    """``profile.eager_floor``'s model keeps what makes the ops (layers, heads, KV heads, head dim, context,
+    attention backend, architecture) and shrinks what makes the weight bytes; its forward runs the same ATen ops
+    by name as the model's own."""
+    from collections import Counter
+
+    from torch.profiler import profile as torch_profile
+
+    import minispec
+    from minispec.lab import profile
+
+    target, _ = minispec.load(name)
+    small = profile.shrunk_model(target)
+    keep = ("arch", "n_layer", "n_head", "n_kv_head", "head_dim", "max_seq_len", "norm_eps", "rope_theta")
+    assert all(getattr(small.cfg, k) == getattr(target.cfg, k) for k in keep)
+    assert (small.cfg.d_model, small.cfg.d_ff, small.cfg.vocab_size) == (16, 16, 64)
+    assert sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in target.parameters()) / 4
+
+    def ops(model):
+        forward = profile._decode_forward(model, 24)
+        forward()
+        with torch.inference_mode(), torch_profile() as prof:
+            forward()
+        return Counter(e.name for e in prof.events() if e.cpu_parent is None)
+
+    assert ops(small) == ops(target)
+    assert profile.eager_floor(target, context=24, reps=3) > 0
 
 
 def test_forward_breakdown_splits_a_forward_into_its_modules_own_time(monkeypatch):

@@ -15,7 +15,9 @@ rest of the loop; dividing by the number of steps gives milliseconds per step. I
               as a ratio to N = 0: how much verifying N drafts costs beyond decoding one token;
   breakdown   where a one-row forward's time goes beyond the floor (``forward_breakdown``): the
               linear products, attention, norms, the MLP's activation and the rest, the number of
-              ATen ops it runs, and what one small op costs hot and right after a weight stream.
+              ATen ops it runs, what one small op costs hot and right after a weight stream, and the
+              eager floor: the same forward with the widths shrunk so that its weight products cost
+              next to nothing (``eager_floor``), which no faster weight kernel can take away.
 
 The speedup model of chapter 1 reads off the same numbers: per step a method pays
 draft + target(N) + verify + commit + hand-off + other and commits tau tokens; vanilla pays the
@@ -98,33 +100,15 @@ def forward_breakdown(target, context: int = 256, reps: int = 20) -> dict:
     without them is reported beside (``forward_ms``). Also: the ATen ops one forward runs, counted by name
     (``ops_by_name``, most frequent first: views and reshapes cost a dispatch each too), and the time
     of one small op (``x + x`` on a row) hot and right after the LM head has streamed its weights,
-    which is what most of those ops pay in a forward.
+    which is what most of those ops pay in a forward; and ``eager_floor_ms``, the same forward with the
+    widths shrunk (``eager_floor``).
     """
-    from ..kv import KVCache
     from ..linear import Linear
     from ..model import MLP, Attention, RMSNorm
 
     kinds = {Linear: "linear", Attention: "attention", RMSNorm: "norm", torch.nn.LayerNorm: "norm", MLP: "mlp_act"}
-    kv = KVCache.for_model(target, context + 2)
-    target(torch.randint(0, target.cfg.vocab_size, (1, context), device=target.device), kv=kv)
-    kv.commit()
-    x = torch.tensor([[1]], device=target.device)
-
-    def forward():
-        target(x, kv=kv)
-        kv.discard()
-
-    def timed(fn, n: int) -> float:
-        for _ in range(3):
-            fn()
-        ts = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return sorted(ts)[len(ts) // 2] * 1e3  # median ms
-
-    plain = timed(forward, reps)
+    forward = _decode_forward(target, context)
+    plain = _median_ms(forward, reps)
     totals, stack, handles = dict.fromkeys(SECTIONS, 0.0), [], []
 
     def pre(module, args):
@@ -162,7 +146,7 @@ def forward_breakdown(target, context: int = 256, reps: int = 20) -> dict:
         forward()
     top = Counter(e.name for e in prof.events() if e.cpu_parent is None)  # the ops the forward itself calls
     row = torch.randn(1, target.cfg.d_model, device=target.device)
-    small_hot = timed(lambda: row + row, 200) * 1e3
+    small_hot = _median_ms(lambda: row + row, 200) * 1e3
 
     def after_stream():
         target.lm_head(row)
@@ -174,7 +158,56 @@ def forward_breakdown(target, context: int = 256, reps: int = 20) -> dict:
         after_stream()
     small_cold = sorted(after_stream() for _ in range(50))[25] * 1e6
     return dict(context=context, forward_ms=plain, hooked_forward_ms=hooked, section_ms=ms, aten_ops=sum(top.values()),
-                ops_by_name=dict(top.most_common()), small_op_us=dict(hot=small_hot, after_weight_stream=small_cold))
+                ops_by_name=dict(top.most_common()), small_op_us=dict(hot=small_hot, after_weight_stream=small_cold),
+                eager_floor_ms=eager_floor(target, context, reps))
+
+
+def _decode_forward(target, context: int):
+    """A one-row decode forward of ``target`` after ``context`` cached tokens, as a function (its keys discarded)."""
+    from ..kv import KVCache
+
+    kv = KVCache.for_model(target, context + 2)
+    target(torch.randint(0, target.cfg.vocab_size, (1, context), device=target.device), kv=kv)
+    kv.commit()
+    x = torch.tensor([[1]], device=target.device)
+
+    def forward():
+        target(x, kv=kv)
+        kv.discard()
+    return forward
+
+
+def _median_ms(fn, n: int) -> float:
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[len(ts) // 2] * 1e3  # median ms
+
+
+@torch.inference_mode()
+def eager_floor(target, context: int = 256, reps: int = 20) -> float:
+    """Median ms of a one-row decode forward of ``target``'s architecture with its widths shrunk: the model width,
+    the MLP width and the vocabulary made tiny (random weights), its layers, heads, head dim, attention over
+    ``context`` cached keys, norms, rope and every op kept, on the same kernels. Its weight products cost next
+    to nothing, so this is what a forward costs beyond them in eager PyTorch (ops, their dispatch, Python and
+    the attention itself): the part of the distance to the weight floor that no faster weight kernel removes."""
+    from ..linear import prepack
+
+    return _median_ms(_decode_forward(prepack(shrunk_model(target)), context), reps)
+
+
+def shrunk_model(target):
+    """``target``'s architecture (layers, heads, KV heads, head dim, context, attention backend, dtype, device) with
+    model width, MLP width and vocabulary of 16, 16 and 64, random weights: what ``eager_floor`` times."""
+    from ..model import Transformer
+
+    cfg = dataclasses.replace(target.cfg, d_model=16, d_ff=16, vocab_size=64, name=f"{target.cfg.name} (shrunk)")
+    with torch.inference_mode(False):  # weights that keep a version counter (``Linear``'s prepacked copies read it)
+        return Transformer(cfg, attention=target.attention).to(target.device, target.dtype).eval().requires_grad_(False)
 
 
 def step_breakdown(target, tok, prompts: list[str], drafters: dict, max_new_tokens: int, params=None,
@@ -256,6 +289,8 @@ def format_breakdown(b: dict, floor_ms: float) -> list[str]:
             f"floor; with timing hooks {b['hooked_forward_ms']:.1f} ms: " + ", ".join(f"{k} {ms[k]:.1f}" for k in SECTIONS),
             f"  {b['aten_ops']} ATen ops per forward; one small op {b['small_op_us']['hot']:.1f} us hot, "
             f"{b['small_op_us']['after_weight_stream']:.1f} us right after a weight stream",
+            f"  eager floor: the same forward with its widths shrunk (weight products next to free) "
+            f"{b['eager_floor_ms']:.1f} ms",
             "  most called: " + ", ".join(f"{name.removeprefix('aten::')} {n}"
                                           for name, n in list(b["ops_by_name"].items())[:8])]
 
