@@ -114,6 +114,28 @@ def test_main_resumes_at_the_next_part_and_keeps_its_settings(tmp_path, monkeypa
         selfdistill.main(flags[:-4] + ["--max-new-tokens", "8", "--ids-out", str(tmp_path / "ids")])
 
 
+def test_a_batch_of_several_parts_writes_the_parts_of_one_part_at_a_time(tmp_path, monkeypatch):
+    """``--batch-size`` a multiple of ``--part-prompts``: the parts' prompts are decoded together, and each part
+    (ids and recorded features) is what decoding it alone writes."""
+    import minispec.models
+
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(minispec.models, "load", lambda name: load("tiny-llama"))
+    monkeypatch.setattr(selfdistill, "prompt_order", lambda seed=0: [f"prompt {i} " * (i + 1) for i in range(5)])
+    calls = []
+    make_part = selfdistill.make_part
+    monkeypatch.setattr(selfdistill, "make_part", lambda t, tok, ids, args: calls.append(len(ids)) or make_part(t, tok, ids, args))
+    for batch in ("2", "4"):
+        selfdistill.main(["--part-prompts", "2", "--batch-size", batch, "--max-new-tokens", "5", "--parts", "3",
+                          "--ids-out", str(tmp_path / batch), "--out", str(tmp_path / f"feats{batch}")])
+    assert calls == [2, 2, 1, 4, 1]  # parts 0 and 1 in one call at batch 4
+    for i in range(3):
+        one, two = (selfdistill.read_ids(selfdistill.part_path(tmp_path / b, i, "ids")) for b in ("2", "4"))
+        assert [s["tokens"].tolist() for s in one] == [s["tokens"].tolist() for s in two] and len(one) == (2 if i < 2 else 1)
+        f1, f2 = (torch.load(selfdistill.part_path(tmp_path / f"feats{b}", i), weights_only=True) for b in ("2", "4"))
+        assert all(torch.equal(a["hidden"], b["hidden"]) for a, b in zip(f1["sequences"], f2["sequences"]))
+
+
 def _flags(tmp_path, *more):
     return ["--part-prompts", "2", "--batch-size", "4", "--max-new-tokens", "6", "--ids-out", str(tmp_path / "ids"),
             "--out", str(tmp_path / "feats"), *more]

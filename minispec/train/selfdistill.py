@@ -246,6 +246,16 @@ def make_part(target, tok, ids: list[list[int]], args) -> dict:
     return dict(sequences=seqs)
 
 
+def make_parts(target, tok, parts: dict[int, list[list[int]]], args) -> dict[int, dict]:
+    """Several parts with minispec's batch decoder, their prompts batched together (``make_part``): a batch of
+    more rows than a part's prompts reads the weights once for more tokens. Part index -> its part."""
+    seqs = make_part(target, tok, [ids for i in parts for ids in parts[i]], args)["sequences"]
+    made, at = {}, 0
+    for i, ids in parts.items():
+        made[i], at = dict(sequences=seqs[at:at + len(ids)]), at + len(ids)
+    return made
+
+
 def make_parts_transformers(hf, tok, parts: dict[int, list[list[int]]], args) -> dict[int, dict]:
     """Generate several parts at once with transformers' batched greedy ``generate`` (``--batch-size``
     sequences per call, on ``hf``'s device); no features. Returns part index -> {"sequences": [...]}."""
@@ -339,7 +349,7 @@ def main(argv=None) -> None:
         print(f"{args.export_prompts}: the prompts of parts {min(kept)}..{max(kept)} "
               f"({sum(map(len, kept.values()))} prompts)" if kept else "no ShareGPT prompts left")
         return
-    per_call = 1 if args.generator == "minispec" else max(1, args.batch_size // args.part_prompts)
+    per_call = max(1, args.batch_size // args.part_prompts)  # whole parts per call: a batch may hold several
     t_start = time.perf_counter()
     bar = tqdm(total=args.parts, desc="self-distill parts", unit="part")
     for g in range(start, start + args.parts, per_call):
@@ -349,9 +359,10 @@ def main(argv=None) -> None:
             break
         t0 = time.perf_counter()
         if args.generator == "minispec":
-            made = {group[0]: make_part(target, tok, prompts[group[0]], args)}
-            torch.save(made[group[0]], part_path(folder, group[0]).with_suffix(".tmp"))
-            part_path(folder, group[0]).with_suffix(".tmp").replace(part_path(folder, group[0]))
+            made = make_parts(target, tok, {i: prompts[i] for i in group}, args)
+            for i in group:
+                torch.save(made[i], part_path(folder, i).with_suffix(".tmp"))
+                part_path(folder, i).with_suffix(".tmp").replace(part_path(folder, i))
         else:
             made = make_parts_transformers(hf, tok, {i: prompts[i] for i in group}, args)
         for i in group:
