@@ -142,33 +142,47 @@ def test_profile_command_on_a_tiny_model(tmp_path):
     assert b["eager_floor_ms"] > 0 and "eager floor" in r.stdout
 
 
+@pytest.mark.parametrize("kernel", ["panels", "onednn"])
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
-def test_the_eager_floor_times_the_same_architecture_with_its_widths_shrunk(name):
+def test_the_eager_floor_times_the_same_architecture_with_its_widths_shrunk(name, kernel, monkeypatch):
     """``profile.eager_floor``'s model keeps what makes the ops (layers, heads, KV heads, head dim, context,
     attention backend, architecture) and shrinks what makes the weight bytes; its forward runs the same ATen ops
-    by name as the model's own."""
+    by name as the model's own, under either kernel and whatever row plans this CPU's probes choose per shape:
+    here the probes are made to choose a split of the input features at the target's width and padding
+    rows at any other, as two CPUs might."""
     from collections import Counter
 
     from torch.profiler import profile as torch_profile
 
     import minispec
+    from minispec import invariance
+    from minispec.linear import Linear
     from minispec.lab import profile
 
+    wide = 64  # both tiny models' width
+    monkeypatch.setattr(Linear, "cpu_kernel", kernel)
+    monkeypatch.setattr(invariance, "_PLANS", {})
+    monkeypatch.setattr(invariance, "choose_plan", lambda kernel, fn, split_fn, n_in, dtype, device: (
+        invariance.RowPlan(kernel, 2, 1, (1,)) if n_in == wide else invariance.RowPlan(kernel, 1, 4, (1, 2, 3))))
     target, _ = minispec.load(name)
+    assert target.cfg.d_model == wide
     small = profile.shrunk_model(target)
     keep = ("arch", "n_layer", "n_head", "n_kv_head", "head_dim", "max_seq_len", "norm_eps", "rope_theta")
     assert all(getattr(small.cfg, k) == getattr(target.cfg, k) for k in keep)
-    assert (small.cfg.d_model, small.cfg.d_ff, small.cfg.vocab_size) == (16, 16, 64)
-    assert sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in target.parameters()) / 4
+    assert (small.cfg.d_model, small.cfg.d_ff, small.cfg.vocab_size) == (32, 32, 64)
+    streamed = [sum(m.weight.numel() for m in model.modules() if isinstance(m, Linear)) for model in (small, target)]
+    assert streamed[0] < streamed[1] / 4  # the weights a forward streams
 
     def ops(model):
-        forward = profile._decode_forward(model, 24)
-        forward()
-        with torch.inference_mode(), torch_profile() as prof:
-            forward()
+        with torch.inference_mode():
+            forward = profile._decode_forward(model, 24)
+            forward()  # the weights packed, the plans chosen
+            with torch_profile() as prof:
+                forward()
         return Counter(e.name for e in prof.events() if e.cpu_parent is None)
 
     assert ops(small) == ops(target)
+    assert any(k[1] == wide and p.split == 2 for k, p in invariance.plans().items())  # the target's plan: a split
     assert profile.eager_floor(target, context=24, reps=3) > 0
 
 

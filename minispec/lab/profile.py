@@ -202,12 +202,23 @@ def eager_floor(target, context: int = 256, reps: int = 20) -> float:
 
 def shrunk_model(target):
     """``target``'s architecture (layers, heads, KV heads, head dim, context, attention backend, dtype, device) with
-    model width, MLP width and vocabulary of 16, 16 and 64, random weights: what ``eager_floor`` times."""
+    model width, MLP width and vocabulary of 32, 32 and 64 (whole weight panels, ``linear.PANEL``), random
+    weights: what ``eager_floor`` times. Each of its linear layers runs under the row plan of the target's layer
+    of the same name (its padding rows, its split of the input features; ``minispec.invariance``): a plan is
+    probed per shape and CPU, so a layer left to probe its own small shape could take another and run other
+    ops."""
+    from ..linear import PANEL, Linear
     from ..model import Transformer
 
-    cfg = dataclasses.replace(target.cfg, d_model=16, d_ff=16, vocab_size=64, name=f"{target.cfg.name} (shrunk)")
+    cfg = dataclasses.replace(target.cfg, d_model=PANEL, d_ff=PANEL, vocab_size=2 * PANEL,
+                              name=f"{target.cfg.name} (shrunk)")
     with torch.inference_mode(False):  # weights that keep a version counter (``Linear``'s prepacked copies read it)
-        return Transformer(cfg, attention=target.attention).to(target.device, target.dtype).eval().requires_grad_(False)
+        small = Transformer(cfg, attention=target.attention).to(target.device, target.dtype).eval().requires_grad_(False)
+    layers = dict(target.named_modules())
+    for name, m in small.named_modules():
+        if isinstance(m, Linear) and isinstance(layers.get(name), Linear):
+            m._plan = layers[name]._plan  # (kernel, split, min_rows, multiple): the target layer's own
+    return small
 
 
 def step_breakdown(target, tok, prompts: list[str], drafters: dict, max_new_tokens: int, params=None,
