@@ -88,8 +88,19 @@ def test_ids_round_trip_and_features_rebuilt_from_them_equal_the_recorded(tmp_pa
     torch.save(dict(sequences=marked), selfdistill.part_path(recorded, 0))
     _, feats = selfdistill_data(1, 64, folder=ids)  # read as recorded: no target needed
     assert all(torch.equal(f["hidden"], m["hidden"]) for f, m in zip(feats, marked))
-    with pytest.raises(SystemExit, match="holds 1 self-distilled parts, 2 asked"):
+    with pytest.raises(SystemExit, match="holds 1 self-distilled parts, parts 0-1 asked"):
         selfdistill_data(2, 64, model, folder=ids)
+
+    later = _decode(model, tok, [[4, 4, 2], [8, 1, 6, 1]])  # a second part, read alone with first=1
+    selfdistill.write_ids(selfdistill.part_path(ids, 1, "ids"), later)
+    got, feats = selfdistill_data(1, 64, model, folder=ids, first=1)  # part 1 not recorded: rebuilt
+    assert [g.tokens.tolist() for g in got] == [s["tokens"][:-1].tolist() for s in later]
+    assert all(torch.equal(f["hidden"], s["hidden"][:len(s["tokens"]) - 1]) for f, s in zip(feats, later))  # bit for bit
+    torch.save(dict(sequences=later), selfdistill.part_path(recorded, 1))
+    got, feats = selfdistill_data(2, 64, folder=ids)  # both recorded now: parts 0 and 1, no target needed
+    assert len(got) == 5 and all(torch.equal(f["hidden"], m["hidden"]) for f, m in zip(feats, marked + later))
+    with pytest.raises(ValueError, match="first must be >= 0"):
+        selfdistill_data(1, 64, folder=ids, first=-1)
 
 
 def test_main_resumes_at_the_next_part_and_keeps_its_settings(tmp_path, monkeypatch):

@@ -177,16 +177,18 @@ def test_train_eagle3_from_a_checkpoint_on_selfdistilled_ids(patched, tmp_path, 
     ids = tmp_path / "ids"
     ids.mkdir()
     g = torch.Generator().manual_seed(1)
-    selfdistill.write_ids(selfdistill.part_path(ids, 0, "ids"),
-                          [dict(tokens=torch.randint(0, target.cfg.vocab_size, (n,), generator=g), prompt_len=3)
-                           for n in (14, 10, 18)])
+    for part, lengths in enumerate([(12, 16), (14, 10, 18)]):  # trained on part 1 alone (--selfdistill-first 1)
+        selfdistill.write_ids(selfdistill.part_path(ids, part, "ids"),
+                              [dict(tokens=torch.randint(0, target.cfg.vocab_size, (n,), generator=g), prompt_len=3)
+                               for n in lengths])
     monkeypatch.setattr(selfdistill, "ids_dir", lambda: ids)
     flags = COMMON + ["--draft-vocab", "64", "--ttt-steps", "2", "--no-bf16", "--no-measure", "--topk", "4"]
     first = tmp_path / "first.safetensors"
     eagle3.main(flags + ["--out", str(first)])
     start = load_drafter(first, target, verbose=False).head.float()
     out = tmp_path / "second.safetensors"
-    record = eagle3.main(flags + ["--out", str(out), "--init-from", str(first), "--selfdistill-parts", "1"])
+    record = eagle3.main(flags + ["--out", str(out), "--init-from", str(first), "--selfdistill-parts", "1",
+                                  "--selfdistill-first", "1"])
     assert record["data"]["train_selfdistill_sequences"] == 3 and record["data"]["train_sequences"] == 9
     assert record["training"]["init"] == "warm start from first.safetensors"
     layers = eagle3_layers(target.cfg.n_layer)
@@ -242,16 +244,16 @@ def test_train_eagle_reads_the_top_k_of_selfdistilled_parts_when_its_ce_needs_it
     it, make_batch would fill zeros, a target distribution on token 0); the draft-vocabulary CE needs none."""
     asked = {}
 
-    def selfdistill_data(parts, max_len, target=None, layers=(), topk=0, folder=None):
-        asked.update(parts=parts, topk=topk)
+    def selfdistill_data(parts, max_len, target=None, layers=(), topk=0, folder=None, first=0):
+        asked.update(parts=parts, topk=topk, first=first)
         return [], []
 
     monkeypatch.setattr(eagle, "feature_data", lambda args, target, tok, seed=0: FeatureData([], [], [], []))
     monkeypatch.setattr(eagle, "selfdistill_data", selfdistill_data)
     monkeypatch.setattr("minispec.drafters.vocab.load_counts", lambda path=None: torch.arange(256))  # tiny vocab
-    args = eagle.parse_args(["--draft-vocab", str(draft_vocab), "--selfdistill-parts", "3"])
+    args = eagle.parse_args(["--draft-vocab", str(draft_vocab), "--selfdistill-parts", "3", "--selfdistill-first", "5"])
     eagle.load_data(args, load("tiny-llama")[0], None)
-    assert asked == dict(parts=3, topk=topk)
+    assert asked == dict(parts=3, topk=topk, first=5)
 
 
 def test_draft_head_rows_are_the_lm_head_rows_of_the_most_frequent_tokens():

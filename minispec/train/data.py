@@ -206,36 +206,39 @@ def eagle_features(target, train: list[Sequence], held: list[Sequence], topk: in
     return feats[:len(train)], feats[len(train):]
 
 
-def selfdistill_sequences(parts: int, max_len: int, folder=None) -> list[Sequence]:
-    """The first ``parts`` self-distilled parts (``minispec.train.selfdistill``) as training sequences, from
-    their token ids (``ids_dir()`` unless ``folder``). Each sequence loses its last token, whose feature the
-    decoder had not computed yet, and is cut to ``max_len`` tokens."""
+def selfdistill_sequences(parts: int, max_len: int, folder=None, first: int = 0) -> list[Sequence]:
+    """Self-distilled parts ``first`` .. ``first + parts - 1`` (``minispec.train.selfdistill``) as training
+    sequences, from their token ids (``ids_dir()`` unless ``folder``). Each sequence loses its last token, whose
+    feature the decoder had not computed yet, and is cut to ``max_len`` tokens."""
     from .selfdistill import existing_parts, ids_dir, part_path, read_ids
 
+    if first < 0 or parts < 1:
+        raise ValueError(f"self-distilled parts: first must be >= 0 and parts >= 1, got first={first}, parts={parts}")
     folder = folder or ids_dir()
     have = existing_parts(folder)
-    if have < parts:
-        raise SystemExit(f"{folder} holds {have} self-distilled parts, {parts} asked: run "
+    if have < first + parts:
+        raise SystemExit(f"{folder} holds {have} self-distilled parts, parts {first}-{first + parts - 1} asked: run "
                          "python -m minispec.train.selfdistill first")
     seqs = []
-    for i in range(parts):
+    for i in range(first, first + parts):
         for s in read_ids(part_path(folder, i, "ids")):
             seqs.append(Sequence(s["tokens"][:min(len(s["tokens"]) - 1, max_len)], s["prompt_len"], "selfdistill"))
     return seqs
 
 
 def selfdistill_data(parts: int, max_len: int, target=None, layers: tuple[int, ...] = (), topk: int = 0,
-                     folder=None) -> tuple[list[Sequence], list[dict]]:
-    """``selfdistill_sequences`` and their features: "hidden" as recorded while decoding when every part's
+                     folder=None, first: int = 0) -> tuple[list[Sequence], list[dict]]:
+    """``selfdistill_sequences`` and their features: "hidden" as recorded while decoding when each of those parts'
     recording is in ``cache_dir()/selfdistill`` and nothing else is asked; otherwise (a fresh machine, EAGLE-3's
     ``layers``, ``topk``) from one teacher-forced forward of ``target`` (``target_features``, cached), which
     gives the recorded hidden states bit for bit."""
-    from .selfdistill import existing_parts, part_path
+    from .selfdistill import part_path
 
-    seqs = selfdistill_sequences(parts, max_len, folder)
+    seqs = selfdistill_sequences(parts, max_len, folder, first)
     recorded = cache_dir() / "selfdistill"
-    if not layers and not topk and existing_parts(recorded, "part") >= parts:
-        feats = [dict(hidden=s["hidden"][:max_len]) for i in range(parts)
+    wanted = range(first, first + parts)
+    if not layers and not topk and all(part_path(recorded, i).exists() for i in wanted):
+        feats = [dict(hidden=s["hidden"][:max_len]) for i in wanted
                  for s in torch.load(part_path(recorded, i), weights_only=True)["sequences"]]
         if [len(f["hidden"]) for f in feats] == [len(s.tokens) for s in seqs]:
             return seqs, feats

@@ -224,6 +224,8 @@ def parse_args(argv=None):
     ap.add_argument("--selfdistill-parts", type=int, default=0,
                     help="add this many parts of python -m minispec.train.selfdistill (features recorded while the "
                          "target decoded) to the training data")
+    ap.add_argument("--selfdistill-first", type=at_least(0), default=0,
+                    help="the first of those parts (default 0): e.g. the parts made since a head was trained")
     ap.add_argument("--selfdistill-dir", type=Path, default=None,
                     help="folder of those parts' ids (default: a checkout's data/selfdistill, else the cache)")
     ap.add_argument("--noise", type=float, default=0.1, help="uniform feature noise U(-a, a) * std(f)")
@@ -352,7 +354,7 @@ def load_data(args, target, tok) -> tuple[FeatureData, torch.Tensor | None]:
     if args.selfdistill_parts:
         # the full-vocabulary CE (--draft-vocab 0) reads the target's stored top-k; the draft-vocabulary CE needs none
         sd, fsd = selfdistill_data(args.selfdistill_parts, args.max_len, target, topk=0 if args.draft_vocab else args.topk,
-                                   folder=args.selfdistill_dir)
+                                   folder=args.selfdistill_dir, first=args.selfdistill_first)
         data.train, data.ftrain = data.train + sd, data.ftrain + fsd
     return data, draft_head_rows(target, args.draft_vocab) if args.draft_vocab else None
 

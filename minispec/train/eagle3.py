@@ -216,7 +216,8 @@ def load_data(args, target, tok) -> FeatureData:
     data = feature_data(args, target, tok)
     if args.selfdistill_parts:
         sd, fsd = selfdistill_data(args.selfdistill_parts, args.max_len, target,
-                                   layers=eagle3_layers(target.cfg.n_layer), topk=args.topk, folder=args.selfdistill_dir)
+                                   layers=eagle3_layers(target.cfg.n_layer), topk=args.topk, folder=args.selfdistill_dir,
+                                   first=args.selfdistill_first)
         data.train, data.ftrain = data.train + sd, data.ftrain + fsd
     return data
 
@@ -263,6 +264,8 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cpu", help="where the target computes the features and the head trains "
                                                     "(cuda: a GPU; one process)")
     ap.add_argument("--tf32", action="store_true", help="on a GPU, matrix products in TF32 (as train eagle --tf32)")
+    ap.add_argument("--selfdistill-first", type=at_least(0), default=0,
+                    help="the first of those parts (default 0): e.g. the parts made since a head was trained")
     ap.add_argument("--selfdistill-dir", type=Path, default=None,
                     help="folder of the self-distilled parts' ids (default: a checkout's data/selfdistill, else the cache)")
     ap.add_argument("--resume", action="store_true", help="continue from the last resumable checkpoint of --out")
