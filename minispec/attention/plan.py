@@ -34,7 +34,8 @@ from ..kv.protocol import KVCacheProtocol, RaggedKVCache
 ROW_CALL_SCORES = 512  # what one row's own attention call costs beyond its scores, counted in (query, key) score
 #                        entries: roughly 200 us a layer against 0.5 us an entry in one timing of SmolLM2's 9 heads
 #                        on one thread of a 2-core AMD EPYC (a rough price; its effect on a whole batched decode is
-#                        what benchmarks/row_vs_paged_kv.py --row-call-scores 0,512 measures). A ragged batch attends in one call, padded to its longest row, unless the padding
+#                        what benchmarks/row_vs_paged_kv.py --row-call-scores 0,512 measures). A ragged batch
+#                        attends in one call, padded to its longest row, unless the padding
 #                        costs more than the calls it saves (a ragged decode step: one call; prompts of very
 #                        different lengths: row by row). Either way the same bits (RaggedPlan)
 

@@ -206,6 +206,19 @@ def eagle_features(target, train: list[Sequence], held: list[Sequence], topk: in
     return feats[:len(train)], feats[len(train):]
 
 
+def add_selfdistill_args(ap, features: str) -> None:
+    """The self-distilled data's flags of a feature trainer (``train eagle``, ``train eagle3``); ``features`` says
+    where that trainer's features of those parts come from."""
+    from pathlib import Path
+
+    ap.add_argument("--selfdistill-parts", type=int, default=0,
+                    help=f"add this many parts of python -m minispec.train.selfdistill to the training data ({features})")
+    ap.add_argument("--selfdistill-first", type=at_least(0), default=0,
+                    help="the first of those parts (default 0): e.g. the parts made since a head was trained")
+    ap.add_argument("--selfdistill-dir", type=Path, default=None,
+                    help="folder of those parts' ids (default: a checkout's data/selfdistill, else the cache)")
+
+
 def selfdistill_sequences(parts: int, max_len: int, folder=None, first: int = 0) -> list[Sequence]:
     """Self-distilled parts ``first`` .. ``first + parts - 1`` (``minispec.train.selfdistill``) as training
     sequences, from their token ids (``ids_dir()`` unless ``folder``). Each sequence loses its last token, whose

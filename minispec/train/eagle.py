@@ -50,7 +50,7 @@ from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from ..drafters.registry import shipped_head
 from ..sampling import GREEDY
 from . import TARGET, ddp, loop
-from .data import FeatureData, feature_data, selfdistill_data
+from .data import FeatureData, add_selfdistill_args, feature_data, selfdistill_data
 from .measure import record_measurement
 
 FORMAT = "minispec-eagle-v1"
@@ -221,13 +221,7 @@ def parse_args(argv=None):
     ap.add_argument("--draft-vocab", type=int, default=8192,
                     help="CE over the K most frequent tokens, where the head drafts (FR-Spec; targets from the true "
                          "next feature); 0: over the full vocabulary against the stored top-k")
-    ap.add_argument("--selfdistill-parts", type=int, default=0,
-                    help="add this many parts of python -m minispec.train.selfdistill (features recorded while the "
-                         "target decoded) to the training data")
-    ap.add_argument("--selfdistill-first", type=at_least(0), default=0,
-                    help="the first of those parts (default 0): e.g. the parts made since a head was trained")
-    ap.add_argument("--selfdistill-dir", type=Path, default=None,
-                    help="folder of those parts' ids (default: a checkout's data/selfdistill, else the cache)")
+    add_selfdistill_args(ap, "features recorded while the target decoded")
     ap.add_argument("--noise", type=float, default=0.1, help="uniform feature noise U(-a, a) * std(f)")
     ap.add_argument("--layers", type=int, default=1,
                     help="decoder layers of the head (official EAGLE-1/2: 1); layers 1.. are pre-norm Llama layers")

@@ -39,7 +39,7 @@ from ..lab.env import at_least
 from ..drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
 from ..drafters.registry import shipped_head
 from . import TARGET, bf16_help, ddp, loop, native_bf16
-from .data import FeatureData, feature_data, selfdistill_data
+from .data import FeatureData, add_selfdistill_args, feature_data, selfdistill_data
 from .measure import record_measurement
 
 FORMAT = "minispec-eagle3-v1"
@@ -245,9 +245,8 @@ def parse_args(argv=None):
     ap.add_argument("--max-len", type=int, default=320, help="tokens per training sequence")
     ap.add_argument("--distill-prompts", type=int, default=576, help="self-distilled training examples (target answers)")
     ap.add_argument("--heldout", type=int, default=32)
-    ap.add_argument("--selfdistill-parts", type=int, default=0,
-                    help="add this many parts of python -m minispec.train.selfdistill to the training data (the three "
-                         "layers' features and top-k rebuilt from their token ids by one teacher-forced forward, cached)")
+    add_selfdistill_args(ap, "the three layers' features and top-k rebuilt from their token ids by one "
+                             "teacher-forced forward, cached")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="start from this EAGLE-3 checkpoint (its weights and draft vocabulary) instead of the target")
     ap.add_argument("--topk", type=int, default=32, help="target log-probs kept per position (soft labels)")
@@ -264,10 +263,6 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cpu", help="where the target computes the features and the head trains "
                                                     "(cuda: a GPU; one process)")
     ap.add_argument("--tf32", action="store_true", help="on a GPU, matrix products in TF32 (as train eagle --tf32)")
-    ap.add_argument("--selfdistill-first", type=at_least(0), default=0,
-                    help="the first of those parts (default 0): e.g. the parts made since a head was trained")
-    ap.add_argument("--selfdistill-dir", type=Path, default=None,
-                    help="folder of the self-distilled parts' ids (default: a checkout's data/selfdistill, else the cache)")
     ap.add_argument("--resume", action="store_true", help="continue from the last resumable checkpoint of --out")
     ap.add_argument("--measure", action=argparse.BooleanOptionalAction, default=True,
                     help="after training, measure greedy tau with minispec.generate and store it in the record")
