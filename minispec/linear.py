@@ -138,27 +138,23 @@ class Linear(nn.Linear):
         return "onednn" if name == "onednn" and onednn_available() else "panels"
 
     def _product(self, kernel: str, x: torch.Tensor, part: int | None = None) -> torch.Tensor:
-        """``kernel``'s product of x [..., in (or its half)] with the whole weight or the half ``part``."""
+        """``kernel``'s product of x [M, in (or its half)] with the whole weight or the half ``part`` -> [M, out]."""
+        if kernel == "panels":  # the decode loop's path, kept to few ops: each costs microseconds at one row
+            wp = self.panel_weight(part)  # [P, in', PANEL]
+            y = torch.bmm(x.expand(wp.shape[0], -1, -1), wp)  # [P, M, PANEL]: every panel reads the same x
+            y = y.transpose(0, 1).reshape(x.shape[0], -1)  # [M, P * PANEL]
+            if y.shape[1] != self.out_features:
+                y = y[:, :self.out_features]  # [M, out]: the zero rows of the last panel dropped
+            b = self.bias if part != 1 else None  # the bias goes with the first half
+            return y if b is None else y + b
         w, b = self._part(part)
         if kernel == "onednn":
-            x2 = x.reshape(-1, x.shape[-1]).contiguous()  # [M, in']
-            y = torch.ops.mkldnn._linear_pointwise(x2, self.onednn_weight(part), b, "none", [], "")  # [M, out]
-            return y.reshape(*x.shape[:-1], self.out_features)
-        if kernel != "panels":
-            return F.linear(x, w, b)
-        x2 = x.reshape(-1, x.shape[-1])  # [M, in']
-        wp = self.panel_weight(part)  # [P, in', PANEL]
-        y = torch.bmm(x2.expand(wp.shape[0], -1, -1), wp)  # [P, M, PANEL]: every panel reads the same x
-        y = y.transpose(0, 1).reshape(x2.shape[0], -1)  # [M, P * PANEL]
-        if y.shape[1] != self.out_features:
-            y = y[:, :self.out_features]  # [M, out]: the zero rows of the last panel dropped
-        if b is not None:
-            y = y + b
-        return y.reshape(*x.shape[:-1], self.out_features)
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.onednn_weight(part), b, "none", [], "")
+        return F.linear(x, w, b)
 
     def _split_product(self, kernel: str, x: torch.Tensor) -> torch.Tensor:
         h = self.in_features // 2
-        return self._product(kernel, x[..., :h], 0) + self._product(kernel, x[..., h:], 1)
+        return self._product(kernel, x[:, :h], 0) + self._product(kernel, x[:, h:], 1)
 
     def row_plan(self, x: torch.Tensor, kernel: str | None = None) -> RowPlan | None:
         """The plan that keeps this layer's rows independent of the row count for inputs like ``x``, at
@@ -188,15 +184,17 @@ class Linear(nn.Linear):
         return self.run(x, *self._plan(x))
 
     def run(self, x: torch.Tensor, kernel: str, split: int = 1, min_rows: int = 1, multiple: int = 1) -> torch.Tensor:
-        """``kernel``'s product of ``x`` under a row plan (``forward`` runs this layer's own)."""
-        if split > 1:
-            return self._split_product(kernel, x)
-        m = x.numel() // self.in_features
-        if padded_rows(m, min_rows, multiple) > m:  # rows the kernel does not keep invariant: pad with zero rows
-            x2 = x.reshape(m, self.in_features)  # [M, in]
-            y = self._product(kernel, pad_rows(x2, padded_rows(m, min_rows, multiple)))  # [M', out]
-            return y[:m].reshape(*x.shape[:-1], self.out_features)
-        return self._product(kernel, x)
+        """``kernel``'s product of ``x`` [..., in] under a row plan (``forward`` runs this layer's own)."""
+        x2 = x.reshape(-1, self.in_features)  # [M, in]
+        m = x2.shape[0]
+        m_ = padded_rows(m, min_rows, multiple)
+        if split > 1:  # the input features in two halves, the products added
+            y = self._split_product(kernel, x2)  # [M, out]
+        elif m_ > m:  # rows the kernel does not keep invariant: pad with zero rows, drop their results
+            y = self._product(kernel, pad_rows(x2, m_))[:m]
+        else:
+            y = self._product(kernel, x2)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
 
 @torch.no_grad()

@@ -116,9 +116,8 @@ class Attention(nn.Module):
         """x [B, T, d_in] -> q [B, H, T, hd], k, v [B, Hkv, T, hd]; q and k rotated by ``rope`` (None: GPT-2)."""
         B, T, _ = x.shape
         H, Hkv, hd = self.n_head, self.n_kv_head, self.head_dim
-        qkv = self.wqkv(x)  # [B, T, (H + 2 Hkv) * hd]
-        qk = qkv[..., :(H + Hkv) * hd].view(B, T, H + Hkv, hd).transpose(1, 2)  # [B, H + Hkv, T, hd]
-        v = qkv[..., (H + Hkv) * hd:].view(B, T, Hkv, hd).transpose(1, 2)  # [B, Hkv, T, hd]
+        qkv = self.wqkv(x).view(B, T, H + 2 * Hkv, hd).transpose(1, 2)  # [B, H + 2 Hkv, T, hd]
+        qk, v = qkv.split([H + Hkv, Hkv], dim=1)  # [B, H + Hkv, T, hd], [B, Hkv, T, hd]
         if rope is not None:  # q and k rotate by the same angles: one call for both
             qk = apply_rope(qk, *rope)
         q, k = qk.split([H, Hkv], dim=1)  # [B, H, T, hd], [B, Hkv, T, hd]
