@@ -43,8 +43,9 @@ def main() -> None:
     methods = Methods(model)
     prompts = [p["prompt"] for p in own_prompts()][:args.prompts]
     from minispec.kernel_choice import describe
+    from minispec.linear import time_kernels
 
-    print(f"'auto' on this machine: {describe()}")
+    print(f"'auto' on this machine: {describe(time_kernels)}")
     default, plans = Linear.cpu_kernel, {}
     for kernel in CPU_KERNELS:  # prepacked copies and row plans before any timing; one warm-up run each
         Linear.cpu_kernel = kernel
