@@ -199,3 +199,17 @@ def test_grid_keeps_every_row_when_a_method_or_a_shape_fails(monkeypatch):
         assert "error" not in rows[b] and not rows[b]["failed"] and "dense" in rows[b]["median_s"]
         assert rows[b]["sdpa_backend"] == dict(dense="cpu", causal="cpu") and rows[b]["calls_per_timing"] == 1
     assert any("1 shapes failed" in n for n in r["notes"])
+
+
+def test_the_gpu_tests_section_keeps_what_failed_and_why_past_a_warnings_summary():
+    """An H200 run (2026-11-28) recorded 4 failed GPU tests whose 4000-character output tail was all warnings
+    summary: the section keeps the FAILED / ERROR lines and the traceback's E lines on their own."""
+    from minispec.lab.gpu_suite import failure_lines
+
+    out = "\n".join(["..F.", "    def test_x():", ">       assert 1 == 2", "E       assert 1 == 2",
+                     "=== warnings summary ===", *["  UserWarning: noise"] * 500,
+                     "FAILED tests/test_a.py::test_x - assert 1 == 2", "ERROR tests/test_b.py::test_y", "1 failed"])
+    assert failure_lines(out) == ["E       assert 1 == 2", "FAILED tests/test_a.py::test_x - assert 1 == 2",
+                                  "ERROR tests/test_b.py::test_y"]
+    assert failure_lines(out, limit=1) == ["E       assert 1 == 2"]
+    assert failure_lines("5 passed") == []

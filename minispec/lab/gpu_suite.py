@@ -102,6 +102,12 @@ def device_name(device: torch.device) -> str:
     return f"cpu: {info.get('cpu_model') or info['cpu']}"
 
 
+def failure_lines(out: str, limit: int = 80) -> list[str]:
+    """The lines of a pytest output that say what failed and why (its ``FAILED`` / ``ERROR`` summary lines and the
+    ``E`` lines of the tracebacks), at most ``limit``: the output's tail alone can be all warnings summary."""
+    return [line for line in out.splitlines() if line.startswith(("FAILED ", "ERROR ", "E "))][:limit]
+
+
 class Suite:
     """Runs the sections in order under one time budget and writes their JSON files."""
 
@@ -189,7 +195,8 @@ class Suite:
                                                      out.strip().splitlines()[-1] if out.strip() else "")}
         ok = rc in (0, 5) and not counts.get("failed") and not counts.get("error") and not counts.get("errors")
         return dict(settings=settings, missing=[], returncode=rc, counts=counts, seconds=time.perf_counter() - t,
-                    output_tail=out[-4000:], errors=[] if ok else [f"pytest returned {rc}: {counts}"])
+                    output_tail=out[-4000:], failures=failure_lines(out),
+                    errors=[] if ok else [f"pytest returned {rc}: {counts}"])
 
     def copy_bandwidth(self) -> dict:
         from .attention_grid import copy_bandwidth
