@@ -88,6 +88,13 @@ class Linear(nn.Linear):
     row_invariant: bool = True
     cpu_kernel: str = _kernel_from_env()
 
+    PREPACKED = ("_panel_parts", "_onednn_parts")  # the caches ``_packed`` fills
+
+    def __getstate__(self) -> dict:
+        """Pickled and deep-copied without the prepacked copies (rebuilt on first use): oneDNN's are opaque
+        tensors, which neither ``copy.deepcopy`` nor pickle can read."""
+        return {k: v for k, v in self.__dict__.items() if k not in self.PREPACKED}
+
     def _use_panels(self, x: torch.Tensor) -> bool:
         """Whether ``x`` takes a prepacked CPU kernel (the panels or oneDNN's), not ``F.linear``."""
         w = self.weight

@@ -178,3 +178,29 @@ def test_linear_kernel_from_the_environment(monkeypatch):
     monkeypatch.setenv("MINISPEC_LINEAR_KERNEL", "mkl")
     with pytest.raises(ValueError, match="MINISPEC_LINEAR_KERNEL must be one of auto, panels, onednn, got 'mkl'"):
         linear._kernel_from_env()
+
+
+@pytest.mark.parametrize("kernel", ["panels", pytest.param("onednn", marks=needs_onednn)])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
+def test_a_model_that_has_run_copies_and_pickles_without_its_prepacked_weights(kernel, name, monkeypatch):
+    """``copy.deepcopy`` of a model after a forward (what the GPU trainer test does before ``.to("cuda")``)
+    raised "Cannot access storage of OpaqueTensorImpl" where the layers held oneDNN's prepacked weights,
+    which are opaque tensors; the copies leave the prepacked caches behind and rebuild them on first use."""
+    import copy
+    import pickle
+
+    from minispec import load
+
+    monkeypatch.setattr(Linear, "cpu_kernel", kernel)
+    cache = {"panels": "_panel_parts", "onednn": "_onednn_parts"}[kernel]
+    model = load(name)[0]
+    x = torch.tensor([[1, 2, 3, 4]])
+    with torch.inference_mode():
+        before = model(x).logits
+    assert any(m.__dict__.get(cache) for m in model.modules() if isinstance(m, Linear))  # it prepacked
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert not any(k in m.__dict__ for m in twin.modules() if isinstance(m, Linear) for k in Linear.PREPACKED)
+        assert (twin.lm_head.weight is twin.tok_emb.weight) == (model.lm_head.weight is model.tok_emb.weight)
+        with torch.inference_mode():
+            assert torch.equal(twin(x).logits, before)  # rebuilt on first use: the same bits
+    assert model.lm_head.__dict__.get(cache)  # the original keeps its own
