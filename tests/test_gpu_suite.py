@@ -137,6 +137,24 @@ def test_gpu_tests_section_records_what_is_missing_instead_of_running(tmp_path, 
     assert suite["sections"]["gpu_tests"]["status"] == "skipped" and "pytest" in suite["sections"]["gpu_tests"]["why"]
 
 
+def test_gpu_tests_json_records_the_failed_tests_and_an_error(tmp_path, monkeypatch):
+    """A pytest run with failures: gpu_tests.json names them under ``failures`` and the section is an error."""
+    import subprocess
+
+    from minispec.lab import gpu_suite
+
+    monkeypatch.setattr(gpu_suite, "missing_prerequisites", lambda cuda=True: [])
+    out = "\n".join(["F.", "E       RuntimeError: no storage", "FAILED tests/test_t.py::test_gpu - RuntimeError",
+                     "1 failed, 1 passed in 3.0s"])
+    monkeypatch.setattr(gpu_suite.subprocess, "run",
+                        lambda cmd, *a, **k: subprocess.CompletedProcess(cmd, 1, stdout=out, stderr=""))
+    rc = gpu_suite.Suite(tmp_path, smoke=True, budget_s=60, tests_s=5).run(["gpu_tests"])
+    doc = json.loads((tmp_path / "gpu_tests.json").read_text())
+    assert rc == 1 and doc["counts"] == {"failed": 1, "passed": 1} and doc["returncode"] == 1
+    assert doc["failures"] == ["E       RuntimeError: no storage", "FAILED tests/test_t.py::test_gpu - RuntimeError"]
+    assert doc["errors"] == ["pytest returned 1: {'failed': 1, 'passed': 1}"]
+
+
 def test_measurements_share_the_time_the_gpu_tests_left(tmp_path):
     from minispec.lab.gpu_suite import DEADLINES, Suite
 
