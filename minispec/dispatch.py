@@ -69,7 +69,7 @@ class CandidateResult:
     loop_s: float  # the rest of this method's step: its phases but draft and target, per step
     predicted_tok_s: float
     calibration_tok_s: float  # what the calibration run itself measured (batch 1, prefill included)
-    prompts: int = 0  # calibration prompts it ran (fewer than the others: raced out, see ``_calibrate``)
+    prompts: int = 0  # calibration prompts it ran (fewer than the others: raced out or cut by the budget, ``_calibrate``)
 
 
 @dataclass
@@ -216,8 +216,8 @@ def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", cand
         race: None (every candidate on every prompt), or a fraction: after each prompt, the candidates
             predicted below ``race`` x the best so far run no further prompts (``_calibrate``).
         budget_s: None, or seconds of wall time (from the call, cost curve included): every candidate runs
-            the first prompt, then a next prompt starts only if it is predicted to end within the budget
-            (``_calibrate``).
+            the first prompt, then a next prompt runs for the candidates predicted to end it within the budget,
+            the best predicted first (``_calibrate``).
         reps: timed repetitions per tree size of the cost curve.
         params: the sampling parameters to choose for (default greedy); sampled calibrations are seeded,
             prompt i with ``seed + i`` for every candidate.
@@ -255,7 +255,7 @@ def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", cand
     runs = _calibrate(target, tok, prompts, drafters, max_new_tokens, progress, curve[batch_size], race, deadline,
                       params, seed)
     result.candidates = [_candidate(c, m, curve[batch_size]) for c, m in runs.items()]
-    result.choice = max(result.candidates, key=lambda r: r.predicted_tok_s).method
+    result.choice = choose(result.candidates)
     return result
 
 
@@ -283,8 +283,10 @@ def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progre
     on the first prompt only. A loser is seldom close: what racing saves is the time spent confirming it.
 
     With ``deadline`` (a ``time.perf_counter()`` value), every candidate runs the first prompt, and a next
-    prompt starts only if the candidates still running are predicted to finish it by the deadline (each
-    taking as long as on the prompt before): a slow machine calibrates on fewer prompts, not for longer."""
+    prompt starts only for the candidates predicted to finish it by the deadline (each taking as long as on
+    the prompt before): all of them, else the best predicted so far that fit, if two or more do
+    (``_within``): a slow machine calibrates on fewer prompts, not for longer, and spends what is left on
+    the contenders."""
     from tqdm.auto import tqdm
 
     from .generate import generate
@@ -314,13 +316,36 @@ def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progre
             predicted = {c: _candidate(c, runs[c], curve_b).predicted_tok_s for c in active}
             best = max(predicted.values())
             active = [c for c in active if c != "vanilla" and predicted[c] >= race * best]
-        if deadline is not None and time.perf_counter() + sum(last_s[c] for c in active) > deadline:
-            active = []  # the next prompt would end after the deadline
+        if deadline is not None and i + 1 < len(prompts):
+            active = _within(active, last_s, deadline - time.perf_counter(), runs, curve_b)
         bar.total = bar.n + (len(prompts) - i - 1) * len(active)
         if not active:
             break
     bar.close()
     return runs
+
+
+def _within(active: list, last_s: dict, left_s: float, runs: dict, curve_b: dict) -> list:
+    """The candidates that run the next prompt with ``left_s`` seconds of budget left, each predicted to take as
+    long as on the prompt before: all of them if they fit; else the best predicted so far, as many as fit, when
+    that is at least two (one alone would learn nothing about the choice, which is made among the candidates
+    that ran the most prompts); else none."""
+    if sum(last_s[c] for c in active) <= left_s:
+        return active
+    ranked = sorted(active, key=lambda c: _candidate(c, runs[c], curve_b).predicted_tok_s, reverse=True)
+    n = 0
+    while n < len(ranked) and sum(last_s[c] for c in ranked[:n + 1]) <= left_s:
+        n += 1
+    return ranked[:n] if n >= 2 else []
+
+
+def choose(candidates: list) -> str:
+    """The method with the best predicted tokens/s among the candidates that ran the most calibration prompts
+    (those a race or the time budget left behind were compared on fewer) and vanilla, whose step costs the same
+    on every prompt (it runs on the first only when racing)."""
+    most = max(c.prompts for c in candidates)
+    return max((c for c in candidates if c.prompts == most or c.method == "vanilla"),
+               key=lambda c: c.predicted_tok_s).method
 
 
 def _candidate(c: str, m: dict, curve_b: dict) -> CandidateResult:
@@ -407,12 +432,12 @@ def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=None, p
                max_new_tokens: int = 32, methods=None, progress: bool = False,
                budget_s: float | None = QUICK_BUDGET_S, params: SamplingParams = GREEDY) -> TuneResult:
     """``tune`` within about ``budget_s`` seconds: the verify-cost curve over a few tree sizes, then the
-    candidates (and vanilla) on up to ``prompts`` of minispec's own prompts, the second a request that
+    candidates (and vanilla) on up to ``prompts`` of minispec's own prompts, the first a request that
     reuses its input (``prompts.calibration_set``; never a benchmark's), racing (``QUICK_RACE``). Every
-    candidate runs the first prompt; a next prompt starts only if it is predicted to end within the budget,
-    so a slow machine calibrates on fewer prompts rather than for longer (the first prompt alone can
-    overrun it on a very slow one). candidates: default ``QUICK_CANDIDATES``; params: decode them greedily
-    (default) or sampled."""
+    candidate runs the first prompt; a next prompt runs for those predicted to end it within the budget,
+    the best predicted first (``_within``), so a slow machine calibrates on fewer prompts rather than for
+    longer (the first prompt alone can overrun it on a very slow one). candidates: default
+    ``QUICK_CANDIDATES``; params: decode them greedily (default) or sampled."""
     from .prompts import calibration_set
 
     calib = calibration_set(prompts)
@@ -449,7 +474,7 @@ def resolve_auto(target, tok, model_name: str = "smollm2-135m", batch_size: int 
         say(f"calibrating 'auto' for this machine{at}{stale} (once, about {QUICK_BUDGET_S:.0f} s) ...")
     r = quick_tune(target, tok, model_name, methods=methods, params=params)
     save_choice(r)
-    best = max(r.candidates, key=lambda c: c.predicted_tok_s)
+    best = next(c for c in r.candidates if c.method == r.choice)
     base = next(c for c in r.candidates if c.method == "vanilla")
     return r.choice, (f"auto = {r.choice} (calibrated now on this machine{at} in {r.calibration_s:.0f} s: predicted "
                       f"{best.predicted_tok_s / base.predicted_tok_s:.2f}x vanilla; saved to {path})")

@@ -123,9 +123,10 @@ def test_a_racing_calibration_stops_running_the_losers(tiny, monkeypatch):
 
 @pytest.mark.ch05
 def test_a_calibration_with_a_budget_starts_no_prompt_it_cannot_finish(tiny, monkeypatch):
-    """``budget_s``: every candidate runs the first prompt; a next prompt starts only if, at the candidates'
-    last times, it ends within the budget. The clock is the real one plus 10 s per generation, so which
-    prompts fit is known in advance (3 candidates: 30 s a prompt)."""
+    """``budget_s``: every candidate runs the first prompt; a next prompt runs for the candidates that, at their
+    last times, end it within the budget: all, else the best predicted that fit if two or more do. The clock
+    is the real one plus 10 s per generation and the predictions are stubbed (sps > vanilla > pld), so which
+    prompts fit and who runs them is known in advance (3 candidates: 30 s a prompt)."""
     import types
 
     model, tok, draft = tiny
@@ -141,20 +142,36 @@ def test_a_calibration_with_a_budget_starts_no_prompt_it_cannot_finish(tiny, mon
 
     monkeypatch.setattr(gen_module, "generate", slow_generate)
     monkeypatch.setattr(dispatch, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0]))
+    speed = {"vanilla": 1.0, "pld": 0.5, "sps": 1.5}
+    real = dispatch._candidate
+    monkeypatch.setattr(dispatch, "_candidate", lambda c, m, curve_b: dataclasses.replace(
+        real(c, m, curve_b), predicted_tok_s=speed[c]))
     ran = {}
-    for budget in (None, 45.0, 75.0, 1.0):
+    for budget in (None, 45.0, 55.0, 75.0, 1.0):
         r = dispatch.tune(model, tok, prompts, "tiny-llama", candidates=cands, max_new_tokens=8, context=32,
                           sizes=(0, 2, 4), methods=methods, progress=False, budget_s=budget, reps=1)
         ran[budget] = {c.method: c.prompts for c in r.candidates}
     assert ran[None] == {c: 3 for c in cands}
     assert ran[75.0] == {c: 2 for c in cands}  # 30 s + 30 s fit in 75, a third prompt would end at 90
-    assert ran[45.0] == ran[1.0] == {c: 1 for c in cands}  # the first prompt always runs
+    assert ran[45.0] == ran[1.0] == {c: 1 for c in cands}  # the first prompt always runs; one alone would not
+    assert ran[55.0] == {"vanilla": 2, "pld": 1, "sps": 2}  # 25 s left after the first: the best two
     for bad in (0.0, -1.0):
         with pytest.raises(ValueError, match="budget_s must be positive"):
             dispatch.tune(model, tok, prompts, "tiny-llama", candidates=cands, methods=methods, progress=False,
                           budget_s=bad)
     with pytest.raises(ValueError, match="reps must be >= 1"):
         dispatch.tune(model, tok, prompts, "tiny-llama", candidates=cands, methods=methods, progress=False, reps=0)
+
+
+def test_the_choice_is_made_among_the_candidates_that_ran_the_most_prompts():
+    """A candidate a race or the budget left behind after one prompt keeps a prediction from fewer prompts
+    than the others: it is not compared with them; vanilla, whose step is the same on every prompt, is."""
+    def row(method, predicted, prompts):
+        return dispatch.CandidateResult(method, 0, 1.0, 1.0, 0.0, 0.01, 0.0, predicted, predicted, prompts)
+
+    assert dispatch.choose([row("vanilla", 20, 1), row("eagle2", 37, 1), row("copy", 32, 3), row("eagle", 30, 3)]) == "copy"
+    assert dispatch.choose([row("vanilla", 20, 1), row("copy", 19, 3), row("eagle", 18, 3)]) == "vanilla"
+    assert dispatch.choose([row("vanilla", 20, 1), row("eagle2", 37, 1), row("copy", 32, 1)]) == "eagle2"
 
 
 def test_auto_reads_the_saved_choice(tmp_path, monkeypatch):
@@ -240,7 +257,7 @@ def test_auto_calibrates_once_on_own_prompts_and_announces_it(tiny, tmp_path, mo
     method, line = dispatch.resolve_auto(model, tok, "tiny-llama", methods=methods)
     from minispec.prompts import own_prompts, reuse_prompts
     own, reuse = [p["prompt"] for p in own_prompts()], [p["prompt"] for p in reuse_prompts()]
-    assert seen["prompts"] == [own[0], reuse[0], own[1]]  # minispec's own, one reusing its input; never a benchmark's
+    assert seen["prompts"] == [reuse[0], own[0], own[1]]  # minispec's own, one reusing its input; never a benchmark's
     assert seen["budget_s"] == dispatch.QUICK_BUDGET_S
     assert method in ("vanilla", "pld", "sps") and line.startswith(f"auto = {method} (calibrated now")
     path = dispatch.tune_path("tiny-llama")
@@ -257,7 +274,7 @@ def test_the_calibration_set_mixes_own_prompts_with_input_reuse(tmp_path):
 
     own, reuse = [p["prompt"] for p in own_prompts()], [p["prompt"] for p in reuse_prompts()]
     six = calibration_set(6)
-    assert six == [own[0], reuse[0], own[1], own[2], reuse[1], own[3]]  # cut short after two, it has seen one of each
+    assert six == [reuse[0], own[0], own[1], reuse[1], own[2], own[3]]  # cut short after one, it has seen reuse
     assert tune_report.calibration_prompts(4) == calibration_set(4)  # tune's default: never a benchmark's
     qs = tmp_path / "q.jsonl"
     qs.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["a question"]}) + "\n")

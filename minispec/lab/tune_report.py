@@ -28,8 +28,9 @@ def format_tune(r: TuneResult) -> str:
             for c in sorted(r.candidates, key=lambda c: -c.predicted_tok_s)]
     lines += text_table(TUNE_COLUMNS, rows, indent="  ")
     lines.append("  (tau: tokens per target forward, prefill included; tok/step: per decode step, the model's tau;")
-    lines.append("   prompts: calibration prompts run, fewer where a quick calibration's time budget ran out; fewer than")
-    lines.append("   the most: vanilla, or raced out as a clear loser)")
+    lines.append("   prompts: calibration prompts run; fewer than the most: vanilla (its step is the same on every prompt),")
+    lines.append("   raced out as a clear loser, or left behind when a quick calibration's time budget ran short; the")
+    lines.append("   choice is the best predicted of those that ran the most prompts, and vanilla)")
     for m, why in r.skipped.items():
         lines.append(f"  {m:<16} skipped: {why}")
     sampled = "" if r.params.greedy else f" (calibrated sampled: {describe_sampling(r.params)}, seeded)"
