@@ -15,7 +15,7 @@ ways a row can change with its company, and minispec closes both on the CPU:
                       (the M = 1 case); the input features in two halves whose products
                       are added; rows padded to a multiple of m (MKL's AVX2 kernels compute
                       rows in blocks of 6 and a last, partial block in another order); or
-                      calls of few rows padded with zero rows;
+                      calls of few rows padded with more rows;
     attention         a fused kernel blocks its reductions by the number of queries and keys;
                       ``minispec.attention.invariant`` reduces each row over its visible keys
                       in key order, in fixed blocks of keys, hidden keys adding exact zeros,
@@ -69,9 +69,9 @@ class RowPlan:
 
     kernel: the product used ("panels": the weight panels, "f_linear", or a stand-in);
     split: 1 = one product over all input features, 2 = the input features in two halves, the two
-        products added; min_rows: calls with fewer rows are padded with zero rows up to this, None if
+        products added; min_rows: calls with fewer rows are padded (``pad_rows``) up to this, None if
         no plan is invariant; varies: the row counts at which the plain product varied; multiple:
-        every call's rows are padded with zero rows up to a multiple of this.
+        every call's rows are padded up to a multiple of this.
     """
     kernel: str
     split: int
@@ -80,7 +80,7 @@ class RowPlan:
     multiple: int = 1
 
     def rows(self, m: int) -> int:
-        """How many rows a call of m rows computes under this plan (m plus its zero rows)."""
+        """How many rows a call of m rows computes under this plan (m plus the rows it is padded with)."""
         return padded_rows(m, self.min_rows or 1, self.multiple)
 
     @property
@@ -157,5 +157,14 @@ def padded_rows(m: int, min_rows: int = 1, multiple: int = 1) -> int:
 
 
 def pad_rows(x: torch.Tensor, min_rows: int) -> torch.Tensor:
-    """[M, n] -> [max(M, min_rows), n], zero rows appended."""
-    return x if x.shape[0] >= min_rows else torch.cat([x, x.new_zeros(min_rows - x.shape[0], x.shape[1])])
+    """[M, n] -> [max(M, min_rows), n]: rows appended, copies of x's own (x repeated, cut to length; zero rows
+    when M = 0). What they hold does not matter: under a row plan a row's result does not depend on the other
+    rows of the call, whatever they hold, and copies take one op where zero rows take two (a one-row decode
+    step pads every product)."""
+    m = x.shape[0]
+    if m >= min_rows:
+        return x
+    if m == 0:
+        return x.new_zeros(min_rows, x.shape[1])
+    y = torch.cat([x] * -(-min_rows // m))  # [k M, n]
+    return y if y.shape[0] == min_rows else y[:min_rows]

@@ -28,7 +28,7 @@ oneDNN's prepacked weights take 26.0 ms, and 31.3 ms at M = 9 where ``F.linear``
 (``benchmarks/linear_kernels.py``, ``benchmarks/results/linear_kernels_cpu.json``).
 No CPU is trusted blindly: each kind of layer is probed once per thread count and computed by
 the cheapest plan found invariant (``minispec.invariance.RowPlan``): as it is, its input features
-in two halves, or its rows padded with zero rows (one row to two; the panels on an AVX2-only CPU,
+in two halves, or its rows padded (one row to two; the panels on an AVX2-only CPU,
 which vary at 1-3 rows, calls of fewer rows to four; ``F.linear`` on MKL's AVX2 kernels, which
 compute rows in blocks of 6, to a multiple of 6).
 
@@ -144,20 +144,24 @@ class Linear(nn.Linear):
             name = chosen_kernel(time_kernels)
         return "onednn" if name == "onednn" and onednn_available() else "panels"
 
-    def _product(self, kernel: str, x: torch.Tensor, part: int | None = None) -> torch.Tensor:
-        """``kernel``'s product of x [M, in (or its half)] with the whole weight or the half ``part`` -> [M, out]."""
+    def _product(self, kernel: str, x: torch.Tensor, part: int | None = None, rows: int | None = None) -> torch.Tensor:
+        """``kernel``'s product of x [M, in (or its half)] with the whole weight or the half ``part`` -> [rows, out]:
+        the first ``rows`` rows of the result (default all M; fewer drop the rows a plan padded x with)."""
+        m = x.shape[0] if rows is None else rows
         if kernel == "panels":  # the decode loop's path, kept to few ops: each costs microseconds at one row
             wp = self.panel_weight(part)  # [P, in', PANEL]
             y = torch.bmm(x.expand(wp.shape[0], -1, -1), wp)  # [P, M, PANEL]: every panel reads the same x
-            y = y.transpose(0, 1).reshape(x.shape[0], -1)  # [M, P * PANEL]
+            y = (y[:, 0] if m == 1 else y[:, :m].transpose(0, 1)).reshape(m, -1)  # [m, P * PANEL]
             if y.shape[1] != self.out_features:
-                y = y[:, :self.out_features]  # [M, out]: the zero rows of the last panel dropped
+                y = y[:, :self.out_features]  # [m, out]: the zero rows of the last panel dropped
             b = self.bias if part != 1 else None  # the bias goes with the first half
             return y if b is None else y + b
         w, b = self._part(part)
         if kernel == "onednn":
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.onednn_weight(part), b, "none", [], "")
-        return F.linear(x, w, b)
+            y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.onednn_weight(part), b, "none", [], "")
+        else:
+            y = F.linear(x, w, b)
+        return y if m == x.shape[0] else y[:m]
 
     def _split_product(self, kernel: str, x: torch.Tensor) -> torch.Tensor:
         h = self.in_features // 2
@@ -197,8 +201,8 @@ class Linear(nn.Linear):
         m_ = padded_rows(m, min_rows, multiple)
         if split > 1:  # the input features in two halves, the products added
             y = self._split_product(kernel, x2)  # [M, out]
-        elif m_ > m:  # rows the kernel does not keep invariant: pad with zero rows, drop their results
-            y = self._product(kernel, pad_rows(x2, m_))[:m]
+        elif m_ > m:  # rows the kernel does not keep invariant: pad the call (``pad_rows``), keep the first m rows
+            y = self._product(kernel, pad_rows(x2, m_), rows=m)
         else:
             y = self._product(kernel, x2)
         return y.reshape(*x.shape[:-1], self.out_features)

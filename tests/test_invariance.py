@@ -94,7 +94,7 @@ def stand_in_product(long_inputs: int, max_rows: int = 1):
     for inputs longer than ``long_inputs`` (so that the product over half the inputs can be invariant,
     as 1536 -> 576 is on an AVX-512 CPU when split in two). Otherwise each output is an elementwise
     product summed along the contiguous input dimension: the same reduction for every row whatever M is."""
-    def product(self, kernel, x, part=None):
+    def product(self, kernel, x, part=None, rows=None):
         w, b = self._part(part)
         x2 = x.reshape(-1, x.shape[-1])  # [M, in]
         if x2.shape[0] <= max_rows and x2.shape[1] > long_inputs:
@@ -102,7 +102,7 @@ def stand_in_product(long_inputs: int, max_rows: int = 1):
         else:
             y = (x2[:, None, :] * w[None]).sum(-1)  # [M, out]
         y = y if b is None else y + b
-        return y.reshape(*x.shape[:-1], w.shape[0])
+        return y.reshape(*x.shape[:-1], w.shape[0])[:rows]  # the first ``rows`` (a padded call's own)
     return product
 
 
@@ -159,7 +159,7 @@ def test_without_the_plan_the_check_fails(monkeypatch):
     assert rows_that_differ(layer, 256) == [1, -5, -17, -64]
 
 
-def blocks_of_6_product(self, kernel, x, part=None):
+def blocks_of_6_product(self, kernel, x, part=None, rows=None):
     """A stand-in for MKL's AVX2 kernels: rows are computed in blocks of 6, and the rows of a last, partial
     block of 1 to 3 rows are summed in another order (from the last input)."""
     w, b = self._part(part)
@@ -169,7 +169,7 @@ def blocks_of_6_product(self, kernel, x, part=None):
     if 1 <= tail <= 3:
         y[-tail:] = (x2[-tail:].flip(-1)[:, None, :] * w.flip(-1)[None]).sum(-1)
     y = y if b is None else y + b
-    return y.reshape(*x.shape[:-1], w.shape[0])
+    return y.reshape(*x.shape[:-1], w.shape[0])[:rows]
 
 
 @pytest.mark.parametrize("n_threads", PARAM_THREADS)

@@ -39,6 +39,25 @@ def test_non_contiguous_input(panels):
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
 
 
+def test_a_call_is_padded_with_copies_of_its_rows_and_returns_its_own():
+    """``pad_rows`` appends copies of the call's rows (one op for the one-row decode step), cut to length, zeros
+    only for an empty call; ``_product`` with ``rows`` returns the first rows, for each kernel, with the bits of
+    the whole padded call."""
+    from minispec.invariance import pad_rows
+
+    x = torch.arange(6.0).reshape(3, 2)
+    assert pad_rows(x, 2) is x and torch.equal(pad_rows(x[:1], 2), x[[0, 0]])
+    assert torch.equal(pad_rows(x[:2], 5), x[[0, 1, 0, 1, 0]]) and torch.equal(pad_rows(x[:0], 4), torch.zeros(4, 2))
+    layer = _layer(64, 40, True)  # 40 outputs: two panels, the last one part zeros
+    xs = torch.randn(4, 64)
+    kernels = ["panels", "f_linear"] + (["onednn"] if onednn_available() else [])
+    with torch.inference_mode():
+        for kernel in kernels:
+            for rows in (1, 2, 3):
+                got = layer._product(kernel, xs, rows=rows)
+                assert got.shape == (rows, 40) and torch.equal(got, layer._product(kernel, xs)[:rows]), (kernel, rows)
+
+
 @pytest.mark.parametrize("n_in,n_out", [(576, 960), (1536, 576), (576, 49152)])  # qkv, down, LM head of SmolLM2
 def test_row_results_do_not_depend_on_the_row_count(panels, n_in, n_out):
     layer = _layer(n_in, n_out, False)
