@@ -199,11 +199,10 @@ class Linear(nn.Linear):
         """``kernel``'s product of ``x`` [..., in] under a row plan (``forward`` runs this layer's own)."""
         x2 = x.reshape(-1, self.in_features)  # [M, in]
         m = x2.shape[0]
-        m_ = padded_rows(m, min_rows, multiple)
         if split > 1:  # the input features in two halves, the products added
             y = self._split_product(kernel, x2)  # [M, out]
-        elif m_ > m:  # rows the kernel does not keep invariant: pad the call (``pad_rows``), keep the first m rows
-            y = self._product(kernel, pad_rows(x2, m_), rows=m)
+        elif (m_ := padded_rows(m, min_rows, multiple)) > m:  # rows the kernel does not keep invariant: pad the
+            y = self._product(kernel, pad_rows(x2, m_), rows=m)  # call (``pad_rows``), keep the first m rows
         else:
             y = self._product(kernel, x2)
         return y.reshape(*x.shape[:-1], self.out_features)
