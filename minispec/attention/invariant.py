@@ -338,7 +338,7 @@ def _rows(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tens
         p = torch.exp(s - s.amax(dim=-1, keepdim=True))
     else:
         p = s.sub_(s.amax(dim=-1, keepdim=True)).exp_()  # [B, Hkv, R', Sk]; hidden keys exactly 0
-    l = p.cumsum(-1, dtype=torch.float64)[..., -1:].to(p.dtype)  # [B, Hkv, R', 1]: a running sum in key order
+    l = p.cumsum(-1, dtype=torch.float64).narrow(-1, -1, 1).to(p.dtype)  # [B, Hkv, R', 1]: a running sum in key order
     if hd_ > hd:
         v = F.pad(v, (0, hd_ - hd))
     if S_ > Sk:  # a short last block: p padded with zeros (a small copy), so that every product reads p as
@@ -359,4 +359,7 @@ def _rows(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tens
             pb, vb = F.pad(p3.index_select(2, block), (0, n_ - n)), F.pad(v3.index_select(1, block), (0, 0, 0, n_ - n))
         ob = _product(pb, vb)  # [BH, R', hd']
         o = ob if o is None else o + ob
-    return (o.view(B, Hkv, R2, hd_)[..., :hd] / l)[:, :, :R]
+    o = o.view(B, Hkv, R2, hd_)
+    o = (o if hd_ == hd else o.narrow(-1, 0, hd)) / l  # [B, Hkv, R', hd]
+    return o if R2 == R else o.narrow(2, 0, R)  # (methods, and none for a no-op cut: Python indexing costs
+    #                                             microseconds a call, 30 calls a decode step)
