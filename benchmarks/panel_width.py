@@ -12,19 +12,12 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
 from minispec import load
 from minispec.lab.benchinfo import save_json
-from minispec.linear import PANEL, Linear
+from minispec.linear import PANEL, Linear, panels
 
 WIDTHS = (16, 32, 64, 128)
-
-
-def panels(w: torch.Tensor, width: int) -> torch.Tensor:
-    """[out, in] -> [P, in, width], as ``Linear.panel_weight`` cuts them at PANEL."""
-    P = -(-w.shape[0] // width)
-    return F.pad(w, (0, 0, 0, P * width - w.shape[0])).reshape(P, width, -1).transpose(1, 2).contiguous()
 
 
 def main():

@@ -73,6 +73,14 @@ def _kernel_from_env() -> str:
     return name
 
 
+def panels(w: torch.Tensor, width: int = PANEL) -> torch.Tensor:
+    """[out, in] -> [P, in, width]: panel p holds ``w[p*width:(p+1)*width].T``, contiguous; the last one is
+    zero-padded to ``width`` output features."""
+    P = -(-w.shape[0] // width)
+    w = F.pad(w, (0, 0, 0, P * width - w.shape[0]))  # [P * width, in], zero rows at the end
+    return w.reshape(P, width, -1).transpose(1, 2).contiguous()
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state_dict) with a weight-panel CPU inference path
     whose rows do not depend on the row count.
@@ -123,10 +131,6 @@ class Linear(nn.Linear):
     def panel_weight(self, part: int | None = None) -> torch.Tensor:
         """[P, in (or its half), PANEL]: the panels of ``weight`` (or of its input half ``part``),
         zero-padded to whole panels."""
-        def panels(wp: torch.Tensor) -> torch.Tensor:  # [out, in'] -> [P, in', PANEL]
-            P = -(-wp.shape[0] // PANEL)
-            wp = F.pad(wp, (0, 0, 0, P * PANEL - wp.shape[0]))  # [P * PANEL, in'], zero rows at the end
-            return wp.reshape(P, PANEL, -1).transpose(1, 2).contiguous()
         return self._packed("_panel_parts", part, panels)
 
     def onednn_weight(self, part: int | None = None) -> torch.Tensor:
