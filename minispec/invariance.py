@@ -133,6 +133,13 @@ def choose_plan(kernel: str, fn: Product, split_fn: Product | None, n_in: int, d
     return RowPlan(kernel, 1, m0, varies)
 
 
+@torch.compiler.assume_constant_result
+def threads() -> int:
+    """``torch.get_num_threads()``, which a forward traced by ``torch.compile`` takes as a constant: plans are
+    keyed by the thread count, and a compiled forward keeps the count it was compiled at."""
+    return torch.get_num_threads()
+
+
 _PLANS: dict[tuple, RowPlan] = {}  # cache: (kernel, n_in, n_out, bias, dtype, device, threads) -> RowPlan
 
 

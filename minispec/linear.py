@@ -90,6 +90,10 @@ class Linear(nn.Linear):
     probe found (to show what the plans prevent); ``Linear.cpu_kernel`` names the prepacked
     kernel ("auto": this machine's faster one, ``minispec.kernel_choice``; "panels" or "onednn").
     Prepacked copies are rebuilt when the weight changes (in place or replaced).
+
+    Under ``torch.compile`` a layer that has run eagerly (or been prepacked) traces without a graph break,
+    with the row plan and prepacked copy of its last eager call (compile again after changing weights,
+    dtype or threads); one that has not breaks the graph where it chooses them.
     """
 
     prepack: bool = True
@@ -120,6 +124,8 @@ class Linear(nn.Linear):
     def _packed(self, name: str, part: int | None, build) -> torch.Tensor:
         """``build(w)`` of the weight w [out, in'] (or of its input half ``part``), cached under ``name``
         and rebuilt on first use and after any change to the weight (in place or replaced)."""
+        if torch.compiler.is_compiling() and part in self.__dict__.get(name, {}):  # traced by torch.compile, which
+            return self.__dict__[name][part][1]  # cannot read a data pointer: the copy an eager call built
         w = self.weight
         key = (w.data_ptr(), w._version, tuple(w.shape))
         cache = self.__dict__.setdefault(name, {})
@@ -197,6 +203,8 @@ class Linear(nn.Linear):
         return self._plan_value
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() and "_plan_value" in self.__dict__:  # traced by torch.compile: the plan the
+            return self.run(x, *self._plan_value)  # last eager call chose (a probe runs products, which a trace cannot)
         return self.run(x, *self._plan(x))
 
     def run(self, x: torch.Tensor, kernel: str, split: int = 1, min_rows: int = 1, multiple: int = 1) -> torch.Tensor:

@@ -79,7 +79,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..invariance import padded_rows
+from ..invariance import padded_rows, threads
 from ..tree import Tree
 from .reference import check_shapes
 
@@ -126,7 +126,7 @@ def attention_plan(hd: int, dtype: torch.dtype = torch.float32) -> AttentionPlan
     rows against 20 and 40, and the rows of a tree each against itself alone, compared bit for bit),
     cached. With none invariant, the plain plan
     with ``invariant=False`` (``check-env`` warns)."""
-    key = (hd, dtype, torch.get_num_threads())
+    key = (hd, dtype, threads())
     if key not in _PLANS:
         candidates = [AttentionPlan(m, pad) for m in ROW_MULTIPLES for pad in (False, True)]
         _PLANS[key] = next((c for c in candidates if _rows_invariant(c, hd, dtype)),
@@ -239,7 +239,7 @@ def batch_for_threads(B: int, Hkv: int) -> int:
     the threads. A BLAS given fewer products than threads splits one product between threads, at places
     that depend on its shape (MKL at 2 threads), so a row's sum would depend on the row count; with at
     least one product per thread, each is computed whole by one thread."""
-    return max(B, -(-torch.get_num_threads() // Hkv))
+    return max(B, -(-threads() // Hkv))
 
 
 def key_blocks(mask: torch.Tensor) -> list[torch.Tensor] | str | None:

@@ -1,0 +1,66 @@
+"""The model under ``torch.compile``: the static forward (chapter 8's body) traces as one graph, and the trace
+computes what the eager forward computes.
+
+On the CPU a compiled forward is the counterpart of a captured CUDA graph: one program per bucket, its
+shapes fixed, replayed each step. What it costs and saves on a CPU is ``benchmarks/compiled_forward.py``'s
+business; here the backend is dynamo's "eager" one (the traced graph run op by op: no C++ compiler, seconds
+on two cores), which shows what only tracing can get wrong: a graph break, a recompile per step, another op.
+"""
+
+import pytest
+import torch
+
+from minispec.cuda_graphs import StaticKVCache, static_forward, static_prefill
+from minispec.linear import Linear
+from minispec.models import load
+
+
+def _steps(model, forward, n: int = 3, capacity: int = 48, T: int = 1):
+    """Prefill 8 tokens, then ``n`` forwards of T tokens each through ``forward``; the logits of each."""
+    g = torch.Generator().manual_seed(0)
+    kv = StaticKVCache.for_model(model, capacity)
+    static_prefill(model, kv, torch.randint(0, 256, (1, 8), generator=g))
+    kv.commit()
+    out = []
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[None]
+    for _ in range(n):
+        tokens = torch.randint(0, 256, (1, T), generator=g)
+        kv.begin(1, T)
+        out.append(forward(model, kv, tokens, kv.lengths[:1, None] + torch.arange(T), causal).logits.clone())
+        kv.commit()
+    return out
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
+@pytest.mark.parametrize("T", [1, 3])
+def test_the_static_forward_traces_as_one_graph_without_recompiles(name, T):
+    torch._dynamo.reset()
+    model, _ = load(name)
+    with torch.inference_mode():
+        eager = _steps(model, static_forward, T=T)
+        kv = StaticKVCache.for_model(model, 48)
+        kv.begin(1, T)
+        explained = torch._dynamo.explain(static_forward)(model, kv, torch.zeros(1, T, dtype=torch.long),
+                                                           torch.arange(T)[None], torch.ones(1, T, T, dtype=torch.bool))
+        assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+        assert explained.graph_count == 1
+        torch._dynamo.reset()
+        compiled = torch.compile(static_forward, backend="eager", dynamic=False)
+        first = _steps(model, compiled, n=1, T=T)  # traced here
+        with torch.compiler.set_stance("fail_on_recompile"):  # every later step: the same graph, other lengths
+            traced = _steps(model, compiled, T=T)
+    assert torch.equal(first[0], eager[0])
+    assert all(torch.equal(a, b) for a, b in zip(traced, eager))
+
+
+def test_a_linear_traces_without_a_break_after_an_eager_call():
+    layer = Linear(8, 4).requires_grad_(False)
+    x = torch.randn(3, 8)
+    torch._dynamo.reset()
+    cold = torch._dynamo.explain(layer)(x)  # no plan yet: it is chosen eagerly, outside the graph
+    eager = layer(x)
+    torch._dynamo.reset()
+    warm = torch._dynamo.explain(layer)(x)
+    assert cold.graph_break_count > 0 and warm.graph_break_count == 0
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(layer, backend="eager")(x), eager)
