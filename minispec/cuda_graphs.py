@@ -42,6 +42,9 @@ bit, padded or not, over the whole capacity or not: that is what CI proves. What
 show: that capture succeeds (no host synchronisation, no allocation outside the graph's pool),
 that a replay launches the same kernels as the eager padded forward (bitwise equal there too),
 and how much launch time it saves (``gpu-suite``; ``tests/test_cuda_graphs.py``'s CUDA tests).
+The model's call on such a plan also traces under ``torch.compile`` as one graph, without a graph break
+or a recompile from step to step (``tests/test_compile.py``): on a CPU, compiling it is capture's
+counterpart (``benchmarks/compiled_forward.py`` times it against eager).
 
 The decode loop runs on it with ``generate(..., cuda_graphs=True)`` / ``Decoder(graphs=True)``:
 the target's verify forwards (vanilla, chain, tree) go through one ``GraphedForward`` over a

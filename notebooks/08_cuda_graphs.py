@@ -728,6 +728,47 @@ for method in ("vanilla", "sps@chain:4", "eagle2"):
 # next thing to capture, and section 1 says it is the most launch-bound step of all.
 
 # %% [markdown]
+# ### On a CPU, compiling is capture's counterpart
+#
+# A CUDA graph freezes the kernels of one forward. On a CPU the same frozen forward can be handed
+# to `torch.compile`: TorchDynamo traces it into one graph, and inductor generates fused C++ for
+# its elementwise ops and reductions (minispec's weight products stay extern calls). The rules are
+# section 2's: nothing inside the traced region may read a value on the host or take a shape from
+# one. So the plan is built before the traced call, as `static_plan` is built before a replay; on
+# the CPU it also reads its key blocks on the host (`masked_keys`: which keys each block of
+# $p\,v$ sums, past 128 keys). The cell traces SmolLM2's one-token call on the static cache and
+# counts graphs and breaks. Compiling it and timing it against eager, interleaved, takes minutes
+# of compilation on two cores: that is `benchmarks/compiled_forward.py`, whose committed results
+# are read below (it also checks that a compiled four-token chain's rows equal the compiled
+# one-token steps, which greedy identity needs if both run compiled).
+
+# %%
+from minispec.attention.invariant import masked_keys
+from minispec.cuda_graphs import static_plan, static_prefill
+
+with torch.inference_mode():
+    kv_c = StaticKVCache.for_model(smol, len(ids_d) + 8)
+    static_prefill(smol, kv_c, torch.tensor([ids_d]))
+    kv_c.commit()
+    kv_c.begin(1, 1)
+    plan_c = static_plan(kv_c, kv_c.lengths[:1, None], torch.ones(1, 1, 1, dtype=torch.bool))
+    plan_c.keys = masked_keys(plan_c.mask)  # the host's share, before the traced region
+    traced = torch._dynamo.explain(lambda tokens, plan: smol(tokens, kv=kv_c, plan=plan))(torch.tensor([ids_d[-1:]]),
+                                                                                          plan_c)
+    kv_c.discard()
+print(f"SmolLM2's one-token call, traced: {traced.graph_count} graph, {traced.graph_break_count} graph breaks, "
+      f"{len(traced.ops_per_graph[0])} ops in the graph")
+assert traced.graph_count == 1 and traced.graph_break_count == 0
+root = Path(minispec.__file__).resolve().parent.parent
+for p in sorted(glob.glob(str(root / "benchmarks" / "results" / "compiled_forward*.json"))):
+    res = json.loads(Path(p).read_text())
+    print(f"\n{Path(p).relative_to(root)} — {res['device'].get('cpu_model', res['device'])}, {res['threads']} threads, "
+          f"{res['date'][:10]}:\n  compile {res['compile_s']} s; a step eager {res['ms_per_step']['eager']} ms, "
+          f"compiled {res['ms_per_step']['compiled']} ms (compiled / eager {res['compiled_over_eager']}); "
+          f"same tokens {res['same_tokens']}; max |logit diff| {res['max_abs_logit_diff']:.1e}; "
+          f"chain rows = one-token rows {res['rows_equal_buckets']}")
+
+# %% [markdown]
 # ## 7. On a GPU: graph replay against eager, live
 #
 # What only a GPU can show: that capture succeeds, that a replay is faster than the eager step,
