@@ -59,7 +59,8 @@ test: install
 	@# that path needs. Where the CPU has nothing wider than AVX2, the run above already took that path
 	@cap=$$($(BIN)/python -c 'import torch; print(torch.backends.cpu.get_cpu_capability())'); \
 	if [ "$$cap" = AVX2 ]; then echo "CPU capability AVX2: the tests above ran on MKL's AVX2 kernels already"; \
-	else MKL_ENABLE_INSTRUCTIONS=AVX2 $(BIN)/python -m pytest -n $(JOBS) -q tests/test_invariance.py tests/test_linear.py; fi
+	else MKL_ENABLE_INSTRUCTIONS=AVX2 $(BIN)/python -m pytest -n $(JOBS) -q tests/test_invariance.py tests/test_linear.py \
+	  tests/test_compile.py; fi
 
 # the course as HTML with outputs and figures (fast mode): build/book/index.html
 .PHONY: book

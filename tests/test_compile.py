@@ -33,7 +33,9 @@ def _steps(model, forward, n: int = 3, capacity: int = 48, T: int = 1):
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
 @pytest.mark.parametrize("T", [1, 3])
-def test_the_static_forward_traces_as_one_graph_without_recompiles(name, T):
+@pytest.mark.parametrize("kernel", ["panels", "onednn"])  # the two prepacked CPU kernels (one per machine, "auto")
+def test_the_static_forward_traces_as_one_graph_without_recompiles(name, T, kernel, monkeypatch):
+    monkeypatch.setattr(Linear, "cpu_kernel", kernel)
     torch._dynamo.reset()
     model, _ = load(name)
     with torch.inference_mode():
