@@ -29,7 +29,6 @@ import time
 import torch
 
 from minispec import load
-from minispec.attention.invariant import masked_keys
 from minispec.cuda_graphs import StaticKVCache, static_forward, static_plan, static_prefill
 from minispec.lab.benchinfo import save_json
 
@@ -42,12 +41,9 @@ def model_call(model, kv, tokens, plan):
 
 def with_plan(body):
     """``static_forward`` with its plan built outside ``body`` (the model's call, compiled): the plan's key blocks
-    are read on the host (``masked_keys``: which keys each block of p @ v sums, past the first 128 keys), which
-    a trace cannot do without breaking its graph."""
+    are read on the host (``Plan.with_keys``), which a trace cannot do without breaking its graph."""
     def forward(model, kv, tokens, positions, tree_mask):
-        plan = static_plan(kv, positions, tree_mask)
-        plan.keys = masked_keys(plan.mask)
-        return body(model, kv, tokens, plan)
+        return body(model, kv, tokens, static_plan(kv, positions, tree_mask).with_keys())
     return forward
 
 
@@ -106,8 +102,7 @@ def main():
         decode(model, static_forward, prompt, 2, args.capacity)  # eager first: row plans, prepacked weights
         kv = StaticKVCache.for_model(model, args.capacity)
         kv.begin(1, 1)
-        plan = static_plan(kv, kv.lengths[:1, None], torch.ones(1, 1, 1, dtype=torch.bool))
-        plan.keys = masked_keys(plan.mask)
+        plan = static_plan(kv, kv.lengths[:1, None], torch.ones(1, 1, 1, dtype=torch.bool)).with_keys()
         explained = torch._dynamo.explain(model_call)(model, kv, prompt[:, :1], plan)
         torch._dynamo.reset()
         t = time.perf_counter()

@@ -735,7 +735,7 @@ for method in ("vanilla", "sps@chain:4", "eagle2"):
 # its elementwise ops and reductions (minispec's weight products stay extern calls). The rules are
 # section 2's: nothing inside the traced region may read a value on the host or take a shape from
 # one. So the plan is built before the traced call, as `static_plan` is built before a replay; on
-# the CPU it also reads its key blocks on the host (`masked_keys`: which keys each block of
+# the CPU it also reads its key blocks on the host (`Plan.with_keys`: which keys each block of
 # $p\,v$ sums, past 128 keys). The cell traces SmolLM2's one-token call on the static cache and
 # counts graphs and breaks. Compiling it and timing it against eager, interleaved, takes minutes
 # of compilation on two cores: that is `benchmarks/compiled_forward.py`, whose committed results
@@ -743,7 +743,6 @@ for method in ("vanilla", "sps@chain:4", "eagle2"):
 # one-token steps, which greedy identity needs if both run compiled).
 
 # %%
-from minispec.attention.invariant import masked_keys
 from minispec.cuda_graphs import static_plan, static_prefill
 
 with torch.inference_mode():
@@ -751,8 +750,7 @@ with torch.inference_mode():
     static_prefill(smol, kv_c, torch.tensor([ids_d]))
     kv_c.commit()
     kv_c.begin(1, 1)
-    plan_c = static_plan(kv_c, kv_c.lengths[:1, None], torch.ones(1, 1, 1, dtype=torch.bool))
-    plan_c.keys = masked_keys(plan_c.mask)  # the host's share, before the traced region
+    plan_c = static_plan(kv_c, kv_c.lengths[:1, None], torch.ones(1, 1, 1, dtype=torch.bool)).with_keys()  # key blocks read here
     traced = torch._dynamo.explain(lambda tokens, plan: smol(tokens, kv=kv_c, plan=plan))(torch.tensor([ids_d[-1:]]),
                                                                                           plan_c)
     kv_c.discard()

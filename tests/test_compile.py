@@ -10,7 +10,7 @@ on two cores), which shows what only tracing can get wrong: a graph break, a rec
 import pytest
 import torch
 
-from minispec.cuda_graphs import StaticKVCache, static_forward, static_prefill
+from minispec.cuda_graphs import StaticKVCache, static_forward, static_plan, static_prefill
 from minispec.linear import Linear
 from minispec.models import load
 
@@ -66,3 +66,33 @@ def test_a_linear_traces_without_a_break_after_an_eager_call():
     assert cold.graph_break_count > 0 and warm.graph_break_count == 0
     torch._dynamo.reset()
     assert torch.equal(torch.compile(layer, backend="eager")(x), eager)
+
+
+def test_past_one_key_block_the_plan_reads_its_keys_before_the_traced_call():
+    """Past 128 keys the CPU's attention reads its key blocks on the host: inside a trace that breaks the graph,
+    so a plan built before the traced call works them out first (``Plan.with_keys``)."""
+    model, _ = load("tiny-llama")
+    call = lambda tokens, plan, kv: model(tokens, kv=kv, plan=plan)  # noqa: E731
+    token, one = torch.tensor([[5]]), torch.ones(1, 1, 1, dtype=torch.bool)
+    with torch.inference_mode():
+        kv = StaticKVCache.for_model(model, 200)  # 200 slots, all attended: two key blocks
+        static_prefill(model, kv, torch.arange(8)[None])
+        kv.commit()
+
+        def run(fn, keys_first: bool):  # one forward of ``token`` on a fresh static plan, its entry discarded
+            kv.begin(1, 1)
+            plan = static_plan(kv, kv.lengths[:1, None], one)
+            out = fn(token, plan.with_keys() if keys_first else plan, kv)
+            kv.discard()
+            return out
+
+        eager = run(call, False).logits
+        torch._dynamo.reset()
+        inside = run(torch._dynamo.explain(call), False)
+        torch._dynamo.reset()
+        before = run(torch._dynamo.explain(call), True)
+        torch._dynamo.reset()
+        traced = run(torch.compile(call, backend="eager"), True).logits
+    assert inside.graph_break_count > 0
+    assert before.graph_break_count == 0 and before.graph_count == 1
+    assert torch.equal(traced, eager)

@@ -72,6 +72,14 @@ class Plan:
             self.keys = masked_keys(self.mask)
         return self.keys
 
+    def with_keys(self) -> "Plan":
+        """Work out a CPU mask's ``masked_keys`` now rather than in the first layer: past 128 keys that reads the
+        mask on the host, which a forward traced by ``torch.compile`` cannot do without breaking its graph, so a
+        plan built before the traced call does it here. Returns the plan."""
+        if self.mask is not None and self.mask.device.type == "cpu":
+            self.keys = masked_keys(self.mask)
+        return self
+
     def last(self, h: torch.Tensor) -> torch.Tensor:
         """Each row's last new token: h [B, T, D] -> [B, 1, D] (a prefill's LM head)."""
         return h[:, -1:]
