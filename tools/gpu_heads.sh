@@ -23,7 +23,7 @@
 # cause was not established). Hence the offline switches and a time stamp before every step, so a stall shows where.
 # The second try (2026-11-26, another H200) ran through: `python` must be the interpreter that has torch (on that
 # machine only `python3` is; a wrapper script named python that execs it works, a symbolic link to a venv's
-# interpreter does not), and with --batch-size 2048 one generate call took 52 s for 32 parts. README: "It ran on an H200".
+# interpreter does not), and with --batch-size 2048 one generate call took 52 s for 32 parts. docs/results.md: "It ran on an H200".
 set -euo pipefail
 out=$1 prompts=$2 gen_min=$3 train_min=$4
 device=${DEVICE:-cuda} batch=${BATCH:-2048}
