@@ -115,8 +115,8 @@ class BatchDecoder:
         return all(dec.done for dec in self.decs)
 
     def active(self) -> list[int]:
-        """The unfinished sequences that hold a cache row (their order is the forward's row order)."""
-        return [b for b in sorted(self.row_of) if not self.decs[b].done]
+        """The unfinished sequences that hold a cache row, in the order of their rows (the forward's row order)."""
+        return sorted((b for b in self.row_of if not self.decs[b].done), key=self.row_of.__getitem__)
 
     def _forward(self, rows: dict[int, list[int]], positions: torch.Tensor | None = None, masks=None,
                  last_logits_only: bool = False):
@@ -199,6 +199,19 @@ class BatchDecoder:
             row = self.row_of.pop(b)
             if self.kv.lengths[row]:
                 self.kv.free(row)
+        if isinstance(self.kv, RowKVCache):
+            self._compact()
+
+    def _compact(self) -> None:
+        """The sequences in a ``RowKVCache``'s highest rows move into the rows freed below them (``RowKVCache.move``:
+        one copy of one sequence's cache, once), so that the rows of every forward stay the cache's first R, read as
+        views, instead of an ``index_select`` copying every row's keys and values in every layer of every step."""
+        held = set(self.row_of.values())
+        holes = [r for r in range(len(held)) if r not in held]  # as many as the rows held at or above len(held)
+        movers = sorted((b for b, r in self.row_of.items() if r >= len(held)), key=self.row_of.__getitem__, reverse=True)
+        for hole, b in zip(holes, movers):
+            self.kv.move(self.row_of[b], hole)
+            self.row_of[b] = hole
 
 
 PREFILL_PADDING = 1.25  # a prefill forward computes at most this many token rows per prompt token

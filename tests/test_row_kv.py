@@ -106,3 +106,58 @@ def test_generate_batch_on_the_row_cache_gives_each_sequence_its_answer_alone(dr
         assert batch.kv.lengths == [0] * 5  # every finished sequence freed
     with pytest.raises(ValueError, match="kv must be 'paged' or 'rows'"):
         generate_batch(model, tok, prompts[:1], kv="blocks")
+
+
+def test_a_sequence_moves_to_a_free_row_whole_and_bad_moves_change_nothing():
+    g = torch.Generator().manual_seed(1)
+    kv = RowKVCache(L, Hkv, hd, 16, batch_size=3)
+    kv.begin(3, [5, 3, 7])
+    for layer in range(L):
+        kv.store(layer, torch.randn(3, Hkv, 7, hd, generator=g), torch.randn(3, Hkv, 7, hd, generator=g))
+    with pytest.raises(RuntimeError, match="pending"):
+        kv.move(2, 0)
+    kv.commit()
+    before = [kv.read(layer, 2) for layer in range(L)]
+    before = [(k.clone(), v.clone()) for k, v in before]
+    for src, dst, match in ((2, 0, "row 0 holds 5 tokens"), (2, 2, "cannot move row 2 to row 2"),
+                            (3, 0, "cannot move row 3")):
+        with pytest.raises(ValueError, match=match):
+            kv.move(src, dst)
+        assert kv.lengths == [5, 3, 7]
+    kv.free(0)
+    kv.move(2, 0)
+    assert kv.lengths == [7, 3, 0]
+    for layer in range(L):
+        for a, b in zip(kv.read(layer, 0), before[layer]):
+            assert torch.equal(a, b)
+
+
+def test_finished_sequences_leave_the_rows_that_decode_a_prefix_read_as_views():
+    """Sequences that finish at different steps (budgets of 2 to 20 tokens): after each step the unfinished ones
+    hold the cache's first rows, every forward after the prefill reads its rows as views (no index_select), and
+    every answer equals the prompt decoded alone."""
+    from minispec.batch import BatchDecoder
+    from minispec.generate import _eos_ids
+
+    model, tok = load("tiny-llama")
+    prompts = ["abcabcabc abc ab", "the cat", "x", "a quick brown fox jumps over the lazy dog", "0101010", "hello"]
+    budgets = [20, 2, 9, 14, 4, 17]
+    ids = [tok.encode(p) for p in prompts]
+    alone = [generate(model, tok, p, max_new_tokens=n, chat=False).tokens for p, n in zip(prompts, budgets)]
+    batch = BatchDecoder(model, ids, None, max_new_tokens=budgets, eos=_eos_ids(model, tok), kv="rows")
+    batch.prefill()
+    reads, moved = [], 0
+    real_move = batch.kv.move
+
+    def counting_move(src, dst):
+        nonlocal moved
+        moved += 1
+        real_move(src, dst)
+
+    batch.kv.move = counting_move
+    while not batch.done:
+        batch.step()
+        reads.append(batch.kv._read[2])  # the forward's row index: None when it read the first R rows as views
+        assert sorted(batch.row_of.values()) == list(range(len(batch.row_of))), batch.row_of
+    assert [dec.new for dec in batch.decs] == alone
+    assert moved >= 2 and all(r is None for r in reads), (moved, reads)

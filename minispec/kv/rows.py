@@ -4,14 +4,16 @@ The paged cache (``paged.py``) shares one pool of blocks among sequences of any 
 batch from it at once (``read_rows``) gathers every row's blocks and, for the CPU's row-invariant attention, which
 reads K^T row-major, transposes them: in a batched decode step on the CPU those copies are most of the step. Here
 sequence b owns row b of two buffers [L, B, Hkv, cap, hd], K stored keys last (the layout the CPU attention
-reads, as ``KVCache`` stores it), so a step's rows are read as views of the buffers
-(or with one ``index_select`` of rows when some sequences sit the step out). The price is the contiguous cache's:
-every sequence holds ``capacity`` slots from the start.
+reads, as ``KVCache`` stores it), so a step's rows are read as views of the buffers when they are the first R
+rows in order, else with one ``index_select`` of rows per layer (a copy of every row's keys and values). So when
+sequences finish, the batch decoder moves the highest rows into the freed ones (``move``: one copy of one
+sequence's cache, once) and the rows that decode stay the first R. The price is the contiguous cache's: every
+sequence holds ``capacity`` slots from the start.
 
 The same ragged interface as ``PagedKVCache`` (``RaggedKVCache``): ``begin`` with one count, one per sequence or
 ``{sequence: count}``; ``store``, ``read``, ``read_rows``; ``commit`` with one keep list or one per sequence (a
 tree's accepted path moves down to the next slots); ``discard``, ``rollback``, ``free``, ``reset``, ``reserve``;
-and ``write`` / ``length`` when every sequence has the same length.
+and ``write`` / ``length`` when every sequence has the same length. Its own: ``move`` (a sequence to a free row).
 
 Shapes: L layers, B batch, Hkv key/value heads, cap slots per sequence, hd head dim.
 """
@@ -46,7 +48,8 @@ class RowKVCache(RaggedLengths):
         self.pendings = [0] * batch_size  # tokens written by the last forward, not yet committed
         self.rows = list(range(batch_size))  # the sequences of the pending forward's rows
         self._plan = None  # the pending forward's (rows, toks, seq, pos) index tensors, shared by every layer
-        self._read = None  # what its read_rows reads in every layer: (keys S, the rows' index or None for all)
+        self._read = None  # what its read_rows reads in every layer: (keys S, rows R, the rows' index or None: the
+        #                    first R rows, in order)
 
     @classmethod
     def for_model(cls, model, capacity: int, batch_size: int = 1) -> "RowKVCache":
@@ -77,8 +80,9 @@ class RowKVCache(RaggedLengths):
                                   "allocate a larger cache or reserve() more")
         dev = self.k.device
         self.pendings, self.rows, self._plan = ns, rows, new_slots(rows, ns, self.lengths, dev)  # [n] each
-        every = rows == list(range(self.batch_size))  # every sequence in the forward, in order: views will do
-        self._read = max((self.lengths[s] + ns[s] for s in rows), default=0), None if every else torch.tensor(rows, device=dev)
+        prefix = rows == list(range(len(rows)))  # the first R rows, in order: views will do
+        self._read = (max((self.lengths[s] + ns[s] for s in rows), default=0), len(rows),
+                      None if prefix else torch.tensor(rows, device=dev))
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store layer's new k, v [R, Hkv, T, hd] (T = the most pending; row r keeps its first pendings)."""
@@ -108,14 +112,13 @@ class RowKVCache(RaggedLengths):
     def read_rows(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's K and V [R, Hkv, S, hd] of the pending forward's R rows, S = the longest row's tokens: row r
         holds its sequence's tokens, then stale entries its attention mask must hide (``RaggedPlan`` does). Views
-        when every sequence takes part in the forward, in order; else one ``index_select`` of rows. K is the
+        when the forward's rows are the cache's first R, in order; else one ``index_select`` of rows. K is the
         transpose of a row-major [R, Hkv, hd, S], the layout the CPU's row-invariant attention reads."""
-        S, idx = self._read
-        k, v = self.k[layer, :, :, :S], self.v[layer, :, :, :S]  # views, K keys last
-        if idx is not None:  # some sequences sit this forward out: copy the rows that run
-            k = k.transpose(-1, -2).index_select(0, idx).transpose(-1, -2)  # still keys last
-            v = v.index_select(0, idx)
-        return k, v
+        S, R, idx = self._read
+        if idx is None:  # the first R rows: views, K keys last
+            return self.k[layer, :R, :, :S], self.v[layer, :R, :, :S]
+        k, v = self.k[layer, :, :, :S], self.v[layer, :, :, :S]  # rows elsewhere or out of order: copy those that run
+        return k.transpose(-1, -2).index_select(0, idx).transpose(-1, -2), v.index_select(0, idx)  # K still keys last
 
     # ------------------------------------------------------------------ the decode loop's side
     def commit(self, keep=None) -> None:
@@ -130,6 +133,22 @@ class RowKVCache(RaggedLengths):
             self.lengths[b] += len(k)
             self.pendings[b] = 0
         self._plan = None
+
+    def move(self, src: int, dst: int) -> None:
+        """Sequence ``src``'s tokens move to the free row ``dst`` (one copy of its keys and values in every layer);
+        row ``src`` is free after. The batch decoder moves rows so that those of its forwards stay the cache's first
+        R, which ``read_rows`` reads as views. ValueError (nothing changed) for a row out of range, ``src`` =
+        ``dst`` or a ``dst`` that holds tokens; RuntimeError with pending entries."""
+        if self.pending:
+            raise RuntimeError("commit() or discard() the pending entries before moving a sequence")
+        if not (0 <= src < self.batch_size and 0 <= dst < self.batch_size) or src == dst:
+            raise ValueError(f"cannot move row {src} to row {dst} in a cache of {self.batch_size} rows")
+        if self.lengths[dst]:
+            raise ValueError(f"row {dst} holds {self.lengths[dst]} tokens: a sequence moves into a free row")
+        n = self.lengths[src]
+        for buf in (self.k, self.v):
+            buf[:, dst, :, :n] = buf[:, src, :, :n]  # [L, Hkv, n, hd]
+        self.lengths[dst], self.lengths[src] = n, 0
 
     def discard(self) -> None:
         """Drop all pending entries."""
