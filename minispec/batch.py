@@ -199,7 +199,7 @@ class BatchDecoder:
             row = self.row_of.pop(b)
             if self.kv.lengths[row]:
                 self.kv.free(row)
-        if isinstance(self.kv, RowKVCache):
+        if isinstance(self.kv, RowKVCache) and not self.waiting:  # waiting prompts take the freed rows instead
             self._compact()
 
     def _compact(self) -> None:
