@@ -23,7 +23,7 @@ METHODS = ("eagle", "eagle3", "medusa")
 # 3 steps of 4 sequences, no random draws (no feature noise, CE on every position, no row subsampling)
 COMMON = ["--steps", "3", "--batch-size", "4", "--lr", "1e-2", "--warmup", "1", "--eval-every", "100",
           "--ckpt-every", "100"]
-FLAGS = dict(eagle=["--noise", "0", "--ce-frac", "1", "--draft-vocab", "0", "--eval-tau-seqs", "1"],
+FLAGS = dict(eagle=["--noise", "0", "--ce-frac", "1", "--draft-vocab", "0", "--eval-tau-seqs", "1", "--no-bf16"],
              eagle3=["--ttt-steps", "3", "--draft-vocab", "64", "--no-bf16"],
              medusa=["--heads", "3", "--max-rows", "0", "--no-bf16"])
 

@@ -49,7 +49,7 @@ from ..drafters.base import Features
 from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from ..drafters.registry import shipped_head
 from ..sampling import GREEDY
-from . import TARGET, ddp, loop
+from . import TARGET, bf16_help, ddp, loop, native_bf16
 from .data import FeatureData, add_selfdistill_args, feature_data, selfdistill_data
 from .measure import record_measurement
 
@@ -245,6 +245,7 @@ def parse_args(argv=None):
     ap.add_argument("--tf32", action="store_true",
                     help="on a GPU, matrix products in TF32 on its tensor cores (features and training; TF32's 10-bit "
                          "mantissa rounds far less than the training noise --noise adds to the features)")
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=native_bf16(), help=bf16_help())
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--measure", action=argparse.BooleanOptionalAction, default=True,
                     help="after training, measure greedy tau with minispec.generate and store it in the record")
