@@ -96,6 +96,11 @@ def test_ids_round_trip_and_features_rebuilt_from_them_equal_the_recorded(tmp_pa
     got, feats = selfdistill_data(1, 64, model, folder=ids, first=1)  # part 1 not recorded: rebuilt
     assert [g.tokens.tolist() for g in got] == [s["tokens"][:-1].tolist() for s in later]
     assert all(torch.equal(f["hidden"], s["hidden"][:len(s["tokens"]) - 1]) for f, s in zip(feats, later))  # bit for bit
+    with pytest.raises(ValueError, match="pass the target"):
+        selfdistill_data(2, 64, folder=ids)  # part 1 not recorded and no target
+    got, feats = selfdistill_data(2, 64, model, folder=ids)  # part 0 as recorded, part 1 rebuilt
+    assert len(got) == 5 and all(torch.equal(f["hidden"], m["hidden"]) for f, m in zip(feats[:3], marked))
+    assert all(torch.equal(f["hidden"], s["hidden"][:len(s["tokens"]) - 1]) for f, s in zip(feats[3:], later))
     torch.save(dict(sequences=later), selfdistill.part_path(recorded, 1))
     got, feats = selfdistill_data(2, 64, folder=ids)  # both recorded now: parts 0 and 1, no target needed
     assert len(got) == 5 and all(torch.equal(f["hidden"], m["hidden"]) for f, m in zip(feats, marked + later))

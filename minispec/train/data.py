@@ -219,10 +219,8 @@ def add_selfdistill_args(ap, features: str) -> None:
                     help="folder of those parts' ids (default: a checkout's data/selfdistill, else the cache)")
 
 
-def selfdistill_sequences(parts: int, max_len: int, folder=None, first: int = 0) -> list[Sequence]:
-    """Self-distilled parts ``first`` .. ``first + parts - 1`` (``minispec.train.selfdistill``) as training
-    sequences, from their token ids (``ids_dir()`` unless ``folder``). Each sequence loses its last token, whose
-    feature the decoder had not computed yet, and is cut to ``max_len`` tokens."""
+def _selfdistill_parts(parts: int, max_len: int, folder=None, first: int = 0) -> list[list[Sequence]]:
+    """``selfdistill_sequences`` part by part."""
     from .selfdistill import existing_parts, ids_dir, part_path, read_ids
 
     if first < 0 or parts < 1:
@@ -232,34 +230,52 @@ def selfdistill_sequences(parts: int, max_len: int, folder=None, first: int = 0)
     if have < first + parts:
         raise SystemExit(f"{folder} holds {have} self-distilled parts, parts {first}-{first + parts - 1} asked: run "
                          "python -m minispec.train.selfdistill first")
-    seqs = []
-    for i in range(first, first + parts):
-        for s in read_ids(part_path(folder, i, "ids")):
-            seqs.append(Sequence(s["tokens"][:min(len(s["tokens"]) - 1, max_len)], s["prompt_len"], "selfdistill"))
-    return seqs
+    return [[Sequence(s["tokens"][:min(len(s["tokens"]) - 1, max_len)], s["prompt_len"], "selfdistill")
+             for s in read_ids(part_path(folder, i, "ids"))] for i in range(first, first + parts)]
+
+
+def selfdistill_sequences(parts: int, max_len: int, folder=None, first: int = 0) -> list[Sequence]:
+    """Self-distilled parts ``first`` .. ``first + parts - 1`` (``minispec.train.selfdistill``) as training
+    sequences, from their token ids (``ids_dir()`` unless ``folder``). Each sequence loses its last token, whose
+    feature the decoder had not computed yet, and is cut to ``max_len`` tokens."""
+    return [s for part in _selfdistill_parts(parts, max_len, folder, first) for s in part]
 
 
 def selfdistill_data(parts: int, max_len: int, target=None, layers: tuple[int, ...] = (), topk: int = 0,
                      folder=None, first: int = 0) -> tuple[list[Sequence], list[dict]]:
-    """``selfdistill_sequences`` and their features: "hidden" as recorded while decoding when each of those parts'
-    recording is in ``cache_dir()/selfdistill`` and nothing else is asked; otherwise (a fresh machine, EAGLE-3's
-    ``layers``, ``topk``) from one teacher-forced forward of ``target`` (``target_features``, cached), which
-    gives the recorded hidden states bit for bit."""
+    """``selfdistill_sequences`` and their features, part by part: "hidden" as recorded while decoding where that
+    part's recording is in ``cache_dir()/selfdistill`` and nothing else is asked; the other parts (made on another
+    machine, or EAGLE-3's ``layers``, or ``topk`` asked) from one teacher-forced forward of ``target``
+    (``target_features``, cached), which gives the recorded hidden states bit for bit."""
     from .selfdistill import part_path
 
-    seqs = selfdistill_sequences(parts, max_len, folder, first)
+    by_part = _selfdistill_parts(parts, max_len, folder, first)
+    seqs = [s for part in by_part for s in part]
     recorded = cache_dir() / "selfdistill"
-    wanted = range(first, first + parts)
-    if not layers and not topk and all(part_path(recorded, i).exists() for i in wanted):
-        feats = [dict(hidden=s["hidden"][:max_len]) for i in wanted
-                 for s in torch.load(part_path(recorded, i), weights_only=True)["sequences"]]
-        if [len(f["hidden"]) for f in feats] == [len(s.tokens) for s in seqs]:
-            return seqs, feats
-    if target is None:
-        raise ValueError("the self-distilled features are not recorded here: pass the target to rebuild them")
-    cpu = target.device.type == "cpu"  # a GPU recomputes them in big forwards rather than store 1.2 KB per token
-    return seqs, target_features(target, seqs, layers=layers, topk=topk, name=f"{target.cfg.name}-selfdistill",
-                                 batch_tokens=2048 if cpu else 65536, cache=cpu)
+    feats: list[dict | None] = [None] * len(seqs)
+    rebuild: list[int] = []  # indices into seqs of the parts without a usable recording
+    k = 0
+    for i, part in zip(range(first, first + parts), by_part):
+        got = None
+        if not layers and not topk and part_path(recorded, i).exists():
+            got = [dict(hidden=s["hidden"][:max_len])
+                   for s in torch.load(part_path(recorded, i), weights_only=True)["sequences"]]
+            if [len(f["hidden"]) for f in got] != [len(s.tokens) for s in part]:
+                got = None  # a recording of other ids
+        if got is not None:
+            feats[k:k + len(part)] = got
+        else:
+            rebuild += range(k, k + len(part))
+        k += len(part)
+    if rebuild:
+        if target is None:
+            raise ValueError("the self-distilled features are not recorded here: pass the target to rebuild them")
+        cpu = target.device.type == "cpu"  # a GPU recomputes them in big forwards rather than store 1.2 KB per token
+        built = target_features(target, [seqs[j] for j in rebuild], layers=layers, topk=topk,
+                                name=f"{target.cfg.name}-selfdistill", batch_tokens=2048 if cpu else 65536, cache=cpu)
+        for j, f in zip(rebuild, built):
+            feats[j] = f
+    return seqs, feats
 
 
 @dataclass
