@@ -258,9 +258,9 @@ def _train(argv: list[str]) -> int:
     if not argv or argv[0] not in trainers:
         print(f"usage: python -m minispec train {{{','.join(trainers)}}} [--help]", file=sys.stderr)
         return 2
-    from .train.loop import bounded_heap
+    from .train import loop
 
-    bounded_heap()  # long CPU trainings: large freed tensors go back to the OS
+    loop.BOUND_HEAP = True  # long CPU trainings: from the first step on, large freed tensors go back to the OS
     _elsewhere(f".train.{trainers[argv[0]]}")(argv[1:])
     return 0
 

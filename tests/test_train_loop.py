@@ -43,6 +43,19 @@ def _run(tmp_path, resume: bool, stop_at: int | None = None):
     return model, loop.fit(_settings(tmp_path / "toy.safetensors", resume), t), ran
 
 
+def test_fit_bounds_the_heap_at_its_first_step_only_when_asked(tmp_path, monkeypatch):
+    """``python -m minispec train`` sets ``loop.BOUND_HEAP``: ``fit`` then fixes glibc's mmap threshold once, before
+    its first step (after the features, which run faster without it); a ``fit`` called otherwise leaves the heap alone."""
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path / "cache"))
+    calls = []
+    monkeypatch.setattr(loop, "bounded_heap", lambda: calls.append("heap"))
+    _run(tmp_path / "a", resume=False)
+    assert calls == []
+    monkeypatch.setattr(loop, "BOUND_HEAP", True)
+    model, run, ran = _run(tmp_path / "b", resume=False)
+    assert calls == ["heap"] and run.steps == 6
+
+
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, monkeypatch):
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path / "cache"))
     straight, run, ran = _run(tmp_path, resume=False)

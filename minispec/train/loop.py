@@ -227,6 +227,8 @@ def fit(s: Settings, t: Trainer) -> Run:
     opt = torch.optim.AdamW([p for p in t.model.parameters() if p.requires_grad], lr=s.lr, betas=(0.9, 0.95),
                             weight_decay=s.weight_decay)
     run = _start(s, t, opt)
+    if BOUND_HEAP:
+        bounded_heap()  # from the first step on; the features before it ran faster on glibc's own threshold
     objective = ddp.wrap(Objective(t.model, t.loss))  # DDP broadcasts rank 0's weights here
     rank, world = ddp.rank(), ddp.world_size()
     t0, t_here, seen = time.perf_counter() - run.train_s, time.perf_counter(), 0
@@ -261,6 +263,7 @@ def fit(s: Settings, t: Trainer) -> Run:
 
 # --------------------------------------------------------------------------- the main tail
 
+BOUND_HEAP = False  # ``python -m minispec train ...`` sets it: ``fit`` calls ``bounded_heap`` before its first step
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 MMAP_THRESHOLD = 128 * 1024  # glibc's initial threshold, kept fixed
 
@@ -272,9 +275,11 @@ def bounded_heap() -> bool:
     step's activations, whose shapes change with every batch's longest sequence, come from the heap and
     fragment it: a CPU run of ``train eagle`` on 6.3M tokens of features grew by ~35 MB a step and was
     killed out of memory at 24 GB after 449 steps; with the threshold fixed its memory stayed flat
-    (docs/results.md, "A CPU run that ran out of memory"). ``python -m minispec train ...`` calls it first: a
-    setting of the whole process, so the trainers' ``main`` called in a process of one's own (a test) leave
-    that process's heap as it is. Returns True where set (glibc), else False."""
+    (docs/results.md, "A CPU run that ran out of memory"). ``python -m minispec train ...`` sets ``BOUND_HEAP``, so
+    that ``fit`` calls it before the first step, not before the target's teacher-forced feature forwards: their
+    big activations, each a fresh mmap that page-faults afresh under the fixed threshold, ran at 0.63x the speed
+    (312 against 490 tokens/s). A setting of the whole process, so the trainers' ``main`` called in a process of
+    one's own (a test) leave that process's heap as it is. Returns True where set (glibc), else False."""
     import ctypes
     import ctypes.util
 
