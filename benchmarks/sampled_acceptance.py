@@ -25,7 +25,7 @@ from minispec.drafters.vocab import load_counts, top_tokens
 from minispec.lab.benchinfo import device_info, versions
 from minispec.methods import DRAFT_VOCAB
 from minispec.train.data import feature_data
-from minispec.train.eagle import make_batch
+from minispec.train.eagle import teacher_forced
 
 
 @torch.inference_mode()
@@ -34,11 +34,9 @@ def first_draft_acceptance(head, target, seqs, feats, rows: torch.Tensor, temper
     got = {t: 0.0 for t in temperatures}
     total = 0
     for i in range(len(seqs)):
-        tokens, hidden, _, _, mask = make_batch(seqs, feats, [i], target.device)
-        emb = target.tok_emb(tokens[:, 1:]).float()
-        g = head(emb, hidden[:, :-1], torch.arange(tokens.shape[1] - 1, device=emb.device))[mask]  # [M, H]
+        g, f_next, mask = teacher_forced(head, target, seqs, feats, i)  # [M, H], [M, H]
         zq = target.lm_head(g)[:, rows]  # [M, K] the head's logits over the draft vocabulary
-        zp = target.lm_head(hidden[:, 1:][mask])  # [M, V] the target's logits for the same tokens
+        zp = target.lm_head(f_next)  # [M, V] the target's logits for the same tokens
         for t in temperatures:
             if t == 0:
                 got[t] += float((rows[zq.argmax(-1)] == zp.argmax(-1)).sum())

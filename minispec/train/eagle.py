@@ -161,6 +161,16 @@ def greedy_tokens(target, feat: dict) -> torch.Tensor:
 
 
 @torch.no_grad()
+def teacher_forced(head: EagleHead, target, seqs, feats, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sequence ``i`` teacher-forced: the head's outputs g [M, H] at its M response positions (fed the true
+    features), the target's true features of the same next tokens [M, H], and those positions' mask [1, T-1]."""
+    tokens, hidden, _, _, mask = make_batch(seqs, feats, [i], target.device)
+    emb = target.tok_emb(tokens[:, 1:]).float()
+    g = head(emb, hidden[:, :-1], torch.arange(tokens.shape[1] - 1, device=emb.device))[mask]  # [M, H]
+    return g, hidden[:, 1:][mask], mask
+
+
+@torch.no_grad()
 def evaluate(head: EagleHead, target, seqs, feats, depth: int = 5, tau_seqs: int | None = None) -> dict:
     """Held-out acceptance (teacher-forced) and the greedy chain tau of depth ``depth``.
 
@@ -173,9 +183,8 @@ def evaluate(head: EagleHead, target, seqs, feats, depth: int = 5, tau_seqs: int
     head.eval()
     hits = total = 0
     for i in range(len(seqs)):
-        tokens, hidden, _, _, mask = make_batch(seqs, feats, [i], target.device)
-        emb = target.tok_emb(tokens[:, 1:]).float()
-        z = target.lm_head(head(emb, hidden[:, :-1], torch.arange(tokens.shape[1] - 1, device=emb.device))[mask])  # [M, V]
+        g, _, mask = teacher_forced(head, target, seqs, feats, i)
+        z = target.lm_head(g)  # [M, V]
         hits += int((z.argmax(-1).cpu() == greedy_tokens(target, feats[i])[1:][mask[0].cpu()]).sum())
         total += int(mask.sum())
     committed = forwards = 0
