@@ -420,6 +420,55 @@ def test_draft_vocabulary_loss_is_the_soft_ce_over_those_tokens(target, head):
         torch.testing.assert_close(ce_v, -(torch.softmax(ztf, -1) * torch.log_softmax(zf, -1)).sum(-1).mean())
 
 
+def test_unrolled_training_levels_are_the_drafters_chain(target, heads):
+    """train.eagle.unroll's level j at anchor t gives the logits EagleDrafter's chain gives its level-j node
+    when it drafts along the true tokens (KV cache and all), for a 1- and a 2-layer head."""
+    from minispec.train.eagle import unroll
+
+    model, tok = target
+    ctx = tok.encode("The training-time test at work, at work")
+    n, m, levels = len(ctx), len(ctx) - 4, 3  # m committed tokens, the root ctx[m-1]: anchor t = m - 2
+    with torch.no_grad():
+        f = model(torch.tensor([ctx])).hidden  # [1, n, D]
+        outs = unroll(heads, model.tok_emb, torch.tensor([ctx]), f[:, :-1], levels)  # levels x [1, n-1, D]
+        d = EagleDrafter(model, heads, tree="chain:4")
+        d.prefill(ctx[:m], Features(f[0, :m - 1]))
+        got = [d._start(), d._extend([ctx[m]], [-1])[0], d._extend([ctx[m + 1]], [0])[0]]
+        d._end()
+    for j in range(levels):
+        torch.testing.assert_close(got[j], model.lm_head(outs[j][0, m - 2]), atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(outs[1][0, m - 2], outs[0][0, m - 1], atol=1e-3)  # own features, not the true ones
+
+
+def test_the_one_level_unrolled_loss_is_the_teacher_forced_loss(target, head):
+    """ttt_loss over one level is eagle_loss (same noise, same CE positions), and more levels add the later
+    levels' terms, each reported by its accuracy."""
+    from minispec.train.data import Sequence
+    from minispec.train.eagle import eagle_loss, make_batch, ttt_loss
+
+    model, tok = target
+    r = generate(model, tok, "abcabc", max_new_tokens=16, chat=False)
+    s = torch.tensor(r.prompt_tokens + r.tokens)
+    with torch.no_grad():
+        feats = [dict(hidden=model(s[None]).hidden[0].half())]
+    batch = make_batch([Sequence(s, 3, "selfdistill")], feats, [0])
+    rows = model.lm_head.weight.detach()[:40]
+    with torch.no_grad():
+        want = eagle_loss(head, model, batch, 0.1, 0.5, 0.1, torch.Generator().manual_seed(1), draft_head=rows)
+        one = ttt_loss(head, model, batch, 0.1, 0.5, 0.1, 1, 0.8, rows, torch.Generator().manual_seed(1))
+        three = ttt_loss(head, model, batch, 0.1, 0.5, 0.1, 3, 0.8, rows, torch.Generator().manual_seed(1))
+    for a, b in zip(want, one[:4]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert len(one[4]) == 1 and len(three[4]) == 3 and not torch.isclose(three[0], one[0])
+
+
+def test_ttt_levels_need_the_draft_vocabulary_loss(target):
+    from minispec.train.eagle import loss_fn
+
+    with pytest.raises(ValueError, match="draft-vocab"):
+        loss_fn(target[0], 0.1, 1.0, 0.1, None, ttt_steps=3)
+
+
 COPY_PROMPTS = ["abcdefabcdefabcdef", "1 2 3 4 1 2 3 4 1 2", "Hello world, hello world, hello"]
 
 

@@ -78,6 +78,21 @@ def test_head_trainers_main(name, module, flags, patched, tmp_path):
     load_drafter(out, patched[0], verbose=False)  # the weights load as users load them
 
 
+def test_train_eagle_with_training_time_test_levels(patched, tmp_path, monkeypatch):
+    """``train eagle --ttt-steps 2``: the record of a head trained on its own features too (each level's
+    accuracy in the history, the levels in the loss), the weights loadable as users load them."""
+    from minispec.drafters.loader import load_drafter
+
+    monkeypatch.setattr(eagle, "draft_head_rows", lambda target, k: target.lm_head.weight[:k].detach())  # tiny vocab
+    out = tmp_path / "eagle.safetensors"
+    record = eagle.main(COMMON + ["--draft-vocab", "64", "--ttt-steps", "2", "--eval-tau-seqs", "1",
+                                  "--final-tau-seqs", "1", "--no-bf16", "--no-measure", "--out", str(out)])
+    _check_fields(record, "smollm2-135m-eagle")
+    assert [len(h["train_acc_by_level"]) for h in record["training"]["history"]] == [2, 2]
+    assert "levels j < 2" in record["training"]["loss"] and record["settings"]["ttt_steps"] == 2
+    load_drafter(out, patched[0], verbose=False)
+
+
 def test_distill_draft_main(patched, tmp_path, monkeypatch):
     target, tok, data = patched
 

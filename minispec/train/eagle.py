@@ -18,6 +18,9 @@ target's next feature f_{t+1}; its logits are the target's LM head on the predic
          torchrun (DDP). ``--minutes`` makes the schedule follow wall time (the cosine runs over the
          fraction of the time budget spent; training stops when it is spent and ``--steps`` is
          ignored), which suits a shared CPU whose speed changes during the run.
+  levels ``--ttt-steps`` N > 1: every position also drafts levels 1..N-1 of a chain on the head's own
+         predicted features, as decoding does (training-time test, ``unroll``; EAGLE-3's, which HASS,
+         Zhang et al. 2024, applies to EAGLE heads), each level's loss weighted ``--ttt-decay``^j.
   head   ``--layers`` decoder layers (official EAGLE-1/2: one; layers 1.. are pre-norm Llama
          layers). ``--init-from`` a head with fewer layers starts the others as the identity.
   save   fp16 ``name.safetensors`` with the official EAGLE-1 keys + ``name.json`` (the Llama-style
@@ -48,6 +51,7 @@ from ..lab.env import at_least
 from ..drafters.base import Features
 from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from ..drafters.registry import shipped_head
+from ..model import rope_cos_sin
 from ..sampling import GREEDY
 from . import TARGET, bf16_help, ddp, loop, native_bf16
 from .data import FeatureData, add_selfdistill_args, feature_data, selfdistill_data
@@ -131,12 +135,114 @@ def eagle_loss(head: EagleHead, target, batch, ce_weight: float, ce_frac: float,
     return l1 + ce_weight * ce, l1, ce, acc
 
 
-def loss_fn(target, ce_weight: float, ce_frac: float, noise: float, draft_head: torch.Tensor | None = None):
-    """``eagle_loss`` as ``minispec.train.loop`` calls a loss: (head, batch, generator, share) ->
-    (loss, {"smooth_l1", "ce", "acc"})."""
+def unroll(head: EagleHead, embed, tokens: torch.Tensor, feat: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """The head drafting ``steps`` levels of a chain at every position at once, each level on its own
+    features (training-time test, as EAGLE-3 trains; HASS applies it to EAGLE-1/2 heads).
+
+    Anchor t (the last position whose true feature f_t the drafter holds) drafts, at level j:
+
+        level 0   input (x_{t+1}, f_t), RoPE position t: predicts f_{t+1} (the teacher-forced head)
+        level j   input (x_{t+1+j}, the head's own level j-1 output at t), position t + j: predicts
+                  f_{t+1+j}; it attends to the level-0 keys of positions <= t (the committed pairs,
+                  true features) and to its own keys of levels 1..j at t (its chain ancestors, itself)
+
+    which is what ``EagleDrafter`` computes for a chain along the true tokens x_{t+2}, x_{t+3}, ...
+
+    Args:
+        head: the EAGLE-1/2 head (any number of layers; each keeps its own keys).
+        embed: the target's token embedding (frozen).
+        tokens: [B, T] token ids; feat: [B, Tp, H] the features f_t of anchors t = 0..Tp-1 (Tp = T - 1).
+    Returns:
+        ``steps`` tensors [B, Tp, H]: level j's predicted f_{t+1+j} at anchor t (past the sequence end
+        its inputs are token 0: mask those positions' losses).
+    """
+    B, T = tokens.shape
+    Tp = T - 1
+    c = head.cfg
+    rep, scale = c.num_attention_heads // c.num_key_value_heads, c.head_dim ** -0.5
+    causal = torch.ones(Tp, Tp, dtype=torch.bool, device=feat.device).tril()  # [Tp, Tp]
+    pos = torch.arange(Tp, device=feat.device)[None].expand(B, Tp)  # [B, Tp]
+    keys = [([], []) for _ in head.layers]  # per layer: the keys / values of levels 0, 1, .. [B, Hq, Tp, hd]
+    outs, g = [], feat
+    for j in range(steps):
+        tok = F.pad(tokens[:, 1 + j:], (0, j))[:, :Tp]  # [B, Tp] x_{t+1+j}
+        x = head.fc(torch.cat([embed(tok).to(g.dtype), g], dim=-1))  # [B, Tp, H]
+        rope = rope_cos_sin(pos + j, c.head_dim, c.rope_theta)
+        for layer, (ks, vs) in zip(head.layers, keys):
+            h = x if layer.input_layernorm is None else layer.input_layernorm(x)
+            q, k, v = layer.self_attn.qkv(h, rope)  # q [B, Hq, Tp, hd], k / v [B, Hkv, Tp, hd]
+            ks.append(k.repeat_interleave(rep, 1)), vs.append(v.repeat_interleave(rep, 1))
+            x = x + layer.self_attn.out(level_attention(q, ks, vs, causal, scale))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        outs.append(x)
+        g = x
+    return outs
+
+
+def level_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], causal: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    """Attention of the queries q [B, Hq, Tp, hd] of level j = len(ks) - 1 of a training-time-test unroll (``unroll``
+    here, ``train.eagle3.unroll``): to the level-0 keys ks[0] [B, Hq, Tp, hd] of positions <= t (``causal`` [Tp, Tp],
+    the committed pairs) and to each later level's key at the same position t only (the chain's ancestors, itself).
+    Returns [B, Hq, Tp, hd]."""
+    Tp = q.shape[2]
+    s0 = (q @ ks[0].transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, Hq, Tp, Tp]
+    sd = [(q * kd).sum(-1, keepdim=True) * scale for kd in ks[1:]]  # each [B, Hq, Tp, 1]: levels 1..j at t
+    a = torch.softmax(torch.cat([s0, *sd], dim=-1).float(), dim=-1).to(q.dtype)  # [B, Hq, Tp, Tp + j]
+    attn = a[..., :Tp] @ vs[0]  # [B, Hq, Tp, hd]
+    for i, vd in enumerate(vs[1:]):
+        attn = attn + a[..., Tp + i:Tp + i + 1] * vd
+    return attn
+
+
+def ttt_loss(head: EagleHead, target, batch, ce_weight: float, ce_frac: float, noise: float, steps: int,
+             decay: float, draft_head: torch.Tensor, generator: torch.Generator | None = None, share=ddp.local):
+    """``eagle_loss`` over ``steps`` levels of the chain (``unroll``): level j's SmoothL1 against
+    f_{t+1+j} plus ``ce_weight`` x its draft-vocabulary CE, weighted decay^j and normalised by the
+    weights. Only level 0's input features get the noise (the later levels' inputs are the head's own
+    errors). Returns (loss, level 0's smooth_l1, ce and acc, [acc_j])."""
+    tokens, hidden, _, _, mask = batch
+    Tp = tokens.shape[1] - 1
+    feat = hidden[:, :-1]  # [B, Tp, D] f_t
+    if noise > 0:
+        u = torch.rand(feat.shape, generator=generator, device=feat.device) * 2 - 1
+        feat = feat + noise * feat.std() * u
+    outs = unroll(head, target.tok_emb, tokens, feat, steps)
+    total, weights, first, accs = 0.0, 0.0, None, []
+    for j, out in enumerate(outs):
+        valid = F.pad(mask[:, j:], (0, j))  # [B, Tp]: f_{t+1+j} exists and feeds a response token
+        tgt = F.pad(hidden[:, 1 + j:], (0, 0, 0, j))[:, :Tp]  # [B, Tp, D] f_{t+1+j}
+        pos = valid.nonzero()  # [M, 2]
+        if not len(pos):
+            continue
+        l1, _ = share(F.smooth_l1_loss(out[valid], tgt[valid]), len(pos))
+        pick = pos[torch.randperm(len(pos), generator=generator, device=pos.device)[:max(1, int(ce_frac * len(pos)))]]
+        z = out[pick[:, 0], pick[:, 1]] @ draft_head.T  # [N, K]
+        with torch.no_grad():
+            zt = tgt[pick[:, 0], pick[:, 1]] @ draft_head.T  # [N, K]
+        ce = -(torch.softmax(zt, -1) * torch.log_softmax(z, -1)).sum(-1).mean()
+        acc = (z.argmax(-1) == zt.argmax(-1)).float().mean()
+        (ce, _), (acc, _) = share(ce, len(pick)), share(acc, len(pick))
+        total, weights = total + decay ** j * (l1 + ce_weight * ce), weights + decay ** j
+        first = first or (l1, ce, acc)
+        accs.append(float(acc))
+    return (total / weights, *first, accs)
+
+
+def loss_fn(target, ce_weight: float, ce_frac: float, noise: float, draft_head: torch.Tensor | None = None,
+            ttt_steps: int = 1, ttt_decay: float = 0.8):
+    """``eagle_loss`` (``ttt_steps`` 1) or ``ttt_loss`` (more) as ``minispec.train.loop`` calls a loss:
+    (head, batch, generator, share) -> (loss, {"smooth_l1", "ce", "acc"}) (level 0's, and "acc_by_level")."""
+    if ttt_steps > 1 and draft_head is None:
+        raise ValueError("--ttt-steps > 1 trains with the draft-vocabulary CE: give --draft-vocab K > 0")
+
     def loss(head, batch, generator, share):
-        total, l1, ce, acc = eagle_loss(head, target, batch, ce_weight, ce_frac, noise, generator, draft_head, share)
-        return total, dict(smooth_l1=l1, ce=ce, acc=acc)
+        if ttt_steps == 1:
+            total, l1, ce, acc = eagle_loss(head, target, batch, ce_weight, ce_frac, noise, generator, draft_head, share)
+            return total, dict(smooth_l1=l1, ce=ce, acc=acc)
+        total, l1, ce, acc, accs = ttt_loss(head, target, batch, ce_weight, ce_frac, noise, ttt_steps, ttt_decay,
+                                            draft_head, generator, share)
+        return total, dict(smooth_l1=l1, ce=ce, acc=acc, acc_by_level=accs)
     return loss
 
 
@@ -232,6 +338,10 @@ def parse_args(argv=None):
                          "next feature); 0: over the full vocabulary against the stored top-k")
     add_selfdistill_args(ap, "features recorded while the target decoded")
     ap.add_argument("--noise", type=float, default=0.1, help="uniform feature noise U(-a, a) * std(f)")
+    ap.add_argument("--ttt-steps", type=at_least(1), default=1,
+                    help="chain levels each position drafts in training, each on the head's own features before it "
+                         "(training-time test, ``unroll``); 1: teacher forcing alone (EAGLE-1)")
+    ap.add_argument("--ttt-decay", type=float, default=0.8, help="loss weight of level j: decay**j (--ttt-steps > 1)")
     ap.add_argument("--layers", type=int, default=1,
                     help="decoder layers of the head (official EAGLE-1/2: 1); layers 1.. are pre-norm Llama layers")
     ap.add_argument("--init-layer", type=int, default=None,
@@ -386,12 +496,14 @@ def trainer(args, target, head: EagleHead, data: FeatureData, draft_head: torch.
 
     def log(n: dict) -> dict:
         ev = heldout()
-        return dict(smooth_l1=n["smooth_l1"], ce=n["ce"], train_acc=n["acc"], grad_norm=n["grad_norm"],
+        by_level = {"train_acc_by_level": n["acc_by_level"]} if "acc_by_level" in n else {}
+        return dict(smooth_l1=n["smooth_l1"], ce=n["ce"], train_acc=n["acc"], **by_level, grad_norm=n["grad_norm"],
                     heldout_acceptance=ev["acceptance"], heldout_tau_chain5=ev.get("tau_chain5"))
 
     return loop.Trainer(model=head, lengths=[len(s.tokens) for s in data.train],
                         batch=lambda idx: make_batch(data.train, data.ftrain, idx, target.device),
-                        loss=loss_fn(target, args.ce_weight, args.ce_frac, args.noise, draft_head),
+                        loss=loss_fn(target, args.ce_weight, args.ce_frac, args.noise, draft_head, args.ttt_steps,
+                                     args.ttt_decay),
                         log=log, before=heldout)
 
 
@@ -401,6 +513,10 @@ def make_record(args, argv, head: EagleHead, data: FeatureData, run: loop.Run) -
     train, held = data.train, data.held
     ce = (f"over the {args.draft_vocab} most frequent tokens (target distribution from the true next feature)"
           if args.draft_vocab else f"(top-{args.topk})")
+    loss = f"SmoothL1(feature) + {args.ce_weight} * soft CE {ce} on {args.ce_frac} of positions"
+    if args.ttt_steps > 1:
+        loss = (f"sum_j {args.ttt_decay}^j [{loss}] over chain levels j < {args.ttt_steps}, level j on the head's own "
+                "features (training-time test), normalised by the weights")
     return dict(
         format=FORMAT, target=TARGET, config=head.cfg.to_dict(), dtype="float16",
         shared=["embed_tokens (target tok_emb)", "lm_head (target)"],
@@ -415,8 +531,7 @@ def make_record(args, argv, head: EagleHead, data: FeatureData, run: loop.Run) -
                   sources="self-distilled ShareGPT V3 (target greedy answers) + ShareGPT V3 own replies; "
                           "held-out = the distill cache's first 32 examples (distill_draft's held-out set)",
                   features_s=round(data.features_s, 1)),
-        training=loop.training_record(run, loop_settings(args), len(train),
-                                      f"SmoothL1(feature) + {args.ce_weight} * soft CE {ce} on {args.ce_frac} of positions"),
+        training=loop.training_record(run, loop_settings(args), len(train), loss),
         eval=dict(heldout_before_training=run.init_eval), **loop.stamp())
 
 

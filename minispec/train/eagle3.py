@@ -40,6 +40,7 @@ from ..drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_voc
 from ..drafters.registry import shipped_head
 from . import TARGET, bf16_help, ddp, loop, native_bf16
 from .data import FeatureData, add_selfdistill_args, feature_data, selfdistill_data
+from .eagle import level_attention
 from .measure import record_measurement
 
 FORMAT = "minispec-eagle3-v1"
@@ -68,22 +69,12 @@ def unroll(head: Eagle3Head, embed, fused: torch.Tensor, tokens: torch.Tensor, s
     h = head.fc(fused[:, :Tp])  # [B, Tp, H]
     pos = torch.arange(Tp, device=fused.device)[None].expand(B, Tp)  # [B, Tp]
     causal = torch.ones(Tp, Tp, dtype=torch.bool, device=fused.device).tril()  # [Tp, Tp]
-    outs, diag_k, diag_v = [], [], []
-    for j in range(steps):
+    outs, ks, vs = [], [], []  # the keys / values of steps 0, 1, .. [B, Hq, Tp, hd]: step 0's causal (the committed
+    for j in range(steps):     # context), the later steps' only at the same position t
         tok = F.pad(tokens[:, 1 + j:], (0, max(0, 1 + j + Tp - T)))[:, :Tp]  # [B, Tp] x_{t+1+j}
         q, k, v = head.attn_input(embed(tok).to(h.dtype), h, pos + j)  # q [B, Hq, Tp, hd], k/v [B, Hkv, Tp, hd]
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # [B, Hq, Tp, hd]
-        if j == 0:
-            K0, V0 = k, v  # the committed context's keys: causal
-        else:
-            diag_k.append(k), diag_v.append(v)  # the unrolled steps' keys: only the same position t
-        s0 = (q @ K0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, Hq, Tp, Tp]
-        sd = [(q * kd).sum(-1, keepdim=True) * scale for kd in diag_k]  # each [B, Hq, Tp, 1]
-        a = torch.softmax(torch.cat([s0, *sd], dim=-1).float(), dim=-1).to(q.dtype)  # [B, Hq, Tp, Tp + j]
-        attn = a[..., :Tp] @ V0  # [B, Hq, Tp, hd]
-        for i, vd in enumerate(diag_v):
-            attn = attn + a[..., Tp + i:Tp + i + 1] * vd
-        h = head.finish(h, attn)  # [B, Tp, H]: the next step's hidden input (no fc again)
+        ks.append(k.repeat_interleave(rep, 1)), vs.append(v.repeat_interleave(rep, 1))
+        h = head.finish(h, level_attention(q, ks, vs, causal, scale))  # [B, Tp, H]: the next step's hidden input
         outs.append(h)
     return outs
 
