@@ -16,7 +16,9 @@
 # --count-only makes them on the CPU). Both heads start from the shipped head (the second layer as the identity)
 # and train side by side on the same parts with the same settings: issue item 3's same training budget.
 # DEVICE (default cuda) and BATCH (sequences per generate call, default 2048) let the same script run a small
-# rehearsal on the CPU (DEVICE=cpu BATCH=64).
+# rehearsal on the CPU (DEVICE=cpu BATCH=64). LAYERS (default "1 2") names the heads; TTT_STEPS (default 1) trains
+# each on that many chain levels of its own features too (train eagle --ttt-steps: 40 + 28 CPU minutes of 3 levels gained
+# nothing, docs/results.md "Training-time test for the EAGLE-1/2 head"; at a GPU's budget it is untried).
 #
 # The first try (2026-11-26, an H200 lent for 15 minutes) never got past Python: a bare `import minispec` and the
 # SmolLM2 conversion printed nothing for 60 s and the generation nothing for 150 s (HF_HUB_OFFLINE was unset; the
@@ -64,7 +66,7 @@ for layers in ${LAYERS:-1 2}; do
   python -m minispec train eagle --device "$device" --extra-sharegpt 0 --distill-prompts 0 --selfdistill-parts "$parts" \
     --selfdistill-dir "$ids" --init-from minispec/checkpoints/smollm2-135m-eagle.safetensors --layers $layers --tf32 \
     --minutes "$train_min" --batch-size 64 --lr 5e-4 --warmup 100 --ce-frac 1.0 --eval-every 500 \
-    --ckpt-every 1000000 --final-tau-seqs 16 --no-measure --out "$out/eagle-${layers}l.safetensors" \
+    --ckpt-every 1000000 --final-tau-seqs 16 --no-measure --ttt-steps "${TTT_STEPS:-1}" --out "$out/eagle-${layers}l.safetensors" \
     > "$logs/train-${layers}l.log" 2>&1 &
 done
 wait
