@@ -166,6 +166,20 @@ def test_a_head_for_another_target_is_refused(target):
         generate(load("tiny-gpt2-draft")[0], tok, "hi", drafter=d, max_new_tokens=4)  # a target of width 32
 
 
+def test_a_head_without_its_config_is_refused_by_name(target, tmp_path):
+    """A head's .safetensors copied without its .json: the error names the missing config, not a vocabulary of -1."""
+    from minispec.train.eagle import FORMAT, save_head
+
+    model, _ = target
+    c = EagleConfig.for_target(model.cfg)
+    out = tmp_path / "head.safetensors"
+    save_head(EagleHead(c), out, dict(format=FORMAT, config=c.to_dict()))
+    load_eagle(out, model)  # with its config beside it
+    out.with_suffix(".json").unlink()
+    with pytest.raises(ValueError, match=r"head.safetensors: no EAGLE-1/2 head config .* head.json"):
+        load_eagle(out, model)
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_state_dict_keys_are_the_official_eagle1_keys(target, bias, tmp_path):
     model, _ = target

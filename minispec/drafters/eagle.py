@@ -323,7 +323,11 @@ def eagle_from_state(state: dict, meta: dict, target, weights: Path, tree=None, 
     line on what was inferred; the EAGLE-1/2 builder of ``load_drafter`` and of ``load_eagle``.
     kw: ``EagleDrafter``'s draft_vocab, capacity, token_counts, head_dtype."""
     cfg = meta.get("config", meta)
-    H, V = state["fc.weight"].shape[0], cfg.get("vocab_size", -1)
+    if "vocab_size" not in cfg:  # the tensors do not say the vocabulary (the LM head is the target's)
+        raise ValueError(f"{weights}: no EAGLE-1/2 head config with its vocab_size beside it (minispec's "
+                         f"{weights.with_suffix('.json').name} with a \"config\", or an official config.json); "
+                         "copy the head's .json with its .safetensors")
+    H, V = state["fc.weight"].shape[0], cfg["vocab_size"]
     fit("EAGLE-1/2", H, V, target)
     check_embed(state, target, weights)
     bias = "fc.bias" in state  # the tensors decide; the config's "bias" (absent = True) may be missing
