@@ -109,22 +109,12 @@ def eagle_loss(head: EagleHead, target, batch, ce_weight: float, ce_frac: float,
     T = tokens.shape[1]
     with torch.no_grad():
         emb = target.tok_emb(tokens[:, 1:]).float()  # [B, T-1, D] embeddings of x_{j+1}
-    feat = hidden[:, :-1]  # [B, T-1, D] f_j
-    if noise > 0:
-        u = torch.rand(feat.shape, generator=generator, device=feat.device) * 2 - 1  # U(-1, 1)
-        feat = feat + noise * feat.std() * u
+    feat = noised(hidden[:, :-1], noise, generator)  # [B, T-1, D] f_j
     pred = head(emb, feat, torch.arange(T - 1, device=feat.device))  # [B, T-1, D] predicted f_{j+1}
     tgt = hidden[:, 1:]
-    pos = mask.nonzero()  # [M, 2]
-    l1, _ = share(F.smooth_l1_loss(pred[mask], tgt[mask]), len(pos))
-    pick = pos[torch.randperm(len(pos), generator=generator, device=pos.device)[:max(1, int(ce_frac * len(pos)))]]  # [N, 2]
+    l1, pick = feature_loss(pred, tgt, mask, ce_frac, generator, share)
     if draft_head is not None:
-        z = pred[pick[:, 0], pick[:, 1]] @ draft_head.T  # [N, K] the head's logits over the draft vocabulary
-        with torch.no_grad():
-            zt = tgt[pick[:, 0], pick[:, 1]] @ draft_head.T  # [N, K] the target's, from f_{j+1}
-        p = torch.softmax(zt, -1)
-        ce = -(p * torch.log_softmax(z, -1)).sum(-1).mean()
-        acc = (z.argmax(-1) == zt.argmax(-1)).float().mean()
+        ce, acc = draft_vocab_ce(pred, tgt, pick, draft_head)
     else:
         z = target.lm_head(pred[pick[:, 0], pick[:, 1]]).float()  # [N, V]
         ti, tl = top_idx[pick[:, 0], pick[:, 1] + 1], top_logp[pick[:, 0], pick[:, 1] + 1]  # [N, K] at f_{j+1}
@@ -203,30 +193,49 @@ def ttt_loss(head: EagleHead, target, batch, ce_weight: float, ce_frac: float, n
     errors). Returns (loss, level 0's smooth_l1, ce and acc, [acc_j])."""
     tokens, hidden, _, _, mask = batch
     Tp = tokens.shape[1] - 1
-    feat = hidden[:, :-1]  # [B, Tp, D] f_t
-    if noise > 0:
-        u = torch.rand(feat.shape, generator=generator, device=feat.device) * 2 - 1
-        feat = feat + noise * feat.std() * u
-    outs = unroll(head, target.tok_emb, tokens, feat, steps)
+    outs = unroll(head, target.tok_emb, tokens, noised(hidden[:, :-1], noise, generator), steps)  # f_t noised
     total, weights, first, accs = 0.0, 0.0, None, []
     for j, out in enumerate(outs):
         valid = F.pad(mask[:, j:], (0, j))  # [B, Tp]: f_{t+1+j} exists and feeds a response token
         tgt = F.pad(hidden[:, 1 + j:], (0, 0, 0, j))[:, :Tp]  # [B, Tp, D] f_{t+1+j}
-        pos = valid.nonzero()  # [M, 2]
-        if not len(pos):
+        if not valid.any():
             continue
-        l1, _ = share(F.smooth_l1_loss(out[valid], tgt[valid]), len(pos))
-        pick = pos[torch.randperm(len(pos), generator=generator, device=pos.device)[:max(1, int(ce_frac * len(pos)))]]
-        z = out[pick[:, 0], pick[:, 1]] @ draft_head.T  # [N, K]
-        with torch.no_grad():
-            zt = tgt[pick[:, 0], pick[:, 1]] @ draft_head.T  # [N, K]
-        ce = -(torch.softmax(zt, -1) * torch.log_softmax(z, -1)).sum(-1).mean()
-        acc = (z.argmax(-1) == zt.argmax(-1)).float().mean()
+        l1, pick = feature_loss(out, tgt, valid, ce_frac, generator, share)
+        ce, acc = draft_vocab_ce(out, tgt, pick, draft_head)
         (ce, _), (acc, _) = share(ce, len(pick)), share(acc, len(pick))
         total, weights = total + decay ** j * (l1 + ce_weight * ce), weights + decay ** j
         first = first or (l1, ce, acc)
         accs.append(float(acc))
     return (total / weights, *first, accs)
+
+
+def noised(feat: torch.Tensor, noise: float, generator: torch.Generator | None) -> torch.Tensor:
+    """feat + U(-noise, noise) * std(feat) (EAGLE's data noise; ``feat`` itself when ``noise`` is 0)."""
+    if noise <= 0:
+        return feat
+    u = torch.rand(feat.shape, generator=generator, device=feat.device) * 2 - 1  # U(-1, 1)
+    return feat + noise * feat.std() * u
+
+
+def feature_loss(pred: torch.Tensor, tgt: torch.Tensor, mask: torch.Tensor, ce_frac: float,
+                 generator: torch.Generator | None, share) -> tuple[torch.Tensor, torch.Tensor]:
+    """SmoothL1 of the predicted features pred [B, Tp, D] against tgt over the ``mask`` [B, Tp] positions (weighted
+    by this rank's share of them), and the CE positions [N, 2]: a random ``ce_frac`` of those, at least one."""
+    pos = mask.nonzero()  # [M, 2]
+    l1, _ = share(F.smooth_l1_loss(pred[mask], tgt[mask]), len(pos))
+    pick = pos[torch.randperm(len(pos), generator=generator, device=pos.device)[:max(1, int(ce_frac * len(pos)))]]
+    return l1, pick
+
+
+def draft_vocab_ce(pred: torch.Tensor, tgt: torch.Tensor, pick: torch.Tensor,
+                   draft_head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """At the ``pick`` positions [N, 2]: the soft CE of the head's distribution over the draft vocabulary
+    (``draft_head`` [K, D]) against the target's (from its true feature), and their argmax agreement."""
+    z = pred[pick[:, 0], pick[:, 1]] @ draft_head.T  # [N, K] the head's logits over the draft vocabulary
+    with torch.no_grad():
+        zt = tgt[pick[:, 0], pick[:, 1]] @ draft_head.T  # [N, K] the target's, from the true feature
+    ce = -(torch.softmax(zt, -1) * torch.log_softmax(z, -1)).sum(-1).mean()
+    return ce, (z.argmax(-1) == zt.argmax(-1)).float().mean()
 
 
 def loss_fn(target, ce_weight: float, ce_frac: float, noise: float, draft_head: torch.Tensor | None = None,
