@@ -207,8 +207,11 @@ def test_forward_breakdown_splits_a_forward_into_its_modules_own_time(monkeypatc
     b = profile.forward_breakdown(target, context=16, reps=3)
     norms = sum(isinstance(m, RMSNorm) for m in target.modules())
     assert set(b["section_ms"]) == set(profile.SECTIONS)
-    assert b["section_ms"]["norm"] - b0["section_ms"]["norm"] >= 2 * norms * 0.9
-    assert b["section_ms"]["attention"] < b0["section_ms"]["attention"] + 2  # a norm's sleep is not the attention's
+    # every sleep lands in the norm section: a lower bound that no noise on the machine can break (a difference
+    # against b0 could, when b0's own norm time came out high), and one that fails when a norm's time is left in
+    # its parent or counted elsewhere
+    assert b["section_ms"]["norm"] >= 2 * norms
+    assert b["section_ms"]["attention"] < b0["section_ms"]["attention"] + norms  # not the attention's: < half the sleeps
     assert sum(b["section_ms"].values()) == pytest.approx(b["hooked_forward_ms"])
     assert b["section_ms"]["rest"] > 0  # no time counted twice (a child's time left in its parent's)
     assert b["forward_ms"] >= 2 * norms  # the forward without hooks is timed too
