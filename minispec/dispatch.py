@@ -86,6 +86,7 @@ class TuneResult:
     params: SamplingParams = GREEDY  # how the calibration decoded: greedy, or sampled (seeded)
     head_dtype: str | None = None  # the EAGLE-1/2 head's dtype the candidates drafted in (a HEAD_DTYPES key); None: target's
     head_dtype_s: dict = field(default_factory=dict)  # {dtype: seconds of one HEAD_DTYPE_PROBE draft} when timed
+    quick: list[str] | None = None  # a quick calibration's candidate list (``quick_tune``); None for tune
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -392,14 +393,17 @@ def save_choice(r: TuneResult):
 
 def saved_choice(model_name: str, batch_size: int = 1, params: SamplingParams = GREEDY) -> dict | None:
     """The saved tuning result for this machine, model, thread count, batch size and sampling, or None when
-    there is none or it was measured with other shipped checkpoints than these (a release with a new head):
-    a stale choice is not a choice."""
+    there is none or it was measured with other shipped checkpoints than these (a release with a new head), or
+    it is a quick calibration over another candidate list than ``QUICK_CANDIDATES`` (a release that changed
+    the list): a stale choice is not a choice."""
     from .drafters.registry import shipped_fingerprint
 
     path = tune_path(model_name, batch_size, params)
     if not path.exists():
         return None
     saved = json.loads(path.read_text())
+    if saved.get("calibration_s") is not None and saved.get("quick") != list(QUICK_CANDIDATES):
+        return None
     return saved if saved.get("drafters", "") == shipped_fingerprint(model_name) else None
 
 
@@ -441,11 +445,12 @@ def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=None, p
     from .prompts import calibration_set
 
     calib = calibration_set(prompts)
+    candidates = list(QUICK_CANDIDATES if candidates is None else candidates)
     t0 = time.perf_counter()
-    r = tune(target, tok, calib, model_name, QUICK_CANDIDATES if candidates is None else candidates, max_new_tokens=max_new_tokens, context=128,
+    r = tune(target, tok, calib, model_name, candidates, max_new_tokens=max_new_tokens, context=128,
              sizes=QUICK_SIZES, methods=methods, progress=progress, race=QUICK_RACE, budget_s=budget_s, reps=QUICK_REPS,
              params=params)
-    r.calibration_s = time.perf_counter() - t0
+    r.calibration_s, r.quick = time.perf_counter() - t0, candidates
     return r
 
 

@@ -263,10 +263,27 @@ def test_auto_calibrates_once_on_own_prompts_and_announces_it(tiny, tmp_path, mo
     path = dispatch.tune_path("tiny-llama")
     assert path.exists() and f"-{torch.get_num_threads()}t-" in path.name
     saved = json.loads(path.read_text())
-    assert saved["choice"] == method and saved["calibration_s"] > 0
+    assert saved["choice"] == method and saved["calibration_s"] > 0 and saved["quick"] == ["pld", "sps"]
     seen.clear()
     again, line2 = dispatch.resolve_auto(model, tok, "tiny-llama", methods=methods)
     assert again == method and "calibrated on this machine" in line2 and not seen  # read back, not measured again
+
+
+def test_a_quick_choice_over_another_candidate_list_is_stale(tmp_path, monkeypatch):
+    """A quick calibration saves its candidate list; a release that changes ``QUICK_CANDIDATES`` makes its choice
+    stale (``auto`` calibrates again), as one saved before the list was recorded; ``python -m minispec tune``'s
+    choice (no ``calibration_s``) is not a quick one and stays."""
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(dispatch, "QUICK_CANDIDATES", ("pld", "sps"))
+    path = dispatch.tune_path("tiny-llama")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"choice": "pld", "calibration_s": 1.0, "quick": ["pld", "sps"]}))
+    assert dispatch.auto_method("tiny-llama") == "pld"
+    for stale in ({"quick": ["pld"]}, {}):  # another list; none recorded
+        path.write_text(json.dumps({"choice": "pld", "calibration_s": 1.0, **stale}))
+        assert dispatch.saved_choice("tiny-llama") is None and dispatch.auto_method("tiny-llama") == DEFAULT_AUTO
+    path.write_text(json.dumps({"choice": "pld", "calibration_s": None, "quick": None}))  # tune's, over its own list
+    assert dispatch.auto_method("tiny-llama") == "pld"
 
 
 def test_the_calibration_set_mixes_own_prompts_with_input_reuse(tmp_path):
@@ -304,7 +321,7 @@ def test_sampled_auto_is_calibrated_sampled_and_saved_apart_from_greedy(tiny, tm
     greedy_path, hot_path = dispatch.tune_path("tiny-llama"), dispatch.tune_path("tiny-llama", params=hot)
     assert greedy_path != hot_path and hot_path.name.endswith("-b1-T0.7-p0.9.json")
     greedy_path.parent.mkdir(parents=True)
-    greedy_path.write_text(json.dumps({"choice": "pld", "calibration_s": 1.0}))  # a greedy choice already saved
+    greedy_path.write_text(json.dumps({"choice": "pld", "calibration_s": 1.0, "quick": ["pld", "sps"]}))  # a greedy choice
     method, line = dispatch.resolve_auto(model, tok, "tiny-llama", methods=methods, params=hot)
     assert calls and {p for p, _ in calls} == {hot}  # every calibration generation sampled at hot
     prompts = len({s for _, s in calls})

@@ -50,7 +50,11 @@ HF_METHODS = ("hf", "hf_assisted", "hf_pld")
 # --- how ``auto`` resolves (minispec.dispatch): a saved ``tune`` choice for this machine, else a quick
 # calibration over QUICK_CANDIDATES (batch 1), else DEFAULT_AUTO; ``tune`` tries DEFAULT_CANDIDATES
 DEFAULT_AUTO = "eagle@chain:2"
-QUICK_CANDIDATES = ("eagle@chain:2", "eagle@chain:3", "copy@chain:2", "copy", "eagle2@4/4/12")
+QUICK_CANDIDATES = ("copy@chain:2", "copy", "eagle2@4/4/12")
+"""The quick calibration's candidates: a short chain, a long one and a small tree. Each chain is a ``copy``: it drafts
+as ``eagle@chain:K`` wherever the context does not repeat and copies where it does, so ``eagle@chain:K`` beside it
+would add a near tie that a few sampled calibration tokens break at random; ``chain:3`` beside ``chain:2`` was
+another (``benchmarks/calibration_fidelity.py --versus``, "Fewer, distinct quick candidates" in docs/results.md)."""
 DEFAULT_CANDIDATES = ("vanilla", "pld", "copy", "sps", "sps@eagle", "sps@4/4/12", "eagle", "eagle@chain:3", "eagle2@4/4/12",
                       "eagle2@5/8/32", "eagle2", "eagle3", "eagle3@5/8/32", "medusa")
 
