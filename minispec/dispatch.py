@@ -475,7 +475,11 @@ def resolve_auto(target, tok, model_name: str = "smollm2-135m", batch_size: int 
         return DEFAULT_AUTO, (f"auto = {DEFAULT_AUTO} (minispec's default: run python -m minispec tune --batch-size "
                               f"{batch_size}{_tune_flags(params)} to measure this batch size)")
     if say is not None:
-        stale = " (its last calibration measured other shipped heads)" if path.exists() else ""
+        stale = ""
+        if path.exists():  # saved, but stale (``saved_choice``): say why
+            old = json.loads(path.read_text())
+            stale = " (its last calibration ran other candidates)" if old.get("calibration_s") is not None and \
+                old.get("quick") != list(QUICK_CANDIDATES) else " (its last calibration measured other shipped heads)"
         say(f"calibrating 'auto' for this machine{at}{stale} (once, about {QUICK_BUDGET_S:.0f} s) ...")
     r = quick_tune(target, tok, model_name, methods=methods, params=params)
     save_choice(r)

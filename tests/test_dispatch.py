@@ -269,10 +269,10 @@ def test_auto_calibrates_once_on_own_prompts_and_announces_it(tiny, tmp_path, mo
     assert again == method and "calibrated on this machine" in line2 and not seen  # read back, not measured again
 
 
-def test_a_quick_choice_over_another_candidate_list_is_stale(tmp_path, monkeypatch):
+def test_a_quick_choice_over_another_candidate_list_is_stale(tiny, tmp_path, monkeypatch):
     """A quick calibration saves its candidate list; a release that changes ``QUICK_CANDIDATES`` makes its choice
-    stale (``auto`` calibrates again), as one saved before the list was recorded; ``python -m minispec tune``'s
-    choice (no ``calibration_s``) is not a quick one and stays."""
+    stale (``auto`` calibrates again, saying why), as one saved before the list was recorded; ``python -m minispec
+    tune``'s choice (no ``calibration_s``) is not a quick one and stays."""
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(dispatch, "QUICK_CANDIDATES", ("pld", "sps"))
     path = dispatch.tune_path("tiny-llama")
@@ -282,6 +282,13 @@ def test_a_quick_choice_over_another_candidate_list_is_stale(tmp_path, monkeypat
     for stale in ({"quick": ["pld"]}, {}):  # another list; none recorded
         path.write_text(json.dumps({"choice": "pld", "calibration_s": 1.0, **stale}))
         assert dispatch.saved_choice("tiny-llama") is None and dispatch.auto_method("tiny-llama") == DEFAULT_AUTO
+    model, tok, draft = tiny
+    said = []
+    method, _ = dispatch.resolve_auto(model, tok, "tiny-llama", methods=Methods(model, "tiny-llama", draft_model=draft),
+                                      say=said.append)
+    assert said == [f"calibrating 'auto' for this machine (its last calibration ran other candidates) (once, about "
+                    f"{dispatch.QUICK_BUDGET_S:.0f} s) ..."]
+    assert json.loads(path.read_text())["quick"] == ["pld", "sps"] and dispatch.auto_method("tiny-llama") == method
     path.write_text(json.dumps({"choice": "pld", "calibration_s": None, "quick": None}))  # tune's, over its own list
     assert dispatch.auto_method("tiny-llama") == "pld"
 
