@@ -33,6 +33,16 @@ def cpu_model() -> str | None:
         return None
 
 
+def thp_mode() -> str | None:
+    """Linux's transparent huge page mode ("always", "madvise" or "never"; None where there is none): whether
+    memory that asks for 2 MiB pages (``minispec.linear.huge_page_empty``) gets them."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return re.search(r"\[(\w+)\]", f.read()).group(1)
+    except (OSError, AttributeError):
+        return None
+
+
 def file_tag(name: str) -> str:
     """``name`` as a file-name part: every run of other characters than letters, digits, '.' and '-' as one '_'."""
     return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_")

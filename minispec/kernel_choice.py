@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from .config import cache_dir, cpu_tag
+from .config import cache_dir, cpu_tag, thp_mode
 
 CPU_KERNELS = ("panels", "onednn")  # the prepacked CPU kernels of ``minispec.linear``
 Timer = Callable[[], dict]  # times the kernels on this machine: ``minispec.linear.time_kernels``
@@ -49,9 +49,10 @@ def onednn_available() -> bool:
 
 
 def machine_tag() -> str:
-    """The CPU model, its vector instruction set as torch sees it, the torch version and the running thread
+    """The CPU model, its vector instruction set as torch sees it, the torch version, whether the weight panels
+    can live in 2 MiB pages ("thp": Linux's THP mode lets them; they stream faster there) and the running thread
     count, as a file name: what a kernel choice holds for."""
-    return cpu_tag(f"torch{torch.__version__}")
+    return cpu_tag(f"torch{torch.__version__}", "thp" if thp_mode() in ("always", "madvise") else "nothp")
 
 
 def choice_path() -> Path:

@@ -95,3 +95,31 @@ def test_describe_names_the_choice_and_the_times(fresh):
         assert line.startswith("onednn (timed at 1 rows on this machine: panels 2.0 ms, onednn 1.0 ms;")
     else:
         assert line.startswith("panels (this PyTorch build has no oneDNN linear)")
+
+
+def test_a_choice_holds_for_the_huge_page_mode_it_was_timed_in(monkeypatch):
+    """The panels stream faster from 2 MiB pages, so a choice timed where Linux gives none (THP "never", or no
+    THP) is not read where it gives them, nor the other way round."""
+    tags = {}
+    for mode in ("madvise", "always", "never", None):
+        monkeypatch.setattr(kc, "thp_mode", lambda mode=mode: mode)
+        tags[mode] = kc.machine_tag()
+    assert tags["madvise"] == tags["always"] != tags["never"] == tags[None]
+    assert "-thp-" in tags["madvise"] and "-nothp-" in tags["never"]
+
+
+def test_thp_mode_reads_the_bracketed_mode(tmp_path, monkeypatch):
+    import builtins
+
+    from minispec import config
+
+    f = tmp_path / "enabled"
+    f.write_text("always [madvise] never\n")
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(
+        f if str(path) == "/sys/kernel/mm/transparent_hugepage/enabled" else path, *a, **k))
+    assert config.thp_mode() == "madvise"
+    f.write_text("[always] madvise never\n")
+    assert config.thp_mode() == "always"
+    f.unlink()
+    assert config.thp_mode() is None

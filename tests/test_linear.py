@@ -28,7 +28,10 @@ def test_panels_equal_f_linear(panels, shape, bias, n_out):
         assert layer._use_panels(x) and layer.kernel(x) == "panels"
         y = layer(x)
     assert y.shape == (*shape[:-1], n_out)
-    assert layer.panel_weight().shape == (-(-n_out // PANEL), 576, PANEL)
+    wp = layer.panel_weight()
+    assert wp.shape == (-(-n_out // PANEL), 576, PANEL)
+    assert torch.equal(wp.transpose(1, 2).reshape(-1, 576)[:n_out], layer.weight)  # panel p = w[p*PANEL:...].T
+    assert not wp.transpose(1, 2).reshape(-1, 576)[n_out:].any()  # the last panel's missing outputs: zeros
     torch.testing.assert_close(y, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
 
@@ -223,3 +226,64 @@ def test_a_model_that_has_run_copies_and_pickles_without_its_prepacked_weights(k
         with torch.inference_mode():
             assert torch.equal(twin(x).logits, before)  # rebuilt on first use: the same bits
     assert model.lm_head.__dict__.get(cache)  # the original keeps its own
+
+
+# --------------------------------------------------------------------------- weights in huge pages
+from minispec import linear  # noqa: E402
+
+linux_madvise = pytest.mark.skipif(not linear.HUGE_PAGES, reason="no madvise(MADV_HUGEPAGE) on this OS")
+
+
+def _vm_flags(addr: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds ``addr`` (/proc/self/smaps)."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):  # a mapping's first line: "start-end perms ..."
+            lo, hi = (int(a, 16) for a in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+@linux_madvise
+def test_huge_page_empty_is_aligned_advised_and_outlives_its_mapping():
+    """A tensor of at least one huge page starts on a 2 MiB boundary of a mapping advised MADV_HUGEPAGE
+    ("hg" in its VmFlags, whatever the machine's THP mode), holds what is written to it after every other
+    reference to the mapping is gone, and has the shape and dtype asked for."""
+    import gc
+
+    t = linear.huge_page_empty((3, linear.HUGE_PAGE // 4 // 3 + 7))  # just over one huge page of float32
+    assert t.shape == (3, linear.HUGE_PAGE // 4 // 3 + 7) and t.dtype == torch.float32 and t.is_contiguous()
+    assert t.data_ptr() % linear.HUGE_PAGE == 0
+    assert "hg" in _vm_flags(t.data_ptr())
+    t.copy_(torch.arange(t.numel(), dtype=torch.float32).view_as(t))
+    gc.collect()
+    assert torch.equal(t.flatten(), torch.arange(t.numel(), dtype=torch.float32))
+    b = linear.huge_page_empty((linear.HUGE_PAGE,), torch.bfloat16)  # other dtypes: bytes, not elements, count
+    assert b.dtype == torch.bfloat16 and b.data_ptr() % linear.HUGE_PAGE == 0
+
+
+def test_huge_page_empty_is_a_plain_tensor_when_small_or_switched_off(monkeypatch):
+    small = linear.huge_page_empty((4, 8))
+    assert small.shape == (4, 8) and small.untyped_storage().nbytes() == 4 * 8 * 4  # no mapping around it
+    monkeypatch.setattr(linear, "HUGE_PAGES", False)
+    big = linear.huge_page_empty((linear.HUGE_PAGE,))
+    assert big.untyped_storage().nbytes() == linear.HUGE_PAGE * 4
+
+
+@linux_madvise
+def test_panels_in_huge_pages_compute_the_same_bits(monkeypatch, panels):
+    """A layer whose panels fill huge pages (an LM-head-sized weight) computes, at every row count, the bits of
+    the same layer on panels in ordinary pages; only where the panels live differs."""
+    layer = _layer(576, 4096, False)  # 9.4 MB of panels
+    x = torch.randn(9, 576)
+    with torch.inference_mode():
+        huge = [layer(x[:m]) for m in (1, 2, 9)]
+        assert layer.panel_weight().data_ptr() % linear.HUGE_PAGE == 0
+        monkeypatch.setattr(linear, "HUGE_PAGES", False)
+        layer.__dict__.pop("_panel_parts")
+        plain = [layer(x[:m]) for m in (1, 2, 9)]
+        assert layer.panel_weight().untyped_storage().nbytes() == layer.panel_weight().numel() * 4
+    assert all(torch.equal(a, b) for a, b in zip(huge, plain))
