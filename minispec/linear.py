@@ -60,6 +60,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .config import thp_mode
 from .invariance import RowPlan, linear_plan, pad_rows, padded_rows
 from .kernel_choice import CPU_KERNELS, chosen_kernel, machine_tag, onednn_available
 
@@ -75,7 +76,8 @@ def _kernel_from_env() -> str:
 
 
 HUGE_PAGE = 2 << 20  # bytes of a huge page (x86-64 and arm64 Linux)
-HUGE_PAGES = hasattr(mmap, "MADV_HUGEPAGE")  # ask for them (Linux); ``False`` for before/after measurements
+# ask for them where Linux may give them (THP "always" or "madvise"); ``False`` for before/after measurements
+HUGE_PAGES = hasattr(mmap, "MADV_HUGEPAGE") and thp_mode() in ("always", "madvise")
 
 
 def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -102,8 +104,11 @@ def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) 
     whole = n // HUGE_PAGE * HUGE_PAGE  # the bytes that fill whole huge pages
     # advised before the first touch (pages are given at the first fault); the last partial huge page in ordinary
     # pages, so that no tensor holds up to 2 MiB it does not use (as it would where THP is "always")
-    m.madvise(mmap.MADV_HUGEPAGE, start, whole)
-    m.madvise(mmap.MADV_NOHUGEPAGE, start + whole, len(m) - start - whole)
+    try:
+        m.madvise(mmap.MADV_HUGEPAGE, start, whole)
+        m.madvise(mmap.MADV_NOHUGEPAGE, start + whole, len(m) - start - whole)
+    except OSError:  # a kernel built without THP refuses the advice: ordinary pages, as torch.empty gives
+        return torch.empty(shape, dtype=dtype)
     return raw[start:start + n].view(dtype).view(shape)
 
 

@@ -231,7 +231,13 @@ def test_a_model_that_has_run_copies_and_pickles_without_its_prepacked_weights(k
 # --------------------------------------------------------------------------- weights in huge pages
 from minispec import linear  # noqa: E402
 
-linux_madvise = pytest.mark.skipif(not linear.HUGE_PAGES, reason="no madvise(MADV_HUGEPAGE) on this OS")
+linux_madvise = pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE") or linear.thp_mode() is None,
+                                   reason="no transparent huge pages on this OS")
+
+
+@pytest.fixture
+def huge(monkeypatch):
+    monkeypatch.setattr(linear, "HUGE_PAGES", True)  # the mmap path, also where THP is "never" (advice still taken)
 
 
 def _vm_flags(addr: int) -> list[str]:
@@ -248,7 +254,7 @@ def _vm_flags(addr: int) -> list[str]:
 
 
 @linux_madvise
-def test_huge_page_empty_is_aligned_advised_and_outlives_its_mapping():
+def test_huge_page_empty_is_aligned_advised_and_outlives_its_mapping(huge):
     """A tensor of at least one huge page starts on a 2 MiB boundary of a mapping advised MADV_HUGEPAGE
     ("hg" in its VmFlags, whatever the machine's THP mode), holds what is written to it after every other
     reference to the mapping is gone, and has the shape and dtype asked for."""
@@ -274,7 +280,7 @@ def test_huge_page_empty_is_a_plain_tensor_when_small_or_switched_off(monkeypatc
 
 
 @linux_madvise
-def test_panels_in_huge_pages_compute_the_same_bits(monkeypatch, panels):
+def test_panels_in_huge_pages_compute_the_same_bits(monkeypatch, panels, huge):
     """A layer whose panels fill huge pages (an LM-head-sized weight) computes, at every row count, the bits of
     the same layer on panels in ordinary pages; only where the panels live differs."""
     layer = _layer(576, 4096, False)  # 9.4 MB of panels
@@ -287,3 +293,16 @@ def test_panels_in_huge_pages_compute_the_same_bits(monkeypatch, panels):
         plain = [layer(x[:m]) for m in (1, 2, 9)]
         assert layer.panel_weight().untyped_storage().nbytes() == layer.panel_weight().numel() * 4
     assert all(torch.equal(a, b) for a, b in zip(huge, plain))
+
+
+def test_huge_page_empty_falls_back_where_the_kernel_refuses_the_advice(monkeypatch, huge):
+    """A Linux built without THP answers madvise(MADV_HUGEPAGE) with EINVAL: an ordinary tensor, no error."""
+    import mmap
+
+    class Refusing(mmap.mmap):
+        def madvise(self, *args):
+            raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(mmap, "mmap", Refusing)
+    t = linear.huge_page_empty((linear.HUGE_PAGE,))
+    assert t.shape == (linear.HUGE_PAGE,) and t.untyped_storage().nbytes() == linear.HUGE_PAGE * 4
