@@ -2,12 +2,12 @@
 
 ``benchmarks/linear_kernels.py`` times the 121 linear products of a SmolLM2 forward alone; this script
 times what a user sees: ``generate`` on minispec's own prompts with every ``Linear`` on the weight
-panels (``Linear.cpu_kernel = "panels"``) or on oneDNN's prepacked weights ("onednn"; the default, "auto",
-is whichever ``minispec.kernel_choice`` timed faster on this machine, printed),
-vanilla and one speculative method, the kernels interleaved prompt by prompt in one process (so drift
-of a shared machine hits both alike). Each kernel runs under the row plan its own probe chose on this
-CPU (printed). Reports tokens/s, the ratio onednn / panels, and whether every greedy answer equals
-vanilla's on the same kernel (the identity each kernel's plan must keep) and the other kernel's.
+panels (``Linear.cpu_kernel = "panels"``), on oneDNN's prepacked weights ("onednn") or on the default, "auto"
+(whichever ``minispec.kernel_choice`` timed faster on this machine, with its one-row calls padded to the rows it
+timed fastest for that kernel, printed), vanilla and one speculative method, the three interleaved prompt by
+prompt in one process (so drift of a shared machine hits them alike). Each kernel runs under the row plan its own
+probe chose on this CPU (printed). Reports tokens/s, the ratios to the panels and to oneDNN, and whether every
+greedy answer equals vanilla's on the same kernel (the identity each kernel's plan must keep) and the panels'.
 Not part of CI: timings are machine-dependent.
 
     python benchmarks/linear_kernel_decode.py --prompts 8 --max-new-tokens 96 --threads 2 \\
@@ -47,7 +47,8 @@ def main() -> None:
 
     print(f"'auto' on this machine: {describe(time_kernels)}")
     default, plans = Linear.cpu_kernel, {}
-    for kernel in CPU_KERNELS:  # prepacked copies and row plans before any timing; one warm-up run each
+    kernels = (*CPU_KERNELS, "auto")
+    for kernel in kernels:  # prepacked copies and row plans before any timing; one warm-up run each
         Linear.cpu_kernel = kernel
         prepack(model)
         generate(model, tok, prompts[0], drafter=methods.drafter(args.method), max_new_tokens=8)
@@ -55,7 +56,7 @@ def main() -> None:
             plans[kernel] = sorted({layer.row_plan(torch.zeros(1, layer.in_features)).describe()
                                     for layer in model.modules() if isinstance(layer, Linear)})
         print(f"{kernel}: row plans {plans[kernel]}")
-    runs = [(k, m) for k in CPU_KERNELS for m in ("vanilla", args.method)]
+    runs = [(k, m) for k in kernels for m in ("vanilla", args.method)]
     seconds, tokens, answers = {r: 0.0 for r in runs}, {r: 0 for r in runs}, {r: [] for r in runs}
     for i, prompt in enumerate(prompts):
         for kernel, method in runs:
@@ -69,15 +70,16 @@ def main() -> None:
         print(f"prompt {i + 1}/{len(prompts)} done")
     Linear.cpu_kernel = default
     rows = []
-    print(f"\n{'kernel':8} {'method':16} {'tok/s':>7} {'vs panels':>9}  = vanilla (same kernel)  = panels")
+    print(f"\n{'kernel':8} {'method':16} {'tok/s':>7} {'vs panels':>9} {'vs onednn':>9}  = vanilla (same kernel)  = panels")
     for kernel, method in runs:
         tps = tokens[kernel, method] / seconds[kernel, method]
-        base = tokens["panels", method] / seconds["panels", method]
+        base, onednn = (tokens[k, method] / seconds[k, method] for k in CPU_KERNELS)
         same = sum(a == b for a, b in zip(answers[kernel, method], answers[kernel, "vanilla"]))
         cross = sum(a == b for a, b in zip(answers[kernel, method], answers["panels", method]))
-        rows.append(dict(kernel=kernel, method=method, tok_s=tps, vs_panels=tps / base, tokens=tokens[kernel, method],
-                         seconds=seconds[kernel, method], equal_to_vanilla=same, equal_to_panels=cross))
-        print(f"{kernel:8} {method:16} {tps:7.1f} {tps / base:8.2f}x  {same:>2}/{len(prompts)}"
+        rows.append(dict(kernel=kernel, method=method, tok_s=tps, vs_panels=tps / base, vs_onednn=tps / onednn,
+                         tokens=tokens[kernel, method], seconds=seconds[kernel, method], equal_to_vanilla=same,
+                         equal_to_panels=cross))
+        print(f"{kernel:8} {method:16} {tps:7.1f} {tps / base:8.2f}x {tps / onednn:8.2f}x  {same:>2}/{len(prompts)}"
               f"{'':20}{cross:>2}/{len(prompts)}")
     if args.json:
         print("saved", save_json(args.json, dict(benchmark="linear_kernel_decode", threads=args.threads,

@@ -20,6 +20,10 @@ kernel's copy: more than a CPU's last-level cache, so they stream from memory as
 each kernel under the row plan its probe chooses on this CPU (``minispec.invariance``: the padding it
 needs here), at ``CHOICE_ROWS`` rows (a decode step, verifications of a few draft tokens), the kernels
 interleaved round by round, the fastest round of each kept. The lower sum over the row counts wins.
+Before that, each kernel's one-row call is timed padded to a few row counts (``linear.PAD_CANDIDATES``): a
+kernel whose rows do not depend on the row count may compute a few rows sooner than one, and the fastest
+padding is its ``pad_rows``, which "auto" then applies (``chosen_pad``; on a 2-core AMD EPYC with AVX-512,
+oneDNN's one-row calls padded to 6 rows decoded vanilla 1.08x faster, ``benchmarks/linear_kernel_decode.py``).
 It takes a few seconds, once; the probes it runs are the ones SmolLM2's layers would run anyway.
 """
 
@@ -38,7 +42,7 @@ from .config import cache_dir, cpu_tag, thp_mode
 CPU_KERNELS = ("panels", "onednn")  # the prepacked CPU kernels of ``minispec.linear``
 Timer = Callable[[], dict]  # times the kernels on this machine: ``minispec.linear.time_kernels``
 
-_CHOSEN: dict[int, str] = {}  # this process: thread count -> kernel
+_CHOSEN: dict[int, dict] = {}  # this process: thread count -> this machine's record (``choice``)
 
 
 @functools.cache
@@ -62,9 +66,19 @@ def choice_path() -> Path:
 def chosen_kernel(timer: Timer) -> str:
     """The kernel "auto" means at the running thread count: read from this machine's cache file, else timed
     now by ``timer`` and written there, unless another process wrote it first."""
+    return _record(timer)["kernel"]
+
+
+def chosen_pad(timer: Timer, kernel: str) -> int:
+    """The rows a one-row call of ``kernel`` is padded to under "auto" at the running thread count (the record's
+    ``pad_rows``: the fastest of a few, timed with the choice; 1 where the record has none)."""
+    return int(_record(timer).get("pad_rows", {}).get(kernel, 1))
+
+
+def _record(timer: Timer) -> dict:
     threads = torch.get_num_threads()
     if threads not in _CHOSEN:
-        _CHOSEN[threads] = choice(timer)["kernel"]
+        _CHOSEN[threads] = choice(timer)
     return _CHOSEN[threads]
 
 
@@ -113,4 +127,6 @@ def describe(timer: Timer) -> str:
         return f"{rec['kernel']} ({rec.get('why', '')})"
     rows = "+".join(str(m) for m in rec["rows"])
     times = ", ".join(f"{k} {sum(t.values()):.1f} ms" for k, t in rec["times_ms"].items())
-    return f"{rec['kernel']} (timed at {rows} rows on this machine: {times}; {choice_path()})"
+    pad = rec.get("pad_rows", {}).get(rec["kernel"], 1)
+    pad = f"; one-row calls padded to {pad} rows, its fastest" if pad > 1 else ""
+    return f"{rec['kernel']} (timed at {rows} rows on this machine: {times}{pad}; {choice_path()})"

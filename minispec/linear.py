@@ -62,7 +62,7 @@ import torch.nn.functional as F
 
 from .config import thp_mode
 from .invariance import RowPlan, linear_plan, pad_rows, padded_rows
-from .kernel_choice import CPU_KERNELS, chosen_kernel, machine_tag, onednn_available
+from .kernel_choice import CPU_KERNELS, chosen_kernel, chosen_pad, machine_tag, onednn_available
 
 PANEL = 32  # output features per weight panel (32 floats: two AVX-512 or four AVX2 registers per row)
 KERNEL_CHOICES = ("auto", *CPU_KERNELS)  # what ``Linear.cpu_kernel`` may name ("auto": this machine's faster one)
@@ -237,13 +237,20 @@ class Linear(nn.Linear):
         return linear_plan(key, lambda x2: self._product(kernel, x2), split, self.in_features, x.dtype, x.device)
 
     def _plan(self, x: torch.Tensor) -> tuple[str, int, int, int]:
-        """(kernel, split, min_rows, multiple) for ``x``, remembered per kernel, dtype, grad mode and thread count."""
+        """(kernel, split, min_rows, multiple) for ``x``, remembered per kernel, dtype, grad mode and thread count.
+        Under "auto", calls of fewer rows than this machine's ``pad_rows`` for the kernel are padded up to it
+        (``time_kernels``): a kernel whose rows do not depend on the row count gives them the same bits in a call
+        of more rows, and may give them sooner."""
         key = (self._use_panels(x), x.dtype, x.device.type, torch.is_grad_enabled(), x.requires_grad,
                torch.get_num_threads(), Linear.row_invariant, Linear.cpu_kernel)
         if self.__dict__.get("_plan_key") != key:
             plan = self.row_plan(x) if Linear.row_invariant else None
-            self._plan_value = (self.kernel(x), 1, 1, 1) if plan is None or not plan.invariant else \
-                (plan.kernel, plan.split, plan.min_rows, plan.multiple)
+            if plan is None or not plan.invariant:
+                self._plan_value = (self.kernel(x), 1, 1, 1)
+            else:
+                pad = chosen_pad(time_kernels, plan.kernel) if Linear.cpu_kernel == "auto" and \
+                    plan.kernel in CPU_KERNELS else 1
+                self._plan_value = (plan.kernel, plan.split, max(plan.min_rows, pad), plan.multiple)
             self._plan_key = key
         return self._plan_value
 
@@ -287,17 +294,22 @@ CHOICE_SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576))  # SmolLM2's 
 CHOICE_LAYERS = 8
 CHOICE_ROWS = (1, 4, 8)
 CHOICE_ROUNDS = 5
+PAD_CANDIDATES = (1, 2, 4, 6, 8)  # rows a one-row call may be padded to, the fastest kept per kernel (``pad_rows``)
 
 
 @torch.no_grad()
 def time_kernels(shapes=CHOICE_SHAPES, layers: int = CHOICE_LAYERS, rows=CHOICE_ROWS, rounds: int = CHOICE_ROUNDS,
                  kernels=None) -> dict:
-    """Time each prepacked kernel over ``layers`` x ``shapes`` random weights at each row count in ``rows``,
-    under its own row plan, interleaved, fastest of ``rounds`` rounds (after one untimed round): the timer
-    that ``kernel_choice.chosen_kernel`` runs once per machine for "auto".
+    """Time each prepacked kernel over ``layers`` x ``shapes`` random weights, interleaved, fastest of ``rounds``
+    rounds (after one untimed round): the timer that ``kernel_choice`` runs once per machine for "auto".
+    First a one-row call padded to each of PAD_CANDIDATES rows (at least its row plan's): a kernel may compute
+    a few rows sooner than one (oneDNN's, on a 2-core AMD EPYC with AVX-512: a one-row decode forward 43.6 ms
+    padded to 6 rows against 47.9 ms as it is), and its rows' bits do not depend on the row count, so the
+    fastest is that kernel's ``pad_rows``. Then each row count in ``rows`` under the row plan with that padding.
 
     Returns:
         {"kernel": the lower sum over ``rows``, "machine", "times_ms": {kernel: {rows: ms}},
+         "pad_rows": {kernel: rows}, "pad_ms": {kernel: {rows padded to: ms}},
          "plans": {kernel: {"in->out": plan}}, "rows", "layers", "measured_at"}.
     """
     with torch.inference_mode(False):  # called from inside inference mode too: its tensors keep no version
@@ -322,19 +334,40 @@ def _time_kernels(shapes, layers: int, rows, rounds: int, kernels: tuple[str, ..
             for part in ((None,) if how[1] == 1 else (0, 1)):  # the prepacked copy, built before timing
                 (layer.panel_weight if k == "panels" else layer.onednn_weight)(part)
             runs[k].append((layer, how))
-    xs = {m: {n_in: torch.randn(m, n_in, generator=g) for n_in in {s[0] for s in shapes}} for m in rows}
-    best = {k: {m: float("inf") for m in rows} for k in kernels}
-    for r in range(rounds + 1):  # the first round is a warm-up
-        for k in kernels:
-            for m in rows:
-                t = time.perf_counter()
-                for layer, how in runs[k]:
-                    layer.run(xs[m][layer.in_features], *how)
-                if r:
-                    best[k][m] = min(best[k][m], time.perf_counter() - t)
+    xs = {m: {n_in: torch.randn(m, n_in, generator=g) for n_in in {s[0] for s in shapes}} for m in {1, *rows}}
+
+    def fastest(counts: dict, runs_of) -> dict:  # {kernel: {count: best seconds}} over interleaved rounds
+        best = {k: {c: float("inf") for c in counts[k]} for k in kernels}
+        for r in range(rounds + 1):  # the first round is a warm-up
+            for k in kernels:
+                for c in counts[k]:
+                    x, layer_runs = runs_of(k, c)
+                    t = time.perf_counter()
+                    for layer, how in layer_runs:
+                        layer.run(x[layer.in_features], *how)
+                    if r:
+                        best[k][c] = min(best[k][c], time.perf_counter() - t)
+        return best
+
+    def padded(k, pad):  # kernel k's runs with one-row calls padded to ``pad`` rows (at least its plan's)
+        return [(layer, (how[0], how[1], max(how[2], pad), how[3])) for layer, how in runs[k]]
+
+    def candidates(k) -> list[int]:  # PAD_CANDIDATES less those that pad no layer beyond a smaller one's padding
+        seen, keep = set(), []
+        for pad in PAD_CANDIDATES:
+            config = tuple(max(how[2], pad) for _, how in runs[k])
+            if config not in seen:
+                seen.add(config)
+                keep.append(pad)
+        return keep
+
+    pad_s = fastest({k: candidates(k) for k in kernels}, lambda k, pad: (xs[1], padded(k, pad)))
+    pad_ms = {k: {str(c): round(t * 1e3, 3) for c, t in pad_s[k].items()} for k in kernels}
+    pad_rows = {k: int(min(pad_ms[k], key=pad_ms[k].get)) for k in kernels}
+    best = fastest({k: rows for k in kernels}, lambda k, m: (xs[m], padded(k, pad_rows[k])))
     times_ms = {k: {str(m): round(best[k][m] * 1e3, 3) for m in rows} for k in kernels}
     # chosen on the recorded times, so that the record shows why: two kernels whose sums differ by less than the
     # rounding can no longer be recorded in one order and chosen in the other
     return {"kernel": min(kernels, key=lambda k: sum(times_ms[k].values())), "machine": machine_tag(),
-            "times_ms": times_ms,
+            "times_ms": times_ms, "pad_rows": pad_rows, "pad_ms": pad_ms,
             "plans": plans, "rows": list(rows), "layers": layers, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}

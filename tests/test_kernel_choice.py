@@ -123,3 +123,41 @@ def test_thp_mode_reads_the_bracketed_mode(tmp_path, monkeypatch):
     assert config.thp_mode() == "always"
     f.unlink()
     assert config.thp_mode() is None
+
+
+def test_the_timing_pads_one_row_calls_to_the_fastest_candidate():
+    """``pad_rows`` is the fastest of the one-row paddings timed (candidates that pad no layer further than a
+    smaller one are not timed twice), and the row counts are timed under it."""
+    kernels = CPU_KERNELS if onednn_available() else ("panels",)
+    with torch.inference_mode():
+        r = time_kernels(shapes=((64, 96), (96, 64)), layers=2, rows=(1, 3), rounds=1, kernels=kernels)
+    assert set(r["pad_rows"]) == set(r["pad_ms"]) == set(kernels)
+    for k in kernels:
+        assert set(r["pad_ms"][k]) <= {str(c) for c in linear.PAD_CANDIDATES} and "1" in r["pad_ms"][k]
+        assert r["pad_rows"][k] == int(min(r["pad_ms"][k], key=r["pad_ms"][k].get))
+
+
+@pytest.mark.parametrize("pad", [1, 6])
+def test_auto_pads_a_layers_short_calls_to_the_records_rows_and_keeps_their_bits(fresh, monkeypatch, pad):
+    """Under "auto" a call of fewer rows than the record's ``pad_rows`` for the chosen kernel runs padded to it (never
+    below its row plan's own padding), and every row keeps the bits it has in a call of any other row count; a kernel
+    named explicitly runs under its plan alone. A record without ``pad_rows`` (timed before it existed) pads nothing."""
+    chosen = "onednn" if onednn_available() else "panels"
+    record = {"kernel": chosen, "machine": kc.machine_tag(), "times_ms": {chosen: {"1": 1.0}}, "rows": [1]}
+    if pad > 1:
+        record["pad_rows"] = {chosen: pad}
+    monkeypatch.setattr(linear, "time_kernels", lambda **kw: record)
+    monkeypatch.setattr(kc, "onednn_available", lambda: chosen == "onednn")
+    monkeypatch.setattr(Linear, "cpu_kernel", "auto")
+    torch.manual_seed(0)
+    layer = Linear(64, 96)
+    x = torch.randn(9, 64)
+    with torch.inference_mode():
+        own = layer.row_plan(x[:1]).min_rows
+        assert layer._plan(x[:1])[0] == chosen and layer._plan(x[:1])[2] == max(own, pad)
+        full = layer(x)
+        for m in range(1, 9):
+            assert torch.equal(layer(x[:m]), full[:m]), m
+        monkeypatch.setattr(Linear, "cpu_kernel", chosen)
+        assert layer._plan(x[:1])[2] == own
+    assert kc.chosen_pad(linear.time_kernels, "the other kernel") == 1
