@@ -303,9 +303,9 @@ def time_kernels(shapes=CHOICE_SHAPES, layers: int = CHOICE_LAYERS, rows=CHOICE_
     """Time each prepacked kernel over ``layers`` x ``shapes`` random weights, interleaved, fastest of ``rounds``
     rounds (after one untimed round): the timer that ``kernel_choice`` runs once per machine for "auto".
     First a one-row call padded to each of PAD_CANDIDATES rows (at least its row plan's): a kernel may compute
-    a few rows sooner than one (oneDNN's, on a 2-core AMD EPYC with AVX-512: a one-row decode forward 43.6 ms
-    padded to 6 rows against 47.9 ms as it is), and its rows' bits do not depend on the row count, so the
-    fastest is that kernel's ``pad_rows``. Then each row count in ``rows`` under the row plan with that padding.
+    a few rows sooner than one (oneDNN's, on a 2-core AMD EPYC with AVX-512: padded to 6 rows, vanilla decoded
+    1.08x faster, ``benchmarks/linear_kernel_decode.py``), and its rows' bits do not depend on the row count, so
+    the fastest is that kernel's ``pad_rows``. Then each row count in ``rows`` under the row plan with that padding.
 
     Returns:
         {"kernel": the lower sum over ``rows``, "machine", "times_ms": {kernel: {rows: ms}},
