@@ -70,8 +70,9 @@ def chosen_kernel(timer: Timer) -> str:
 
 
 def chosen_pad(timer: Timer, kernel: str) -> int:
-    """The rows a one-row call of ``kernel`` is padded to under "auto" at the running thread count (the record's
-    ``pad_rows``: the fastest of a few, timed with the choice; 1 where the record has none)."""
+    """The rows every shorter call of ``kernel`` is padded to under "auto" at the running thread count (the record's
+    ``pad_rows``: the fastest padding of a one-row call among a few, timed with the choice; 1 where the record has
+    none)."""
     return int(_record(timer).get("pad_rows", {}).get(kernel, 1))
 
 

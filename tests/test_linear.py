@@ -229,9 +229,11 @@ def test_a_model_that_has_run_copies_and_pickles_without_its_prepacked_weights(k
 
 
 # --------------------------------------------------------------------------- weights in huge pages
+import mmap  # noqa: E402
+
 from minispec import linear  # noqa: E402
 
-linux_madvise = pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE") or linear.thp_mode() is None,
+linux_madvise = pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or linear.thp_mode() is None,
                                    reason="no transparent huge pages on this OS")
 
 
@@ -297,8 +299,6 @@ def test_panels_in_huge_pages_compute_the_same_bits(monkeypatch, panels, huge):
 
 def test_huge_page_empty_falls_back_where_the_kernel_refuses_the_advice(monkeypatch, huge):
     """A Linux built without THP answers madvise(MADV_HUGEPAGE) with EINVAL: an ordinary tensor, no error."""
-    import mmap
-
     class Refusing(mmap.mmap):
         def madvise(self, *args):
             raise OSError(22, "Invalid argument")
