@@ -1,0 +1,66 @@
+"""ATen ops of a one-row SmolLM2 decode forward after a prefill, every op counted (nested ones and views included).
+
+    python benchmarks/forward_ops.py --context 300 --forwards 3 --json out.json
+
+torch.profiler records a few one-row forwards after a ``--context``-token prefill; the ops per forward are
+reported by name (most frequent first) with their total. A count, not a time: it does not depend on the
+machine's load, only on the code path the forward takes (which may depend on the CPU's kernel choice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+
+import torch
+
+
+@torch.inference_mode()
+def count_ops(model, context: int = 300, forwards: int = 3) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from minispec.kv import KVCache
+
+    kv = KVCache.for_model(model, context + 2)
+    g = torch.Generator().manual_seed(0)
+    model(torch.randint(0, model.cfg.vocab_size, (1, context), generator=g), kv=kv)
+    kv.commit()
+    x = torch.tensor([[1]])
+    for _ in range(2):  # warm: prepacked weights, plans
+        model(x, kv=kv)
+        kv.discard()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(forwards):
+            model(x, kv=kv)
+            kv.discard()
+    ops = Counter(e.name for e in prof.events() if e.name.startswith("aten::"))
+    per = {k: v / forwards for k, v in ops.most_common()}
+    return {"context": context, "forwards": forwards, "aten_ops_per_forward": sum(per.values()), "by_name": per}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--forwards", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    if a.threads < 1:
+        ap.error(f"--threads must be at least 1, got {a.threads}")
+    torch.set_num_threads(a.threads)
+    from minispec import load
+
+    model, _ = load("smollm2-135m")
+    r = count_ops(model, a.context, a.forwards)
+    print(f"{r['aten_ops_per_forward']:.0f} ATen ops per one-row forward after {a.context} tokens")
+    for name, n in list(r["by_name"].items())[:20]:
+        print(f"  {n:7.0f}  {name}")
+    if a.json:
+        json.dump(r, open(a.json, "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
