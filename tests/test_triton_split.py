@@ -1,0 +1,322 @@
+"""The one-launch Triton split kernel (chapter 6): results, tiles, workspace, capturability.
+
+The kernel runs on CPU tensors in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1
+before triton is imported); the interpreter is slow, so the shapes are tiny. Ground truth is
+float64 softmax attention over each row's own keys (its committed prefix, then its new tokens
+under the tree mask) and minispec's PyTorch split (``reference.split_attention``). bf16 is left
+to the GPU tests (tests/test_attention.py::test_gpu_bf16): the interpreter's bf16 ``tl.dot`` is
+wrong (it multiplies the raw 16-bit patterns), fp16 stands in for a 2-byte dtype here.
+"""
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from minispec.attention import split_attention, triton_available
+from minispec.attention import tiles
+
+pytestmark = [pytest.mark.ch06, pytest.mark.skipif(
+    not triton_available("cpu"), reason="Triton interpreter is off (TRITON_INTERPRET=1 must precede importing triton)")]
+
+
+def ancestors(parents: list[int]) -> torch.Tensor:
+    """[T, T] ancestor mask of a tree given by its parents (-1 for the root)."""
+    T = len(parents)
+    m = torch.zeros(T, T, dtype=torch.bool)
+    for i in range(T):
+        j = i
+        while j >= 0:
+            m[i, j] = True
+            j = parents[j]
+    return m
+
+
+def random_tree(T: int, g: torch.Generator) -> torch.Tensor:
+    return ancestors([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)])
+
+
+def case(B, H, Hkv, T, C, lens, hd=16, tree="per_row", seed=0, dtype=torch.float32):
+    """q [B, H, T, hd], a cache k, v [B, Hkv, C, hd] of random values (garbage past each row's keys shows if it
+    leaks in), lengths [B] int32, and the tree mask: None (causal), [T, T] shared or [B, T, T] per row."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, hd, generator=g)
+    k, v = torch.randn(B, Hkv, C, hd, generator=g), torch.randn(B, Hkv, C, hd, generator=g)
+    mask = {"causal": None, "shared": random_tree(T, g),
+            "per_row": torch.stack([random_tree(T, g) for _ in range(B)]) if tree == "per_row" else None}[tree]
+    return q.to(dtype), k.to(dtype), v.to(dtype), torch.tensor(lens, dtype=torch.int32), mask
+
+
+def want64(q, k, v, lens, mask) -> torch.Tensor:
+    """float64 attention, row b over its P_b committed keys and its T new ones (cache slots P_b .. P_b + T - 1)."""
+    B, H, T, hd = q.shape
+    G = H // k.shape[1]
+    out = torch.empty(B, H, T, hd, dtype=torch.float64)
+    for b, P in enumerate(lens.tolist()):
+        kb = k[b, :, :P + T].double().repeat_interleave(G, 0)  # [H, P + T, hd]
+        vb = v[b, :, :P + T].double().repeat_interleave(G, 0)
+        tm = torch.ones(T, T, dtype=torch.bool).tril() if mask is None else (mask if mask.dim() == 2 else mask[b])
+        full = torch.cat([torch.ones(T, P, dtype=torch.bool), tm], -1)  # [T, P + T]
+        s = (q[b].double() @ kb.transpose(-1, -2)) / math.sqrt(hd)  # [H, T, P + T]
+        out[b] = torch.softmax(s.masked_fill(~full, float("-inf")), -1) @ vb
+    return out
+
+
+def torch_split(q, k, v, lens, mask) -> torch.Tensor:
+    """minispec's PyTorch split, one row at a time over its own keys."""
+    T = q.shape[2]
+    rows = [split_attention(q[b:b + 1], k[b:b + 1, :, :P + T], v[b:b + 1, :, :P + T], P,
+                            None if mask is None else (mask if mask.dim() == 2 else mask[b]))
+            for b, P in enumerate(lens.tolist())]
+    return torch.cat(rows)
+
+
+class Launches:
+    """Counts the launches of the kernels of ``triton_split`` (and runs them, unless ``run=False``)."""
+
+    def __init__(self, monkeypatch, run=True):
+        from minispec.attention import triton_split as ts
+
+        self.calls, self.run = [], run
+        for name in ("_split_kernel", "_prefix_kernel", "_merge_kernel"):
+            monkeypatch.setattr(ts, name, self._spy(name, getattr(ts, name)))
+
+    def _spy(self, name, kernel):
+        spy = self
+
+        class Spy:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    spy.calls.append((name, grid, kwargs))
+                    if spy.run:
+                        kernel[grid](*args, **kwargs)
+                return launch
+        return Spy()
+
+
+# --------------------------------------------------------------------------- one launch equals the references
+# (B, H, Hkv, T, C, lengths per row, tree): GQA groups 1 / 3 / 4, a decode step (T 1), chains and trees, an empty
+# prefix, ragged rows in a cache with spare capacity, T past one tree tile (33 > the interpreter's 32 keys)
+CASES = [
+    (1, 4, 1, 1, 40, [39], "causal"),
+    (3, 6, 2, 5, 70, [0, 17, 65], "per_row"),
+    (2, 4, 4, 4, 50, [9, 46], "shared"),
+    (2, 8, 2, 33, 80, [3, 47], "per_row"),
+    (4, 4, 1, 3, 50, [47, 0, 1, 31], "causal"),
+]
+
+
+@pytest.mark.parametrize("B, H, Hkv, T, C, lens, tree", CASES, ids=[f"B{c[0]}-H{c[1]}-Hkv{c[2]}-T{c[3]}-{c[6]}"
+                                                                     for c in CASES])
+def test_one_launch_equals_float64_and_the_torch_split(monkeypatch, B, H, Hkv, T, C, lens, tree):
+    from minispec.attention.triton_split import SplitWorkspace, split_attention_triton
+
+    q, k, v, lengths, mask = case(B, H, Hkv, T, C, lens, tree=tree, seed=B * 7 + T)
+    launches = Launches(monkeypatch)
+    ws = SplitWorkspace()
+    got = split_attention_triton(q, k, v, lengths, mask, workspace=ws)
+    assert [c[0] for c in launches.calls] == ["_split_kernel"]  # prefix, tree and merge: one launch
+    assert launches.calls[0][1][2] == 2  # two splits under the interpreter: the merge ran
+    assert got.shape == q.shape and got.dtype == q.dtype
+    assert (got.double() - want64(q, k, v, lengths, mask)).abs().max() < 1e-5
+    assert (got - torch_split(q, k, v, lengths, mask)).abs().max() < 1e-5
+    assert all(int(cnt.abs().sum()) == 0 for _, _, cnt in ws._parts.values())  # every ticket counter reset
+
+
+@pytest.mark.parametrize("splits", [1, 3, 5])
+def test_split_counts_int64_lengths_and_an_int_length(splits):
+    """One split (no workspace, no merge), more splits than key tiles (empty splits), int64 lengths, and one
+    Python int for every row: the same attention."""
+    from minispec.attention.triton_split import SplitWorkspace, split_attention_triton
+
+    q, k, v, lengths, mask = case(2, 4, 2, 6, 60, [21, 54], seed=splits)
+    want = want64(q, k, v, lengths, mask)
+    ws = SplitWorkspace()
+    got = split_attention_triton(q, k, v, lengths.long(), mask, num_splits=splits, block_n=16, workspace=ws)
+    assert (got.double() - want).abs().max() < 1e-5
+    assert {key[1:3] for key in ws._parts} == ({(1, 1)} if splits == 1 else {(4, splits)})  # 1: a token buffer
+    same = torch.tensor([30, 30], dtype=torch.int32)
+    got_int = split_attention_triton(q, k, v, 30, mask, num_splits=splits, workspace=ws)  # slots 30.. for both rows
+    assert (got_int.double() - want64(q, k, v, same, mask)).abs().max() < 1e-5
+
+
+def test_fp16_matches_float64():
+    from minispec.attention.triton_split import split_attention_triton
+
+    q, k, v, lengths, mask = case(2, 4, 2, 4, 40, [5, 36], seed=3)
+    want = want64(q, k, v, lengths, mask)
+    got = split_attention_triton(q.half(), k.half(), v.half(), lengths, mask)
+    assert got.dtype == torch.float16 and (got.double() - want).abs().max() < 5e-3  # fp16: 11-bit mantissa
+
+
+# --------------------------------------------------------------------------- the tile configurations
+def test_launch_config_fits_each_shared_memory_limit():
+    bf16 = torch.bfloat16
+    chosen = {kib: tiles.launch_config(bf16, 128, 64, gpu=True, smem=kib * 1024) for kib in (227, 163, 99, 64, 48)}
+    assert [(c["BLOCK_M"], c["BLOCK_N"], c["num_stages"]) for c in chosen.values()] == [
+        (64, 64, 3), (64, 64, 3), (64, 64, 2), (64, 32, 2), (32, 32, 2)]
+    for kib, c in chosen.items():
+        assert tiles.config_bytes(c, bf16) <= kib * 1024
+    assert tiles.config_bytes(chosen[227], bf16) > 99 * 1024  # the big tiles do not fit an L4 / A10 / RTX 4090
+    assert tiles.smem_bytes(64, 64, 128, 3, 2) == 120 * 1024
+    tiny = tiles.launch_config(bf16, 128, 64, gpu=True, smem=1024)  # nothing fits: the smallest, the compiler decides
+    assert (tiny["BLOCK_M"], tiny["BLOCK_N"], tiny["num_stages"]) == tiles.CONFIGS[-1]
+    assert tiles.launch_config(torch.float32, 128, 4, gpu=True, smem=99 * 1024)["BLOCK_M"] == 16  # rows: 16 at least
+    assert tiles.launch_config(bf16, 128, 64, gpu=False)["BLOCK_N"] == tiles.INTERPRETER["BLOCK_N"]
+
+
+@pytest.mark.parametrize("dtype, kib, tiles_, row_blocks", [(torch.float16, 64, (64, 32, 2), 1),
+                                                             (torch.float16, 48, (32, 32, 2), 2),
+                                                             (torch.float32, 48, (16, 16, 1), 3)])
+def test_small_tile_configurations_forced_equal_the_references(monkeypatch, dtype, kib, tiles_, row_blocks):
+    """The configurations a 64 / 48 KiB GPU gets (head dim 128), run in the interpreter: the same attention as
+    float64 and the PyTorch split."""
+    from minispec.attention.triton_split import split_attention_triton
+
+    q, k, v, lengths, mask = case(2, 8, 2, 9, 100, [90, 13], hd=128, seed=5, dtype=dtype)
+    launches = Launches(monkeypatch)
+    got = split_attention_triton(q, k, v, lengths, mask, smem=kib * 1024)
+    cfg = launches.calls[0][2]
+    assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"]) == tiles_
+    assert tiles.config_bytes(cfg, dtype) <= kib * 1024 and launches.calls[0][1][1] == row_blocks  # 36 query rows
+    tol = 1e-5 if dtype == torch.float32 else 5e-3
+    assert (got.double() - want64(q, k, v, lengths, mask)).abs().max() < tol
+    assert (got.double() - torch_split(q, k, v, lengths, mask).double()).abs().max() < tol
+
+
+def test_out_of_resources_steps_down_and_remembers(monkeypatch):
+    """A compiler that refuses more than 60 KiB of shared memory: the call steps down to a configuration that
+    fits, gives the same result, and the next call starts there (one launch)."""
+    import triton
+
+    from minispec.attention import triton_split as ts
+
+    monkeypatch.setattr(ts, "_SMEM_CAP", {})
+    real = ts._split_kernel
+    tried = []
+
+    class Picky:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                need = tiles.smem_bytes(kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_D"], kw["num_stages"], 2)
+                tried.append((kw["BLOCK_M"], kw["BLOCK_N"], kw["num_stages"]))
+                if need > 60 * 1024:
+                    raise triton.runtime.errors.OutOfResources(need, 60 * 1024, "shared memory")
+                real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(ts, "_split_kernel", Picky())
+    q, k, v, lengths, mask = case(1, 4, 1, 16, 60, [40], hd=128, seed=6)
+    got = ts.split_attention_triton(q.half(), k.half(), v.half(), lengths, mask, smem=227 * 1024)
+    assert tried == [(64, 64, 3), (64, 64, 2), (64, 32, 2)]
+    assert (got.double() - want64(q.half(), k.half(), v.half(), lengths, mask)).abs().max() < 5e-3
+    tried.clear()
+    ts.split_attention_triton(q.half(), k.half(), v.half(), lengths, mask, smem=227 * 1024)
+    assert tried == [(64, 32, 2)]
+    monkeypatch.setattr(ts, "_SMEM_CAP", {})  # nothing fits: the error reaches the caller
+    monkeypatch.setattr(tiles, "CONFIGS", ((64, 64, 3),))
+    with pytest.raises(triton.runtime.errors.OutOfResources):
+        ts.split_attention_triton(q.half(), k.half(), v.half(), lengths, mask, smem=227 * 1024)
+
+
+def test_device_limits_are_read_once_per_device(monkeypatch):
+    """The SM count and shared memory come from one read of the device's properties, cached."""
+    from types import SimpleNamespace
+
+    from minispec.attention.triton_split import tile_config
+
+    reads = []
+
+    def props(index):
+        reads.append(index)
+        return SimpleNamespace(multi_processor_count=58, shared_memory_per_block_optin=99 * 1024)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    tiles.device_limits.cache_clear()
+    try:
+        gpu = torch.device("cuda", 3)
+        for _ in range(5):
+            cfg = tile_config(torch.bfloat16, 128, 4, gpu)
+            splits = tiles.num_splits_for(8192, 8, cfg["BLOCK_N"], gpu)
+        assert reads == [3]
+        assert (cfg["BLOCK_N"], cfg["num_stages"]) == (64, 2) and splits == 15  # 2 x 58 SMs / 8 programs
+    finally:
+        tiles.device_limits.cache_clear()
+
+
+# --------------------------------------------------------------------------- no allocation, nothing read on the host
+class Ops(TorchDispatchMode):
+    """The ATen ops dispatched inside the block that are not views (an allocation, a copy, a host read)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_no_allocation_and_no_host_read_per_call(monkeypatch):
+    """With a warm workspace, an output buffer and device lengths, the host side of a call dispatches no ATen op
+    but views: nothing allocated, nothing copied, no tensor value read (what a CUDA graph needs). The first call
+    of a shape allocates the workspace's three buffers, once."""
+    from minispec.attention.triton_split import SplitWorkspace, split_attention_triton
+
+    q, k, v, lengths, mask = case(2, 4, 2, 3, 40, [7, 30], seed=8)
+    ws = SplitWorkspace()
+    out = ws.output(q)
+    launches = Launches(monkeypatch, run=False)
+    with Ops() as first:
+        split_attention_triton(q, k, v, lengths, mask, out=out, workspace=ws, validate=False)
+    assert sorted(first.ops) == ["aten.empty.memory_format", "aten.empty.memory_format", "aten.zeros.default"]
+    for tree, lens in ((mask, lengths), (None, lengths), (mask, lengths.long())):  # int64: StaticKVCache's lengths
+        with Ops() as later:
+            got = split_attention_triton(q, k, v, lens, tree, out=out, workspace=ws, validate=False)
+        assert later.ops == [] and got is out
+    assert len(launches.calls) == 4
+    with Ops() as checked:  # validate (the default on a CPU) reads the lengths: fine here, never inside a graph
+        split_attention_triton(q, k, v, lengths, mask, out=out, workspace=ws)
+    assert "aten._local_scalar_dense.default" in checked.ops
+
+
+def test_workspace_is_reused_and_new_lengths_need_no_new_buffers():
+    """Calls of one shape reuse the same workspace tensors; new lengths written into the same lengths tensor (a
+    graph replay's case) give the new rows' attention through the same buffers."""
+    from minispec.attention.triton_split import SplitWorkspace, split_attention_triton
+
+    q, k, v, lengths, mask = case(2, 4, 2, 3, 40, [7, 30], seed=9)
+    ws = SplitWorkspace()
+    out = ws.output(q)
+    split_attention_triton(q, k, v, lengths, mask, out=out, workspace=ws)
+    ptrs = [t.data_ptr() for bufs in ws._parts.values() for t in bufs]
+    nbytes = ws.nbytes
+    for new in ([0, 37], [19, 2]):
+        lengths.copy_(torch.tensor(new))
+        got = split_attention_triton(q, k, v, lengths, mask, out=out, workspace=ws)
+        assert got is out and (got.double() - want64(q, k, v, lengths, mask)).abs().max() < 1e-5
+    assert [t.data_ptr() for bufs in ws._parts.values() for t in bufs] == ptrs and ws.nbytes == nbytes
+    assert ws.output(q) is out
+
+
+def test_bad_input_raises_before_any_launch(monkeypatch):
+    from minispec.attention.triton_split import SplitWorkspace, split_attention_triton
+
+    q, k, v, lengths, mask = case(2, 4, 2, 3, 40, [7, 30], seed=10)
+    ws = SplitWorkspace()
+    launches = Launches(monkeypatch, run=False)
+    with pytest.raises(ValueError, match="must fit"):
+        split_attention_triton(q, k, v, torch.tensor([7, 38], dtype=torch.int32), mask, workspace=ws)
+    with pytest.raises(ValueError, match="must fit"):
+        split_attention_triton(q, k, v, 38, mask, workspace=ws)
+    with pytest.raises(ValueError, match="int32 / int64"):
+        split_attention_triton(q, k, v, lengths.float(), mask, workspace=ws)
+    with pytest.raises(ValueError, match="out must be"):
+        split_attention_triton(q, k, v, lengths, mask, out=torch.empty(2, 4, 3, 16).half(), workspace=ws)
+    with pytest.raises(ValueError, match="does not fit"):
+        split_attention_triton(q, k, v, lengths, mask[:, :2], workspace=ws)
+    with pytest.raises(TypeError, match="boolean"):
+        split_attention_triton(q, k, v, lengths, mask.int(), workspace=ws)
+    assert launches.calls == [] and ws._parts == {}
