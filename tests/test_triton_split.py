@@ -320,3 +320,78 @@ def test_bad_input_raises_before_any_launch(monkeypatch):
     with pytest.raises(TypeError, match="boolean"):
         split_attention_triton(q, k, v, lengths, mask.int(), workspace=ws)
     assert launches.calls == [] and ws._parts == {}
+
+
+# --------------------------------------------------------------------------- GPU: what only a GPU shows
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("splits", [None, 16])
+def test_gpu_last_arriver_merge_holds_under_concurrency(splits):
+    """Many splits racing for the ticket, call after call on one workspace: every result right, every counter
+    back at 0 (the partials' writes ordered before the ticket, the merge reading them from L2)."""
+    from minispec.attention.triton_split import SplitWorkspace, split_attention_triton
+
+    q, k, v, lengths, mask = case(4, 32, 8, 8, 4096, [4000, 17, 2048, 3333], hd=128, seed=20)
+    want = want64(q, k, v, lengths, mask)
+    q, k, v, mask = (x.cuda() for x in (q.bfloat16(), k.bfloat16(), v.bfloat16(), mask))
+    ws = SplitWorkspace()
+    out = ws.output(q)
+    for _ in range(20):
+        got = split_attention_triton(q, k, v, lengths.long().cuda(), mask, num_splits=splits, out=out, workspace=ws)
+        assert (got.double().cpu() - want).abs().max() < 2e-2
+    assert all(int(cnt.abs().sum()) == 0 for _, _, cnt in ws._parts.values())
+
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_one_launch_captured_replays_new_int64_lengths():
+    """Captured once (thread-local mode), the launch reads StaticKVCache-style int64 lengths on every replay."""
+    from minispec.attention.triton_split import SplitWorkspace, split_attention_triton
+
+    B, H, Hkv, T, C = 2, 8, 2, 1, 300
+    q, k, v, lengths, _ = case(B, H, Hkv, T, C, [100, 250], hd=64, seed=21)
+    q, k, v = q.cuda(), k.cuda(), v.cuda()
+    lens = lengths.long().cuda()
+    ws = SplitWorkspace()
+    out = ws.output(q)
+    run = lambda: split_attention_triton(q, k, v, lens, None, out=out, workspace=ws)  # noqa: E731
+    run()  # compile and allocate outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        run()
+    for new in ([100, 250], [0, C - T], [7, 8]):
+        lens.copy_(torch.tensor(new))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = want64(q.cpu(), k.cpu(), v.cpu(), torch.tensor(new), None)
+        assert (out.double().cpu() - want).abs().max() < 1e-4, new
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_tiles_chosen_from_the_device_compile_first_time(dtype, monkeypatch):
+    """The configuration the shared-memory estimate picks for this GPU compiles: no OutOfResources step-down."""
+    from minispec.attention import triton_split as ts
+
+    monkeypatch.setattr(ts, "_SMEM_CAP", {})
+    q, k, v, lengths, mask = case(2, 32, 8, 16, 1000, [900, 33], hd=128, seed=22)
+    q, k, v, mask = (x.cuda() for x in (q.to(dtype), k.to(dtype), v.to(dtype), mask))
+    got = ts.split_attention_triton(q, k, v, lengths.cuda(), mask)
+    assert ts._SMEM_CAP == {}, "the estimate chose tiles this GPU could not hold"
+    want = want64(q.cpu().float(), k.cpu().float(), v.cpu().float(), lengths, mask.cpu())
+    assert (got.double().cpu() - want).abs().max() < (2e-2 if dtype == torch.bfloat16 else 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_backend_table_measures_one_point():
+    from minispec.lab.backend_table import measure_table
+
+    doc = measure_table("cuda", torch.bfloat16, [1], [2048], [4], heads=(8, 2, 64), reps=2)
+    row, = doc["results"]
+    assert row["failed"] == {} and set(row["median_s"]) == {"dense", "flash", "split"}
+    assert max(row["max_abs_err_vs_dense"].values()) < 2e-2
+    assert doc["table"]["device"] == torch.cuda.get_device_name() and doc["table"]["best"][0][3] == row["best"]
