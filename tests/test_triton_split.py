@@ -263,7 +263,7 @@ def test_no_allocation_and_no_host_read_per_call(monkeypatch):
     """With a warm workspace, an output buffer and device lengths, the host side of a call dispatches no ATen op
     but views: nothing allocated, nothing copied, no tensor value read (what a CUDA graph needs). The first call
     of a shape allocates the workspace's three buffers, once."""
-    from minispec.attention.triton_split import SplitWorkspace, split_attention_triton
+    from minispec.attention.triton_split import SplitWorkspace, default_workspace, split_attention_triton
 
     q, k, v, lengths, mask = case(2, 4, 2, 3, 40, [7, 30], seed=8)
     ws = SplitWorkspace()
@@ -277,6 +277,10 @@ def test_no_allocation_and_no_host_read_per_call(monkeypatch):
             got = split_attention_triton(q, k, v, lens, tree, out=out, workspace=ws, validate=False)
         assert later.ops == [] and got is out
     assert len(launches.calls) == 4
+    for _ in range(2):  # no workspace given: the device's default one, allocated on first use only
+        with Ops() as default:
+            split_attention_triton(q, k, v, lengths, mask, out=out, validate=False)
+    assert default.ops == [] and default_workspace("cpu") is default_workspace(torch.device("cpu"))
     with Ops() as checked:  # validate (the default on a CPU) reads the lengths: fine here, never inside a graph
         split_attention_triton(q, k, v, lengths, mask, out=out, workspace=ws)
     assert "aten._local_scalar_dense.default" in checked.ops

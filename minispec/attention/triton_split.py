@@ -318,7 +318,10 @@ _SMEM_CAP: dict[tuple, int] = {}  # (device, dtype, BLOCK_D) -> a limit lowered 
 
 def default_workspace(device: torch.device) -> SplitWorkspace:
     """The workspace ``split_attention_triton`` uses when the caller passes none: one per device."""
-    return _WORKSPACES.setdefault(torch.device(device), SplitWorkspace())
+    device = torch.device(device)
+    if device not in _WORKSPACES:
+        _WORKSPACES[device] = SplitWorkspace()
+    return _WORKSPACES[device]
 
 
 def check_lengths(lengths: int | torch.Tensor, B: int, T: int, C: int, device: torch.device,
