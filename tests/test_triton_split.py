@@ -12,6 +12,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from minispec.attention import split_attention, triton_available
@@ -122,6 +124,26 @@ def test_one_launch_equals_float64_and_the_torch_split(monkeypatch, B, H, Hkv, T
     assert (got.double() - want64(q, k, v, lengths, mask)).abs().max() < 1e-5
     assert (got - torch_split(q, k, v, lengths, mask)).abs().max() < 1e-5
     assert all(int(cnt.abs().sum()) == 0 for _, _, cnt in ws._parts.values())  # every ticket counter reset
+
+
+@settings(max_examples=4, deadline=None)  # the interpreter takes about a second a call
+@given(st.integers(1, 3), st.integers(1, 2), st.integers(1, 4), st.integers(1, 9), st.integers(0, 40), st.data())
+def test_random_shapes_and_configurations(B, Hkv, G, T, spare, data):
+    """Random batch, GQA group, tree size, cache capacity, ragged lengths, tree kind, dtype and tile
+    configuration (the interpreter's, or a 64 / 48 KiB GPU's): the one launch equals float64 and the torch split."""
+    from minispec.attention.triton_split import split_attention_triton
+
+    C = T + spare + data.draw(st.integers(0, 40))
+    lens = data.draw(st.lists(st.integers(0, C - T), min_size=B, max_size=B))
+    tree = data.draw(st.sampled_from(["causal", "shared", "per_row"]))
+    dtype = data.draw(st.sampled_from([torch.float32, torch.float16]))
+    smem = data.draw(st.sampled_from([None, 64 * 1024, 48 * 1024]))
+    q, k, v, lengths, mask = case(B, G * Hkv, Hkv, T, C, lens, hd=data.draw(st.sampled_from([16, 32])), tree=tree,
+                                  seed=data.draw(st.integers(0, 2**16)), dtype=dtype)
+    got = split_attention_triton(q, k, v, lengths, mask, smem=smem, num_splits=data.draw(st.integers(1, 4)))
+    tol = 1e-5 if dtype == torch.float32 else 5e-3
+    assert (got.double() - want64(q, k, v, lengths, mask)).abs().max() < tol
+    assert (got.double() - torch_split(q, k, v, lengths, mask).double()).abs().max() < tol
 
 
 @pytest.mark.parametrize("splits", [1, 3, 5])
