@@ -169,7 +169,7 @@ def lower_right_causal(T: int, S: int):
         return torch.ones(T, S, dtype=torch.bool).tril(S - T)
 
 
-def _inputs(B, H, Hkv, hd, S, T, copies, device, dtype, g):
+def random_inputs(B, H, Hkv, hd, S, T, copies, device, dtype, g):
     """``copies`` tuples (q [B, H, T, hd], k [B, Hkv, S, hd], v [B, Hkv, S, hd]).
 
     On a GPU drawn there (a CPU draw of several GB would take longer than the timing); on a CPU
@@ -193,7 +193,7 @@ def run_shape(B, H, Hkv, hd, P, T, device, dtype, reps, methods_ok, flex, max_gb
     copies = max(1, min(16, math.ceil(2 * l2_bytes(device) / kv_bytes))) if device.type == "cuda" else 1
     mask = tree_mask(T, B, g).to(device)  # [B, T, T]
     full = torch.cat([torch.ones(B, T, P, dtype=torch.bool, device=device), mask], -1)[:, None]  # [B, 1, T, S]
-    inputs = _inputs(B, H, Hkv, hd, S, T, copies, device, dtype, g)
+    inputs = random_inputs(B, H, Hkv, hd, S, T, copies, device, dtype, g)
     fns = _methods(B, H, Hkv, P, T, S, mask, full, device, methods_ok, flex, max_gb, notes)
     err, failed = _warm_up(fns, inputs[0], notes, f"B={B} ctx={P} T={T}")
     if device.type == "cuda":

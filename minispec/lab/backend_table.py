@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from .attention_grid import CALLS, capture_calls, coarse_first, flush_buffer, l2_bytes, timed, tree_mask
+from .attention_grid import CALLS, capture_calls, coarse_first, flush_buffer, l2_bytes, random_inputs, timed, tree_mask
 
 GPU_AXES = dict(batch=(1, 4, 16, 32), context=(1024, 4096, 8192, 16384, 32768), tree=(1, 8, 32, 64))
 DRY_AXES = dict(batch=(1, 2), context=(24, 48), tree=(1, 5))
@@ -60,8 +60,7 @@ def measure_point(B: int, C: int, T: int, heads, device, dtype, reps: int, graph
     tree = tree_mask(T, B, g).to(device)  # [B, T, T]
     mask = torch.cat([torch.ones(B, T, P, dtype=torch.bool, device=device), tree], -1)[:, None]  # [B, 1, T, C]
     lengths = torch.full((B,), P, dtype=torch.int32, device=device)
-    shapes = ((B, H, T, hd), (B, Hkv, C, hd), (B, Hkv, C, hd))  # q, the cache's k and v
-    inputs = [tuple(torch.randn(*s, generator=g).to(device, dtype) for s in shapes) for _ in range(copies)]
+    inputs = random_inputs(B, H, Hkv, hd, C, T, copies, device, dtype, g)  # (q, the cache's k, v) per copy
     ws = SplitWorkspace()
     outs = {n: torch.empty(B, H, T, hd, device=device, dtype=dtype) for n in TABLE_BACKENDS}
     fns = {n: (lambda q, k, v, n=n: run_backend(n, q, k, v, lengths, tree, mask, out=outs[n], workspace=ws))
