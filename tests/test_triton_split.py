@@ -9,6 +9,7 @@ wrong (it multiplies the raw 16-bit patterns), fp16 stands in for a 2-byte dtype
 """
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -265,6 +266,65 @@ def test_device_limits_are_read_once_per_device(monkeypatch):
         assert (cfg["BLOCK_N"], cfg["num_stages"]) == (64, 2) and splits == 15  # 2 x 58 SMs / 8 programs
     finally:
         tiles.device_limits.cache_clear()
+
+
+COMPILE = r"""
+import json, sys, warnings
+warnings.filterwarnings("ignore")
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from minispec.attention import triton_split as ts
+from minispec.attention.tiles import launch_config
+
+INTS = ["P_int", "Hkv", "G", "T", "sq_b", "sq_h", "sq_t", "sk_b", "sk_h", "sk_n", "sv_b", "sv_h", "sv_n", "sm_b", "sm_t",
+        "so_b", "so_h", "so_t"]
+out = []
+for arch, dt, kib, rows, T, lens, causal, splits in json.loads(sys.argv[1]):
+    dtype = getattr(torch, dt)
+    cfg = launch_config(dtype, 128, rows, True, smem=kib * 1024)
+    ptr = "*" + {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dt]
+    sig = dict(Q=ptr, K=ptr, V=ptr, M="constexpr" if causal else "*u8", Out=ptr, Lens="*i64" if lens else "constexpr",
+               WO="*fp32", WL="*fp32", Cnt="*i32", splits="constexpr" if splits == 1 else "i32", qk_scale="fp32",
+               **{n: "i32" for n in INTS}, **{c: "constexpr" for c in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BLOCK_D",
+                                                                        "BLOCK_T", "LENS", "CAUSAL")})
+    const = dict(HEAD_DIM=128, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"],
+                 BLOCK_T=min(ts.pow2(T), cfg["BLOCK_N"]), LENS=lens, CAUSAL=causal)
+    const.update({k: v for k, v in (("M", None), ("Lens", None), ("splits", 1))
+                  if (k == "M" and causal) or (k == "Lens" and not lens) or (k == "splits" and splits == 1)})
+    k = triton.compile(ASTSource(fn=ts._split_kernel, signature=sig, constexprs=const), target=GPUTarget("cuda", arch, 32),
+                       options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+    out.append([cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"], k.metadata.shared])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_kernel_compiles_for_gpus_within_their_shared_memory():
+    """Triton's own compiler (no GPU needed) builds the kernel for GPUs from a T4 to an H100 with the tiles
+    ``launch_config`` picks for their shared memory, and each fits: what a launch would check before running.
+    Covers every compiled branch: lengths from a tensor or an int, a tree or causal, one split or several."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import triton
+
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("this triton has no bundled ptxas")
+    # (sm, dtype, shared KiB per block, G * T rows, T, lengths tensor, causal, splits)
+    targets = [(90, "bfloat16", 227, 4, 1, True, True, 8), (86, "bfloat16", 99, 256, 64, True, False, 4),
+               (75, "float16", 64, 64, 16, True, False, 4), (80, "float32", 48, 64, 16, False, False, 1)]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, do not interpret
+    done = subprocess.run([sys.executable, "-c", COMPILE, json.dumps(targets)], capture_output=True, text=True,
+                          env=dict(env, TRITON_DEFAULT_FP_FUSION="1"), cwd=Path(__file__).resolve().parent.parent,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    for (arch, _, kib, *_), (bm, bn, stages, shared) in zip(targets, got):
+        assert 0 < shared <= kib * 1024, (arch, bm, bn, stages, shared)
+    assert [tuple(g[:3]) for g in got] == [(16, 64, 3), (64, 64, 2), (64, 32, 2), (16, 16, 1)]
 
 
 # --------------------------------------------------------------------------- no allocation, nothing read on the host

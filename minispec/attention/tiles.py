@@ -8,15 +8,18 @@ the first configuration of ``CONFIGS`` (largest tiles and deepest pipeline first
 fits the device's shared memory per block:
 
     bf16, head dim 128      BLOCK_N 64, 3 stages: 120 KiB   H100 (227 KiB), A100 (163 KiB)
-                            BLOCK_N 64, 2 stages:  88 KiB   L4, A10, RTX 3090 / 4090 (99 KiB)
+    (64 query rows)         BLOCK_N 64, 2 stages:  88 KiB   L4, A10, RTX 3090 / 4090 (99 KiB)
                             BLOCK_N 32, 2 stages:  52 KiB   T4 and other 64 KiB parts
                             BLOCK_M 32, BLOCK_N 32: 42 KiB  48 KiB without the opt-in
 
-The estimate is a model of what Triton allocates, not a measurement: if the compiler still
-reports OutOfResources, ``triton_split`` steps down to the next configuration and remembers the
-lower limit for that device (``triton_split.split_attention_triton``). The device's limits (SM
-count, shared memory per block) are read once per device and cached (``device_limits``), never
-per call. Only a GPU shows which configuration compiles and how fast it runs.
+The estimate errs high: Triton 3.9 compiles the first of these into 48 KiB for sm90 and 40 KiB
+for sm80 / sm86 / sm89 (compiled ahead of time on a CPU, ``triton.compile`` for a ``GPUTarget``),
+so what it picks fits, with room; tests/test_triton_split.py compiles the kernel that way for
+sm75 to sm90 and checks the compiled shared memory against each limit. Where a compiler still
+reports OutOfResources at launch, ``triton_split`` steps down to the next configuration and
+remembers the lower limit for that device. The device's limits (SM count, shared memory per
+block) are read once per device and cached (``device_limits``), never per call. Only a GPU shows
+how fast each configuration runs.
 
 This module needs no triton: the choice is plain arithmetic, unit-tested on a CPU.
 
