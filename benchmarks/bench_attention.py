@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tree-attention verify step: dense-mask SDPA vs split (PyTorch, Triton) vs FlexAttention vs causal.
+"""Tree-attention verify step: dense-mask SDPA vs fused SDPA vs split (PyTorch, Triton) vs FlexAttention vs causal.
 
 One process, the same tensors for every method, repetitions interleaved across methods (so a
 slow period of the machine hits all of them alike). Shapes are Llama-3-8B-like by default
@@ -9,6 +9,7 @@ slow period of the machine hits all of them alike). Shapes are Llama-3-8B-like b
     python benchmarks/bench_attention.py                 # CUDA: full grid, bf16
     python benchmarks/bench_attention.py --device cpu    # small CPU grid, fp32, Triton skipped
     python benchmarks/bench_attention.py --device cpu --interpret   # ... with Triton's interpreter
+    python benchmarks/bench_attention.py --batch 1 --ctx 8192 16384 32768 --graphed   # CUDA-graph replays
 
 Reported per shape and method: median time; achieved bandwidth of the KV read
 (2 * B * Hkv * (ctx + T) * hd * bytes / time, K and V each read once); its share of a copy
@@ -40,6 +41,8 @@ def parse(argv=None):
     ap.add_argument("--heads", type=int, nargs=3, metavar=("H", "HKV", "HD"),
                     help="query heads, KV heads, head dim (default GPU 32 8 128, CPU 8 2 64)")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per method (default GPU 30, CPU 5)")
+    ap.add_argument("--graphed", action="store_true",
+                    help="time replays of CUDA graphs of the calls (no launch overhead; on CPU: the calls themselves)")
     ap.add_argument("--max-gb", type=float, default=12.0,
                     help="skip the PyTorch split reference where its fp32 score matrices would exceed this")
     ap.add_argument("--json", type=Path, default=None,
@@ -74,7 +77,7 @@ def main(args) -> int:
     triton_note = "" if triton_available(device) else " (split_triton skipped)"
     print(f"device: {torch.cuda.get_device_name(0) if gpu else 'CPU'} | dtype {str(dtype)[6:]} | heads {H}/{Hkv}, "
           f"hd {hd} | copy bandwidth {bw:.1f} GB/s | torch threads {torch.get_num_threads()}{triton_note}")
-    names = ["dense", "split_torch", "split_triton", "flex", "causal"]
+    names = ["dense", "flash", "split_torch", "split_triton", "flex", "causal"]
     head = f"{'B':>3} {'ctx':>6} {'T':>3} " + " ".join(f"{n + ' us':>16}" for n in names) + \
            f" {'best GB/s':>9} {'% copy':>6} {'triton/dense':>12}"
     print(head)
@@ -88,7 +91,7 @@ def main(args) -> int:
               + f" {r['kv_GBps'][best]:>9.1f} {100 * r['copy_share'][best]:>5.1f}% {tri:>12}", flush=True)
 
     grid = run_grid(device, dtype, batches, ctxs, trees, (H, Hkv, hd), reps, args.max_gb, on_row=print_row,
-                    bandwidth=bw)
+                    bandwidth=bw, graphed=args.graphed)
     notes, rows = grid["notes"], grid["results"]
     for n in sorted(notes):
         print("note:", n)
@@ -96,7 +99,8 @@ def main(args) -> int:
     path = args.json or ROOT / "benchmarks" / "results" / f"attention_{name}.json"
     save_json(path, dict(benchmark="bench_attention", settings=dict(
         device=str(device), dtype=str(dtype), heads=H, kv_heads=Hkv, head_dim=hd, ctx=ctxs, tree=trees, batch=batches,
-        reps=reps, interpret=os.environ.get("TRITON_INTERPRET") == "1", timing="median; interleaved repetitions" +
+        reps=reps, interpret=os.environ.get("TRITON_INTERPRET") == "1", graphed=args.graphed,
+        timing="median; interleaved repetitions" + ("; CUDA-graph replays" if args.graphed else "") +
         ("; cold L2 by rotating input copies; CUDA events" if gpu else "; time.perf_counter")),
         copy_bandwidth_GBps=bw, notes=sorted(notes), results=rows))
     print(f"saved {path}")

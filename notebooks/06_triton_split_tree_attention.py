@@ -236,16 +236,18 @@ check("6.3")
 # %% [markdown]
 # ## 4. The Triton kernels
 #
-# Three launches (`minispec/attention/triton_split.py`):
+# Three stages, which the library runs in **one launch** (`_split_kernel` in
+# `minispec/attention/triton_split.py`):
 #
 # * **prefix** — grid (batch x KV head, row blocks, splits). A program takes the $G$ query
 #   heads of one KV head for all tree tokens (rows $(g, t)$), so each key/value tile is read
 #   once for $G$ heads, and walks its chunk of the prefix in `BLOCK_N` tiles with the online
 #   softmax. Only the last tile's tail past $P$ is masked (`mask=` loads + `tl.where`), so any
 #   $P$ works. Each split writes a partial (out, lse).
-# * **suffix** — the same loop over the $T$ tree keys with the tree mask; its (out, lse) is
-#   one more "split".
-# * **merge** — the online log-sum-exp merge of all partials.
+# * **suffix** — the same loop over the $T$ tree keys with the tree mask, run by the last
+#   split's program, which simply carries its running softmax on.
+# * **merge** — the online log-sum-exp merge of all partials, done by whichever program
+#   finishes last (each takes a ticket from an atomic counter), so no second launch waits.
 #
 # Keys and values are read straight from the KV cache's layout `[B, Hkv, S, hd]` through
 # strides; the prefix addressing is one function, ready to become a block-table lookup for the
@@ -346,7 +348,8 @@ check("6.5")
 # takes the $G$ query heads of one KV head as its rows and reads keys through strides from the
 # cache's own layout, and `_prefix_kv_rows` is the one place where prefix addressing lives
 # (chapter 7 swaps it for a block-table lookup); `_merge_kernel` merges all splits and the tree
-# part online, the $n$-part version of your 6.2.
+# part online, the $n$-part version of your 6.2. `_split_kernel` runs the three stages in one launch
+# from the same pieces.
 
 # %%
 from minispec.attention import triton_available
@@ -354,7 +357,7 @@ from minispec.attention import triton_split as ts
 
 print("Triton kernels can run here:", triton_available(),
       "(interpreter)" if os.environ.get("TRITON_INTERPRET") == "1" else "(GPU)")
-for f in (ts._prefix_kv_rows, ts._online_softmax_step, ts._prefix_kernel, ts._merge_kernel):
+for f in (ts._prefix_kv_rows, ts._online_softmax_step, ts._prefix_kernel, ts._merge_kernel, ts._split_kernel):
     print(inspect.getsource(f.fn))
 
 # %%

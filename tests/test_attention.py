@@ -599,7 +599,7 @@ def test_gpu_fp32_matches_float64():
 @needs_triton
 def test_triton_split_per_row_prefix_lengths_tensor():
     """Prefix lengths as a tensor [B]: each row equals the PyTorch split over its own prefix."""
-    from minispec.attention.triton_split import split_attention_triton, workspace_numel
+    from minispec.attention.triton_split import SplitWorkspace, split_attention_triton
 
     B, H, Hkv, T, hd, S = 4, 4, 2, 5, 16, 60
     g = torch.Generator().manual_seed(15)
@@ -607,7 +607,7 @@ def test_triton_split_per_row_prefix_lengths_tensor():
     k, v = torch.randn(B, Hkv, S, hd, generator=g), torch.randn(B, Hkv, S, hd, generator=g)
     mask = torch.stack([random_tree_mask(T, g) for _ in range(B)])  # [B, T, T]
     lens = torch.tensor([0, 1, 33, S - T], dtype=torch.int32)
-    out, ws = torch.empty(B, H, T, hd), torch.empty(workspace_numel(B, H, T, hd, 3))
+    out, ws = torch.empty(B, H, T, hd), SplitWorkspace()
     for prefix, kw in ((lens, {}), (lens.long(), {}), (lens, dict(num_splits=3, out=out, workspace=ws))):
         got = split_attention_triton(q, k, v, prefix, mask, **kw)
         for b, P in enumerate(lens.tolist()):
@@ -619,15 +619,15 @@ def test_triton_split_per_row_prefix_lengths_tensor():
         split_attention_triton(q, k, v, torch.tensor([0, 1, 2, S - T + 1]), mask)
     with pytest.raises(ValueError, match=r"integer \[B=4\]"):
         split_attention_triton(q, k, v, torch.tensor([3, 4]), mask)
-    with pytest.raises(ValueError, match="workspace"):
-        split_attention_triton(q, k, v, lens, mask, num_splits=3, workspace=ws[:10])
+    with pytest.raises(ValueError, match="out must be"):
+        split_attention_triton(q, k, v, lens, mask, num_splits=3, out=out[:, :1], workspace=ws)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_split_triton_graph_replays_with_new_prefix_lengths():
     """Captured once in a CUDA graph, the kernels read the lengths from the device: new lengths, same graph."""
-    from minispec.attention.triton_split import split_attention_triton, workspace_numel
+    from minispec.attention.triton_split import SplitWorkspace, split_attention_triton
 
     B, H, Hkv, T, hd, S, ns = 2, 8, 2, 4, 64, 300, 4
     g = torch.Generator().manual_seed(16)
@@ -635,7 +635,7 @@ def test_gpu_split_triton_graph_replays_with_new_prefix_lengths():
     k, v = torch.randn(B, Hkv, S, hd, generator=g).cuda(), torch.randn(B, Hkv, S, hd, generator=g).cuda()
     mask = torch.ones(T, T, dtype=torch.bool, device="cuda").tril()
     lens = torch.tensor([100, 250], dtype=torch.int32, device="cuda")
-    out, ws = torch.empty_like(q), torch.empty(workspace_numel(B, H, T, hd, ns), device="cuda")
+    out, ws = torch.empty_like(q), SplitWorkspace()
     run = lambda: split_attention_triton(q, k, v, lens, mask, num_splits=ns, out=out, workspace=ws)  # noqa: E731
     run()  # compile outside the capture
     torch.cuda.synchronize()

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .paged import check_paged
-from .triton_split import LOG2E, _finish, _load_q, _online_softmax_step, _store_partial, launch_config, num_splits_for
+from .triton_split import LOG2E, _finish, _load_q, _online_softmax_step, _store_partial, num_splits_for, tile_config
 
 
 @triton.jit
@@ -76,8 +76,8 @@ def paged_prefix_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
         q: [B, H, T, hd]; k_pool, v_pool: one layer's blocks [N, Hkv, bs, hd], head dim contiguous.
         block_table: int [B, W]; prefix_len: an int or one per sequence.
         num_splits: prefix splits (default: Flash-Decoding's heuristic, ``num_splits_for``).
-        block_m, block_n: row and key tile sizes (default ``triton_split.launch_config``: smaller
-            tiles and fewer stages for fp32, which also multiplies in IEEE precision, not TF32).
+        block_m, block_n: row and key tile sizes (default ``triton_split.tile_config``: the largest
+            tiles that fit the device's shared memory; fp32 multiplies in IEEE precision, not TF32).
     Returns:
         out [B, H, T, hd] in q's dtype and lse [B, H, T] float32 (out 0, lse -inf where P = 0).
     """
@@ -91,7 +91,7 @@ def paged_prefix_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
     table = block_table.to(torch.int32).contiguous()
     lens_t = torch.tensor(lens, dtype=torch.int32, device=q.device)
     G, P = H // Hkv, max(lens)
-    cfg = launch_config(q.dtype, hd, G * T, q.device.type == "cuda", block_m, block_n)
+    cfg = tile_config(q.dtype, hd, G * T, q.device, block_m, block_n)  # tiles that fit the device's shared memory
     row_blocks = triton.cdiv(G * T, cfg["BLOCK_M"])
     ns = num_splits or num_splits_for(P, B * Hkv * row_blocks, cfg["BLOCK_N"], q.device)
     chunk = triton.cdiv(triton.cdiv(P, ns), cfg["BLOCK_N"]) * cfg["BLOCK_N"]  # whole tiles per split

@@ -1,41 +1,55 @@
-"""Split tree attention in Triton: split-k prefix kernel, masked suffix kernel, log-sum-exp merge.
+"""Split tree attention in Triton: the split-k prefix, the masked tree suffix and the log-sum-exp merge in one launch.
 
-Three launches, each the Triton twin of a function in ``minispec.attention.reference``:
+``_split_kernel``, grid (B * Hkv, row blocks, splits). A program takes the G query heads of one
+KV head for a block of (head, token) rows, so each key / value tile is loaded once for all G
+heads (grouped-query attention, no K / V copy), and walks its share of row b's prefix with
+FlashAttention's online softmax, no mask: Flash-Decoding's split-k. The prefix length P_b is
+read from a device tensor inside the kernel and cut there into ``splits`` chunks of whole key
+tiles, so the split sizes follow the real length even when the cache's capacity is much larger.
 
-    _prefix_kernel   grid (B * Hkv, row blocks, splits). One program takes the G query heads
-                     of one KV head for a block of (head, token) rows, so each key/value tile is
-                     loaded once for all G heads (grouped-query attention), and walks its chunk
-                     of the prefix in BLOCK_N tiles with FlashAttention's online softmax. No
-                     mask: only the tile's tail past the prefix is masked off. Writes a partial
-                     (out, lse) per split: Flash-Decoding's split-k.
-    _suffix_kernel   grid (B * Hkv, row blocks). The same loop over the T tree keys with the
-                     boolean tree mask; writes its (out, lse) as one more "split".
-    _merge_kernel    grid (B * H, token blocks). Merges all partials by log-sum-exp:
-                     out = sum_i out_i exp(lse_i - lse), lse = log sum_i exp(lse_i).
+  - the suffix inside the last split: the last split's program carries its running softmax on
+    over the T tree keys (cache rows P_b .. P_b + T - 1) under the tree mask. The suffix is a
+    continuation of the same online softmax, not a partial of its own: T keys are a few tiles
+    at most, one more program for them would cost a launch slot and a partial's round trip.
+  - the merge by the last program to finish: every program writes its partial (out, lse) to a
+    float32 workspace, then takes a ticket from a per-(row, KV head, row block) counter
+    (``tl.atomic_add``, acquire-release); the program that draws the last ticket merges all
+    partials by log-sum-exp (out = sum_i out_i exp(lse_i - lse)), writes the output and resets
+    the counter to 0 for the next call. Flash-Decoding merges in a second kernel; this is the
+    "serial split-k" fix-up of CUTLASS and stream-K GEMMs, which saves that launch and needs no
+    program to wait for another (no deadlock whatever order the GPU runs them in). With one
+    split (a large batch fills the GPU alone) the program writes the output directly.
 
-Keys and values are read from the KV cache's own layout [B, Hkv, S, hd] through strides (the
-views ``KVCache.write`` returns). Prefix addressing lives in one function, ``_prefix_kv_rows``,
-so a paged cache (chapter 7) only swaps it for a block-table lookup.
+One launch per layer call, and nothing else: the lengths are a device tensor (or a Python int),
+the tree mask is viewed as uint8 in place (``None``: causal, computed in the kernel), the
+workspace and the counters come from a ``SplitWorkspace``, allocated once per shape bucket and
+device and reused, and the output goes to ``out`` when given. Nothing reads a tensor's value on
+the host and the grid depends only on shapes, so a CUDA graph captures the call and replays it
+for new lengths. The SM count and shared-memory limit are read once per device (``tiles``).
 
-The prefix lengths are a device tensor [B] int32 that the kernels read (row b's tree keys sit at
-cache rows P_b .. P_b + T - 1), so one launch serves rows of different lengths and a CUDA graph
-captured once can replay for new lengths (a GPU test checks it: test_gpu_split_triton_graph_
-replays_with_new_prefix_lengths); the launch grid depends only on shapes (the splits cover the
-largest prefix the cache holds, S - T). The partial results of the splits live in one float32
-workspace allocated once per call, or passed in and reused.
+``_prefix_kernel`` and ``_merge_kernel`` are the same stages as separate kernels, built from
+the same device functions: chapter 6 teaches them one at a time, and its exercises 6.2 and 6.5
+are checked against them (``minispec.grading.ch06``).
+
+Keys and values are read from the KV cache's own layout [B, Hkv, C, hd] through strides, the
+whole capacity C of a static cache included. Cache addressing lives in one function,
+``_prefix_kv_rows``, so a paged cache (chapter 7, ``triton_paged``) only swaps it for a
+block-table lookup.
 
 Runs on CUDA (fp16 / bf16 / fp32 inputs, fp32 accumulation) and on CPU tensors under the
-Triton interpreter: set ``TRITON_INTERPRET=1`` before triton is first imported. fp32 products
-use IEEE precision (``input_precision="ieee"``): Triton's GPU default, TF32, has a 10-bit
-mantissa (errors ~1e-3), which the interpreter does not emulate, so the 1e-5 tolerances of the
-CPU tests would hold there and not on a GPU. Only a GPU shows the kernels' speed, their
-shared-memory fit (``launch_config``) and the TF32/IEEE difference.
+Triton interpreter: set ``TRITON_INTERPRET=1`` before triton is first imported. The
+interpreter runs the programs one after another, so there the suffix's program always merges;
+on a GPU any program may. fp32 products use IEEE precision (``input_precision="ieee"``):
+Triton's GPU default, TF32, has a 10-bit mantissa (errors ~1e-3), which the interpreter does not
+emulate. Only a GPU shows the kernel's speed, its shared-memory fit (``tiles.launch_config``),
+the ordering of the workspace writes before the ticket (a CTA barrier, then the atomic's
+release; the merge loads with ``.cg``, from L2) and the TF32/IEEE difference.
 
 References: Dao et al., "FlashAttention" (2022); Dao et al., "Flash-Decoding for long-context
-inference" (2023); Tillet et al., "Triton" (2019).
+inference" (2023); Osama et al., "Stream-K" (2023) for the last-arriver fix-up; Tillet et al.,
+"Triton" (2019).
 
-Shapes: B batch, H = G * Hkv query heads, T tree tokens, P prefix tokens, S = P + T (S >= P_b + T
-with per-row lengths P_b), hd head dim.
+Shapes: B batch, H = G * Hkv query heads, T tree tokens, C cache slots (C >= P_b + T), hd head dim.
 """
 
 from __future__ import annotations
@@ -48,6 +62,9 @@ import triton
 import triton.language as tl
 
 from .reference import check_shapes, tree_mask_3d
+from .tiles import config_bytes, cuda_index, device_limits, launch_config, num_splits_for, pow2
+
+__all__ = ["SplitWorkspace", "launch_config", "num_splits_for", "split_attention_triton"]
 
 LOG2E = 1.4426950408889634
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # triton.jit reads it when decorating below
@@ -55,7 +72,7 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # triton.jit read
 
 @triton.jit
 def _prefix_kv_rows(b, hkv, n, stride_b, stride_h, stride_n):
-    """Element offsets of prefix tokens ``n`` (a tile of indices) of batch b, KV head hkv.
+    """Element offsets of cache tokens ``n`` (a tile of indices) of batch row b, KV head hkv.
 
     Contiguous cache: token n sits at row n. A paged cache replaces this body by a block-table
     lookup (page = table[b, n // PAGE], row = page * PAGE + n % PAGE)."""
@@ -97,6 +114,14 @@ def _load_q(Q, b, hkv, rows, d, G, T, sq_b, sq_h, sq_t, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
+def _store_rows(Out, out, b, hkv, rows, d, G, T, so_b, so_h, so_t, HEAD_DIM: tl.constexpr):
+    """Write rows r = g * T + t of KV head hkv, out [BM, BD], to Out [B, H, T, hd] (cast to its dtype)."""
+    h, t = hkv * G + rows // T, rows % T
+    ok = (rows < G * T)[:, None] & (d < HEAD_DIM)[None, :]
+    tl.store(Out + b * so_b + h[:, None] * so_h + t[:, None] * so_t + d[None, :], out, mask=ok)
+
+
+@triton.jit
 def _store_partial(O, L, out, lse, b, hkv, split, rows, d, G, T, so_b, so_h, so_s, so_t, sl_b, sl_h, sl_s,
                    HEAD_DIM: tl.constexpr):
     """Write a program's partial out [BM, BD] / lse [BM] to O [B, H, NS, T, hd] / L [B, H, NS, T]."""
@@ -108,11 +133,111 @@ def _store_partial(O, L, out, lse, b, hkv, split, rows, d, G, T, so_b, so_h, so_
 
 
 @triton.jit
+def _prefix_keys(q, K, V, b, hkv, start, end, d, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, m_i, l_i, acc, qk_scale,
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The online softmax over cache tokens [start, end) of row b, KV head hkv, in BLOCK_N tiles, no mask:
+    only the last tile's tail past ``end`` is hidden (its loads masked, its scores -inf)."""
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)  # [BN] token indices
+        n_ok = n < end
+        ld = n_ok[:, None] & (d < HEAD_DIM)[None, :]
+        k = tl.load(K + _prefix_kv_rows(b, hkv, n, sk_b, sk_h, sk_n)[:, None] + d[None, :], mask=ld, other=0.0)
+        v = tl.load(V + _prefix_kv_rows(b, hkv, n, sv_b, sv_h, sv_n)[:, None] + d[None, :], mask=ld, other=0.0)
+        m_i, l_i, acc = _online_softmax_step(q, k, v, n_ok[None, :], m_i, l_i, acc, qk_scale)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _tree_keys(q, K, V, M, b, hkv, rows, P, n_tree, d, G, T, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, sm_t,
+               m_i, l_i, acc, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, CAUSAL: tl.constexpr):
+    """The online softmax over the first ``n_tree`` (T or 0) tree keys, cache rows P .. P + n_tree - 1, under
+    the tree mask M [B or 1, T, T] (uint8, 1 = attend; row stride sm_t, sm_b 0 when shared) or, CAUSAL, j <= t."""
+    t_q = rows % T
+    row_ok = rows < G * T
+    for j0 in range(0, n_tree, BLOCK_T):
+        j = j0 + tl.arange(0, BLOCK_T)  # [BT] tree key indices
+        j_ok = j < n_tree
+        ld = j_ok[:, None] & (d < HEAD_DIM)[None, :]
+        k = tl.load(K + _prefix_kv_rows(b, hkv, P + j, sk_b, sk_h, sk_n)[:, None] + d[None, :], mask=ld, other=0.0)
+        v = tl.load(V + _prefix_kv_rows(b, hkv, P + j, sv_b, sv_h, sv_n)[:, None] + d[None, :], mask=ld, other=0.0)
+        ok = row_ok[:, None] & j_ok[None, :]  # [BM, BT]
+        if CAUSAL:
+            tree = j[None, :] <= t_q[:, None]
+        else:
+            tree = tl.load(M + b * sm_b + t_q[:, None] * sm_t + j[None, :], mask=ok, other=0) != 0
+        m_i, l_i, acc = _online_softmax_step(q, k, v, ok & tree, m_i, l_i, acc, qk_scale)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _merge_step(m, den, acc, lse_i, o_i):
+    """Fold one partial (o_i [BM, BD], lse_i [BM]) into the running merge: max m, weight sum den, output acc."""
+    m_new = tl.maximum(m, lse_i)
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # every part so far empty: weights exp(-inf) = 0
+    alpha, w = tl.exp(m - m_ref), tl.exp(lse_i - m_ref)
+    return m_new, den * alpha + w, acc * alpha[:, None] + w[:, None] * o_i
+
+
+@triton.jit
+def _split_kernel(Q, K, V, M, Out, Lens, P_int, WO, WL, Cnt, splits, qk_scale, Hkv, G, T,
+                  sq_b, sq_h, sq_t, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, sm_t, so_b, so_h, so_t,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_T: tl.constexpr, LENS: tl.constexpr, CAUSAL: tl.constexpr):
+    """Split ``split`` of row b's prefix (the last split also takes the tree), then the last program to finish
+    merges all splits (module docstring). WO [slots, splits, BM, BD] / WL [slots, splits, BM] float32, Cnt
+    [slots] int32 zeros, slot = (b * Hkv + hkv) * row blocks + row block; unused when splits == 1."""
+    pid, rb, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, hkv = (pid // Hkv).to(tl.int64), pid % Hkv
+    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] (g, t) rows
+    d = tl.arange(0, BLOCK_D)
+    q = _load_q(Q, b, hkv, rows, d, G, T, sq_b, sq_h, sq_t, HEAD_DIM)  # [BM, BD]
+    if LENS:
+        P = tl.load(Lens + b).to(tl.int32)  # row b's committed length, read on the device
+    else:
+        P = P_int
+    chunk = ((P + splits - 1) // splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # whole key tiles per split, from P
+    start = split * chunk
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    m_i, l_i, acc = _prefix_keys(q, K, V, b, hkv, start, tl.minimum(start + chunk, P), d, sk_b, sk_h, sk_n,
+                                 sv_b, sv_h, sv_n, m_i, l_i, acc, qk_scale, HEAD_DIM, BLOCK_N)
+    n_tree = tl.where(split == splits - 1, T, 0)  # the last split goes on over the tree keys
+    m_i, l_i, acc = _tree_keys(q, K, V, M, b, hkv, rows, P, n_tree, d, G, T, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+                               sm_b, sm_t, m_i, l_i, acc, qk_scale, HEAD_DIM, BLOCK_T, CAUSAL)
+    out, lse = _finish(acc, m_i, l_i)
+    if splits == 1:
+        _store_rows(Out, out, b, hkv, rows, d, G, T, so_b, so_h, so_t, HEAD_DIM)
+    else:
+        r = tl.arange(0, BLOCK_M)
+        row_ok = rows < G * T
+        slot = (pid * tl.num_programs(1) + rb).to(tl.int64)
+        part = slot * splits + split
+        tl.store(WO + (part * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :], out, mask=row_ok[:, None])
+        tl.store(WL + part * BLOCK_M + r, lse, mask=row_ok)
+        tl.debug_barrier()  # every thread's partial written before the ticket's release
+        if tl.atomic_add(Cnt + slot, 1, sem="acq_rel") == splits - 1:  # the last ticket: all partials are in
+            m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            den = tl.zeros([BLOCK_M], tl.float32)
+            merged = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            for i in range(0, splits):
+                at = slot * splits + i
+                lse_i = tl.load(WL + at * BLOCK_M + r, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+                o_i = tl.load(WO + (at * BLOCK_M + r)[:, None] * BLOCK_D + d[None, :], mask=row_ok[:, None],
+                              other=0.0, cache_modifier=".cg")  # [BM, BD] from L2: other programs wrote it
+                m, den, merged = _merge_step(m, den, merged, lse_i, o_i)
+            merged = merged / tl.where(den > 0, den, 1.0)[:, None]
+            _store_rows(Out, merged, b, hkv, rows, d, G, T, so_b, so_h, so_t, HEAD_DIM)
+            tl.atomic_xchg(Cnt + slot, 0)  # ready for the next call (or graph replay)
+
+
+@triton.jit
 def _prefix_kernel(Q, K, V, O, L, Lens, chunk, qk_scale, Hkv, G, T,
                    sq_b, sq_h, sq_t, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
                    so_b, so_h, so_s, so_t, sl_b, sl_h, sl_s,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Split ``split`` of row b's prefix, keys [split * chunk, min((split + 1) * chunk, Lens[b])), no mask."""
+    """The prefix stage alone (grid (B * Hkv, row blocks, splits)): split ``split`` of row b's prefix, keys
+    [split * chunk, min((split + 1) * chunk, Lens[b])), no mask, its partial (out, lse) written to O, L."""
     pid, split = tl.program_id(0), tl.program_id(2)
     b, hkv = (pid // Hkv).to(tl.int64), pid % Hkv
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] (g, t) rows
@@ -123,45 +248,8 @@ def _prefix_kernel(Q, K, V, O, L, Lens, chunk, qk_scale, Hkv, G, T,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     start = split * chunk
     end = tl.minimum(start + chunk, tl.load(Lens + b))  # this row's own prefix length P_b
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)  # [BN] token indices
-        n_ok = n < end  # the last tile may run past the prefix (P not a multiple of BLOCK_N)
-        ld = n_ok[:, None] & (d < HEAD_DIM)[None, :]
-        k = tl.load(K + _prefix_kv_rows(b, hkv, n, sk_b, sk_h, sk_n)[:, None] + d[None, :], mask=ld, other=0.0)
-        v = tl.load(V + _prefix_kv_rows(b, hkv, n, sv_b, sv_h, sv_n)[:, None] + d[None, :], mask=ld, other=0.0)
-        visible = n_ok[None, :] & (rows >= 0)[:, None]  # [BM, BN]: no tree mask over the prefix
-        m_i, l_i, acc = _online_softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale)
-    out, lse = _finish(acc, m_i, l_i)
-    _store_partial(O, L, out, lse, b, hkv, split, rows, d, G, T, so_b, so_h, so_s, so_t, sl_b, sl_h, sl_s, HEAD_DIM)
-
-
-@triton.jit
-def _suffix_kernel(Q, K, V, M, O, L, Lens, split, qk_scale, Hkv, G, T,
-                   sq_b, sq_h, sq_t, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, sm_t,
-                   so_b, so_h, so_s, so_t, sl_b, sl_h, sl_s,
-                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The T tree keys at cache rows P_b..P_b+T-1 (P_b = Lens[b]), masked by M [B or 1, T, T] (uint8, 1 = attend)."""
-    pid = tl.program_id(0)
-    b, hkv = (pid // Hkv).to(tl.int64), pid % Hkv
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    t_q = rows % T
-    row_ok = rows < G * T
-    d = tl.arange(0, BLOCK_D)
-    q = _load_q(Q, b, hkv, rows, d, G, T, sq_b, sq_h, sq_t, HEAD_DIM)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    prefix_len = tl.load(Lens + b)
-    for j0 in range(0, T, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)  # [BN] tree key indices
-        j_ok = j < T
-        ld = j_ok[:, None] & (d < HEAD_DIM)[None, :]
-        rows_kv = (prefix_len + j).to(tl.int64)
-        k = tl.load(K + b * sk_b + hkv * sk_h + rows_kv[:, None] * sk_n + d[None, :], mask=ld, other=0.0)
-        v = tl.load(V + b * sv_b + hkv * sv_h + rows_kv[:, None] * sv_n + d[None, :], mask=ld, other=0.0)
-        ok = row_ok[:, None] & j_ok[None, :]
-        tree = tl.load(M + b * sm_b + t_q[:, None] * sm_t + j[None, :], mask=ok, other=0)  # [BM, BN]
-        m_i, l_i, acc = _online_softmax_step(q, k, v, ok & (tree != 0), m_i, l_i, acc, qk_scale)
+    m_i, l_i, acc = _prefix_keys(q, K, V, b, hkv, start, end, d, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, m_i, l_i, acc,
+                                 qk_scale, HEAD_DIM, BLOCK_N)
     out, lse = _finish(acc, m_i, l_i)
     _store_partial(O, L, out, lse, b, hkv, split, rows, d, G, T, so_b, so_h, so_s, so_t, sl_b, sl_h, sl_s, HEAD_DIM)
 
@@ -169,7 +257,8 @@ def _suffix_kernel(Q, K, V, M, O, L, Lens, split, qk_scale, Hkv, G, T,
 @triton.jit
 def _merge_kernel(O, L, Out, T, n_parts, so_bh, so_s, so_t, sl_bh, sl_s, sout_bh, sout_t,
                   HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Out[b, h, t] = sum_i O[b, h, i, t] * exp(L[b, h, i, t] - lse), merged online over the parts i."""
+    """The merge stage alone: Out[b, h, t] = sum_i O[b, h, i, t] * exp(L[b, h, i, t] - lse), merged online over
+    the parts i."""
     bh = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     d = tl.arange(0, BLOCK_D)
@@ -180,175 +269,178 @@ def _merge_kernel(O, L, Out, T, n_parts, so_bh, so_s, so_t, sl_bh, sl_s, sout_bh
     for i in range(0, n_parts):
         lse_i = tl.load(L + bh * sl_bh + i * sl_s + t, mask=t < T, other=float("-inf"))  # [BT]
         o_i = tl.load(O + bh * so_bh + i * so_s + t[:, None] * so_t + d[None, :], mask=ok, other=0.0)
-        m_new = tl.maximum(m, lse_i)
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha, w = tl.exp(m - m_ref), tl.exp(lse_i - m_ref)
-        den = den * alpha + w
-        acc = acc * alpha[:, None] + w[:, None] * o_i
-        m = m_new
+        m, den, acc = _merge_step(m, den, acc, lse_i, o_i)
     out = acc / tl.where(den > 0, den, 1.0)[:, None]
     tl.store(Out + bh * sout_bh + t[:, None] * sout_t + d[None, :], out, mask=ok)
 
 
-def _pow2(n: int, lo: int = 16) -> int:
-    return max(lo, triton.next_power_of_2(max(int(n), 1)))
+class SplitWorkspace:
+    """The kernel's scratch memory, allocated once per shape bucket and device and reused by every call.
 
-
-def launch_config(dtype: torch.dtype, hd: int, rows: int, gpu: bool, block_m: int | None = None,
-                  block_n: int | None = None) -> dict:
-    """Tiles and pipeline depth of a prefix launch (a pure function of the shapes: unit-tested on CPU).
-
-    Shared memory holds ``num_stages`` K and V tiles of BLOCK_N x BLOCK_D elements (plus q's
-    tile). With 2-byte inputs and hd 128, BLOCK_N 64 over 3 stages (Triton's default) is 96 KiB;
-    fp32 doubles it to 192 KiB, past an A100's 164 KiB (and all but the H100's 227 KiB once q's
-    32 KiB tile is added), so 4-byte inputs take BLOCK_N 32 and 2 stages: 32 KiB of K / V per
-    stage, 64 KiB. Only a GPU shows the fit: a launch that does not fit raises OutOfResources.
-
-    Args:
-        dtype: the inputs' dtype; hd: head dim; rows: G * T query rows per KV head.
-        gpu: CUDA launch (else the interpreter: BLOCK_N 32, the stages are ignored).
-        block_m, block_n: overrides of the row and key tiles.
-    Returns:
-        dict(BLOCK_M, BLOCK_N, BLOCK_D, num_stages, num_warps).
+    For each (device, slots, splits, BLOCK_M, BLOCK_D): float32 partials WO [slots, splits, BM, BD] and
+    WL [slots, splits, BM], and int32 ticket counters [slots], zeroed once (each merge resets its own).
+    A CUDA graph captures the buffers by address: they live as long as this object. Calls that share a
+    workspace must not run at the same time (one stream, as minispec's decode loop; give each stream its
+    own). ``output`` keeps one result buffer per (shape, dtype, device) for callers that consume each
+    result before the next call (a layer's attention output, read at once by its output projection).
     """
-    wide = dtype.itemsize >= 4  # fp32 (fp64): twice the bytes per tile of fp16 / bf16
-    return dict(BLOCK_M=block_m or min(64, _pow2(rows)), BLOCK_N=block_n or (64 if gpu and not wide else 32),
-                BLOCK_D=_pow2(hd), num_stages=2 if wide else 3, num_warps=4)
+
+    def __init__(self):
+        self._parts: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._outs: dict[tuple, torch.Tensor] = {}
+
+    def parts(self, device: torch.device, slots: int, splits: int, block_m: int, block_d: int):
+        """(WO, WL, counters) for this bucket: allocated on its first call, the same tensors afterwards."""
+        key = (device, slots, splits, block_m, block_d)
+        if key not in self._parts:
+            self._parts[key] = (torch.empty(slots * splits * block_m * block_d, device=device),
+                                torch.empty(slots * splits * block_m, device=device),
+                                torch.zeros(slots, dtype=torch.int32, device=device))
+        return self._parts[key]
+
+    def output(self, q: torch.Tensor) -> torch.Tensor:
+        """A [B, H, T, hd] buffer in q's dtype and device, the same one for every call of this shape."""
+        key = (q.device, q.dtype, tuple(q.shape))
+        if key not in self._outs:
+            self._outs[key] = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        return self._outs[key]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (partials, counters and output buffers)."""
+        tensors = [t for bufs in self._parts.values() for t in bufs] + list(self._outs.values())
+        return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def prefix_lengths(prefix_len: int | torch.Tensor, B: int, T: int, S: int, device: torch.device) -> torch.Tensor:
-    """The prefix lengths as the kernels read them: [B] int32 on ``device``.
-
-    An int (every row's P, with S = P + T keys) is checked and turned into a tensor. A tensor
-    [B] (int32 avoids a conversion) is taken as it is: row b's tree keys are cache rows
-    P_b .. P_b + T - 1, so 0 <= P_b <= S - T; this is checked only on the CPU, since reading a
-    GPU tensor back would stall the stream and cannot happen inside a CUDA graph."""
-    if not torch.is_tensor(prefix_len):
-        if prefix_len < 0 or prefix_len + T != S:
-            raise ValueError(f"prefix_len={prefix_len} + {T} tree tokens != {S} keys")
-        return torch.full((B,), prefix_len, dtype=torch.int32, device=device)
-    if prefix_len.shape != (B,) or prefix_len.is_floating_point() or prefix_len.device != device:
-        raise ValueError(f"prefix_len as a tensor must be integer [B={B}] on {device}, got {prefix_len.dtype} "
-                         f"{tuple(prefix_len.shape)} on {prefix_len.device}")
-    if device.type == "cpu" and not ((prefix_len >= 0) & (prefix_len + T <= S)).all():
-        raise ValueError(f"prefix lengths {prefix_len.tolist()} + {T} tree tokens must fit {S} keys")
-    return prefix_len.to(torch.int32)  # [B]; no copy when already int32
+_WORKSPACES: dict[torch.device, SplitWorkspace] = {}  # the default workspace of each device (as cuBLAS keeps one)
+_SMEM_CAP: dict[tuple, int] = {}  # (device, dtype, BLOCK_D) -> a limit lowered after OutOfResources
 
 
-def num_splits_for(prefix_len: int, programs: int, block_n: int, device: torch.device) -> int:
-    """Flash-Decoding's heuristic: enough splits that B * Hkv * row blocks * splits fills the GPU
-    about twice, each split at least 4 tiles; 1-2 splits under the interpreter (CPU)."""
-    tiles = triton.cdiv(max(prefix_len, 1), block_n)
-    if device.type != "cuda":
-        return min(2, tiles)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = triton.cdiv(2 * sms, max(programs, 1))
-    return max(1, min(want, triton.cdiv(tiles, 4)))
+def default_workspace(device: torch.device) -> SplitWorkspace:
+    """The workspace ``split_attention_triton`` uses when the caller passes none: one per device."""
+    device = torch.device(device)
+    if device not in _WORKSPACES:
+        _WORKSPACES[device] = SplitWorkspace()
+    return _WORKSPACES[device]
 
 
-def workspace_numel(B: int, H: int, T: int, hd: int, num_splits: int) -> int:
-    """float32 elements of the partials: out [B, H, NS + 1, T, hd] then lse [B, H, NS + 1, T]."""
-    return B * H * (num_splits + 1) * T * (hd + 1)
+def check_lengths(lengths: int | torch.Tensor, B: int, T: int, C: int, device: torch.device,
+                  validate: bool) -> int | torch.Tensor:
+    """The committed lengths as the kernel reads them: an int P (every row, 0 <= P <= C - T), or an integer
+    tensor [B] on ``device`` taken as it is (int32 or int64, no copy). ``validate`` reads a tensor's values
+    on the host (0 <= P_b <= C - T): cheap on a CPU, a stall on a GPU and impossible inside a CUDA graph."""
+    if not torch.is_tensor(lengths):
+        if not 0 <= int(lengths) <= C - T:
+            raise ValueError(f"prefix length {lengths} + {T} tree tokens must fit the {C} cached keys")
+        return int(lengths)
+    if lengths.shape != (B,) or lengths.dtype not in (torch.int32, torch.int64) or lengths.device != device:
+        raise ValueError(f"lengths as a tensor must be an int32 / int64 integer [B={B}] on {device}, got "
+                         f"{lengths.dtype} {tuple(lengths.shape)} on {lengths.device}")
+    if validate and not ((lengths >= 0) & (lengths + T <= C)).all():
+        raise ValueError(f"prefix lengths {lengths.tolist()} + {T} tree tokens must fit the {C} cached keys")
+    return lengths
 
 
-def split_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int | torch.Tensor,
-                           tree_mask: torch.Tensor | None, num_splits: int | None = None,
-                           block_m: int | None = None, block_n: int | None = None,
-                           out: torch.Tensor | None = None, workspace: torch.Tensor | None = None) -> torch.Tensor:
-    """Split tree attention with the Triton kernels; equals ``reference.split_attention`` (row by row
-    with its own prefix length when ``prefix_len`` is a tensor).
+def tile_config(dtype: torch.dtype, hd: int, rows: int, device: torch.device, block_m=None, block_n=None,
+                smem: int | None = None) -> dict:
+    """``launch_config`` for this device: its shared memory per block (read once, cached), lowered where a
+    launch has already run out of it; on a CPU the interpreter's tiles unless ``smem`` forces a GPU's choice."""
+    gpu = device.type == "cuda"
+    if gpu and smem is None:
+        smem = device_limits(cuda_index(device))[1]
+    if smem is not None:
+        smem = min(smem, _SMEM_CAP.get((str(device), dtype, pow2(hd)), smem))
+    return launch_config(dtype, hd, rows, gpu, block_m, block_n, smem)
+
+
+def split_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: int | torch.Tensor,
+                           tree_mask: torch.Tensor | None = None, num_splits: int | None = None,
+                           block_m: int | None = None, block_n: int | None = None, out: torch.Tensor | None = None,
+                           workspace: SplitWorkspace | None = None, smem: int | None = None,
+                           validate: bool | None = None) -> torch.Tensor:
+    """Split tree attention in one Triton launch; equals ``reference.split_attention`` row by row, each row
+    over its own prefix.
 
     Args:
-        q: [B, H, T, hd]; k, v: [B, Hkv, S, hd], any strides with the head dim contiguous (e.g.
-            views of the KV cache).
-        prefix_len: P, committed tokens (may be 0), with S = P + T; or a tensor [B] (int32 on q's
-            device) of per-row lengths P_b, row b's tree keys at cache rows P_b .. P_b + T - 1
-            (S >= P_b + T; a CUDA graph captures it by address, so it may change between replays).
-        tree_mask: bool [T, T] / [B or 1, T, T] among the tree tokens, None for causal.
-        num_splits: prefix splits (default: a heuristic from the grid size and the GPU).
-        block_m, block_n: row and key tile sizes (default ``launch_config``).
-        out: optional [B, H, T, hd] result buffer in q's dtype (reused, e.g. by a graph).
-        workspace: optional float32 buffer of at least ``workspace_numel`` elements for the partials.
+        q: [B, H, T, hd]; k, v: the cache [B, Hkv, C, hd] (its whole capacity; any strides with the head dim
+            contiguous, e.g. views of the KV cache), row b's prefix at slots 0 .. P_b - 1 and its T new
+            tokens at P_b .. P_b + T - 1.
+        lengths: the committed lengths P_b: an int tensor [B] on q's device (int32 / int64; a CUDA graph
+            captures it by address, so it may change between replays), or one int for every row.
+        tree_mask: bool [T, T] / [B or 1, T, T] among the new tokens, None for causal.
+        num_splits: prefix splits (default ``tiles.num_splits_for`` from the grid and the longest prefix
+            the cache holds, C - T).
+        block_m, block_n: row and key tile sizes (default: ``tiles.launch_config`` for the device).
+        out: a contiguous [B, H, T, hd] buffer in q's dtype for the result (e.g. ``workspace.output(q)`` or a
+            graph's static buffer); None allocates one.
+        workspace: the partials' ``SplitWorkspace`` (default: one per device, ``default_workspace``).
+        smem: shared memory per block to choose the tiles for (default: the device's; on a CPU, given, the
+            interpreter runs the tiles a GPU with that limit would).
+        validate: check the lengths' values on the host (default: on a CPU only).
     Returns:
         [B, H, T, hd] in q's dtype (``out`` when given).
+    Raises:
+        ValueError: shapes, devices, lengths, ``out`` that do not fit (nothing launched).
     """
     B, H, Hkv, T, hd = check_shapes(q, k, v)
-    q, k, v, lens, mask = _kernel_inputs(q, k, v, prefix_len, tree_mask)
-    cfg = launch_config(q.dtype, hd, (H // Hkv) * T, q.device.type == "cuda", block_m, block_n)
-    row_blocks = triton.cdiv((H // Hkv) * T, cfg["BLOCK_M"])
-    P_max = k.shape[2] - T  # the splits cover the longest prefix the keys can hold; shorter rows leave splits empty
-    ns = num_splits or num_splits_for(P_max, B * Hkv * row_blocks, cfg["BLOCK_N"], q.device)
-    parts_o, parts_l = _partials(workspace, B, H, T, hd, ns, q.device)  # [B, H, ns + 1, T, hd], [B, H, ns + 1, T]
-    chunk = triton.cdiv(triton.cdiv(P_max, ns), cfg["BLOCK_N"]) * cfg["BLOCK_N"]  # whole tiles per split
-    _launch_parts(q, k, v, mask, lens, parts_o, parts_l, cfg, row_blocks, ns, chunk)
-    return _launch_merge(parts_o, parts_l, _out_buffer(out, q), cfg["BLOCK_D"])
-
-
-def _kernel_inputs(q, k, v, prefix_len, tree_mask):
-    """q, k, v with a unit stride on hd, the prefix lengths [B] int32 and the tree mask [B or 1, T, T]
-    as uint8 (a view, no copy), all checked to sit on q's device."""
-    B, _, T, _ = q.shape
     if q.device != k.device or q.device != v.device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    lens = prefix_lengths(prefix_len, B, T, k.shape[2], q.device)  # [B] int32
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))  # kernels assume unit stride on hd
-    mask = tree_mask_3d(tree_mask, B, T, q.device)  # [B or 1, T, T] bool
-    mask = mask.view(torch.uint8) if mask.stride(-1) == 1 else mask.contiguous().view(torch.uint8)  # no copy
-    return q, k, v, lens, mask
+    lens = check_lengths(lengths, B, T, k.shape[2], q.device, q.device.type == "cpu" if validate is None else validate)
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))  # the kernel reads hd with unit stride
+    mask = None if tree_mask is None else tree_mask_3d(tree_mask, B, T, q.device)  # [B or 1, T, T] bool
+    if mask is not None and mask.stride(-1) != 1:
+        mask = mask.contiguous()
+    out = _out_buffer(out, q)
+    G = H // Hkv
+    cfg = tile_config(q.dtype, hd, G * T, q.device, block_m, block_n, smem)
+    workspace = workspace or default_workspace(q.device)
+    while True:
+        try:
+            return _launch(q, k, v, lens, mask, out, cfg, num_splits, workspace)
+        except triton.runtime.errors.OutOfResources:
+            smaller = _step_down(q.device, q.dtype, hd, G * T, cfg, block_m, block_n)
+            if smaller is None:
+                raise
+            cfg = smaller
 
 
-def _partials(workspace: torch.Tensor | None, B: int, H: int, T: int, hd: int, ns: int, device):
-    """The float32 partials of the ns prefix splits and the suffix, in ``workspace`` (checked) or a new
-    allocation: out [B, H, ns + 1, T, hd], lse [B, H, ns + 1, T]."""
-    n = workspace_numel(B, H, T, hd, ns)
-    if workspace is None:
-        workspace = torch.empty(n, device=device, dtype=torch.float32)  # one allocation per call
-    elif workspace.numel() < n or workspace.dtype != torch.float32 or not workspace.is_contiguous() \
-            or workspace.device != device:
-        raise ValueError(f"workspace must be a contiguous float32 tensor of >= {n} elements on {device}, got "
-                         f"{workspace.dtype} {workspace.numel()} on {workspace.device}")
-    workspace = workspace.view(-1)
-    parts_o = workspace[:B * H * (ns + 1) * T * hd].view(B, H, ns + 1, T, hd)  # splits + suffix
-    parts_l = workspace[B * H * (ns + 1) * T * hd:n].view(B, H, ns + 1, T)
-    return parts_o, parts_l
-
-
-def _launch_parts(q, k, v, mask, lens, parts_o, parts_l, cfg: dict, row_blocks: int, ns: int, chunk: int) -> None:
-    """The prefix kernel (ns splits of ``chunk`` keys, no mask) and the suffix kernel (the tree, masked)
-    write their partial outputs and log-sum-exps into parts_o, parts_l."""
+def _launch(q, k, v, lens, mask, out, cfg: dict, num_splits: int | None, workspace: SplitWorkspace) -> torch.Tensor:
+    """One launch of ``_split_kernel`` with the tiles ``cfg``: returns ``out``."""
     B, H, T, hd = q.shape
     Hkv, G = k.shape[1], H // k.shape[1]
-    qk_scale = LOG2E / math.sqrt(hd)
-    so, sl = parts_o.stride(), parts_l.stride()
-    _prefix_kernel[(B * Hkv, row_blocks, ns)](
-        q, k, v, parts_o, parts_l, lens, chunk, qk_scale, Hkv, G, T,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
-        v.stride(2), so[0], so[1], so[2], so[3], sl[0], sl[1], sl[2], HEAD_DIM=hd, **cfg)
-    _suffix_kernel[(B * Hkv, row_blocks)](
-        q, k, v, mask, parts_o, parts_l, lens, ns, qk_scale, Hkv, G, T,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
-        v.stride(2), mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1),
-        so[0], so[1], so[2], so[3], sl[0], sl[1], sl[2], HEAD_DIM=hd, **dict(cfg, BLOCK_N=_pow2(min(T, 64))))
-
-
-def _out_buffer(out: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
-    """``out`` checked to be a contiguous [B, H, T, hd] in q's dtype, or a new one."""
-    if out is None:
-        return torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
-        B, H, T, hd = q.shape
-        raise ValueError(f"out must be a contiguous {q.dtype} [{B}, {H}, {T}, {hd}], got {out.dtype} "
-                         f"{tuple(out.shape)}")
+    row_blocks = triton.cdiv(G * T, cfg["BLOCK_M"])
+    ns = num_splits or num_splits_for(k.shape[2] - T, B * Hkv * row_blocks, cfg["BLOCK_N"], q.device)
+    slots = B * Hkv * row_blocks if ns > 1 else 1  # one split: no partials (a token buffer for the pointers)
+    wo, wl, cnt = workspace.parts(q.device, slots, ns, cfg["BLOCK_M"], cfg["BLOCK_D"])
+    tensor = torch.is_tensor(lens)
+    m = mask.view(torch.uint8) if mask is not None else None  # a view: no copy
+    _split_kernel[(B * Hkv, row_blocks, ns)](
+        q, k, v, m, out, lens if tensor else None, 0 if tensor else lens, wo, wl, cnt, ns, LOG2E / math.sqrt(hd),
+        Hkv, G, T, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), (m.stride(0) if m.shape[0] > 1 else 0) if m is not None else 0,
+        m.stride(1) if m is not None else 0, out.stride(0), out.stride(1), out.stride(2),
+        HEAD_DIM=hd, BLOCK_T=min(pow2(T), cfg["BLOCK_N"]), LENS=tensor, CAUSAL=m is None, **cfg)
     return out
 
 
-def _launch_merge(parts_o: torch.Tensor, parts_l: torch.Tensor, out: torch.Tensor, block_d: int) -> torch.Tensor:
-    """Merge the ns + 1 partials of every row by their log-sum-exps into ``out`` [B, H, T, hd]."""
-    B, H, parts, T, hd = parts_o.shape
-    BLOCK_T = min(64, _pow2(T, lo=1))
-    po, pl = parts_o.view(B * H, parts, T, hd), parts_l.view(B * H, parts, T)
-    ov = out.view(B * H, T, hd)
-    _merge_kernel[(B * H, triton.cdiv(T, BLOCK_T))](
-        po, pl, ov, T, parts, po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-        ov.stride(0), ov.stride(1), HEAD_DIM=hd, BLOCK_T=BLOCK_T, BLOCK_D=block_d)
+def _step_down(device: torch.device, dtype: torch.dtype, hd: int, rows: int, cfg: dict, block_m,
+               block_n) -> dict | None:
+    """After OutOfResources with ``cfg``: the next smaller configuration (None when none is left), its limit
+    remembered for this device, dtype and head dim so that later calls start there."""
+    need = config_bytes(cfg, dtype)
+    smaller = launch_config(dtype, hd, rows, True, block_m, block_n, need - 1)
+    if config_bytes(smaller, dtype) >= need:
+        return None
+    _SMEM_CAP[(str(device), dtype, pow2(hd))] = need - 1
+    return smaller
+
+
+def _out_buffer(out: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+    """``out`` checked to be a contiguous [B, H, T, hd] in q's dtype on q's device, or a new one."""
+    if out is None:
+        return torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous() or out.device != q.device:
+        B, H, T, hd = q.shape
+        raise ValueError(f"out must be a contiguous {q.dtype} [{B}, {H}, {T}, {hd}] on {q.device}, got {out.dtype} "
+                         f"{tuple(out.shape)} on {out.device}")
     return out

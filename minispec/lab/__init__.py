@@ -10,7 +10,8 @@ command line (``minispec.cli``) is the one front door that reaches both.
     joint_law                       law of the first tokens, deliberately wrong controls
     analysis, cost_check            chapter 1's formulas and its cost model closed on a run
     graph_rules, scale,             chapters 8-9: what breaks a CUDA graph, Llama-shaped scaling, the
-    attention_grid, gpu_suite       attention timing grid, every GPU measurement in one command
+    attention_grid, backend_table,  attention timing grid, the attention backend table a GPU measures,
+    gpu_suite                       every GPU measurement in one command
     export                          heads in the official EAGLE layouts
     benchinfo, env, tables          what a result file records, the environment report, result tables
 """

@@ -1,9 +1,11 @@
 """The chapter-6 attention grid: one tree-verify attention call, timed per backend and shape.
 
 Backends (the same tensors for each): ``dense`` (one SDPA call with the full boolean mask, the
-reference), ``split_torch`` and ``split_triton`` (mask-free prefix + masked tree suffix, merged by
-log-sum-exp; ``minispec.attention``), ``flex`` (FlexAttention with a block mask) and ``causal``
-(SDPA's lower-right causal mask: the cost of attention without any tree, a floor).
+reference), ``flash`` (SDPA's fused kernels with the grouped-query heads stacked as rows, no K / V
+copy: ``attention.table.fused_attention``), ``split_torch`` and ``split_triton`` (mask-free prefix
++ masked tree suffix, merged by log-sum-exp; ``minispec.attention``; the Triton one a single
+launch into a reused workspace and output buffer), ``flex`` (FlexAttention with a block mask) and
+``causal`` (SDPA's lower-right causal mask: the cost of attention without any tree, a floor).
 
 Per shape: the median time per call; the achieved bandwidth of the KV read (2 * B * Hkv * (ctx +
 T) * hd * bytes / time, K and V each read once); its share of a copy bandwidth measured in the
@@ -13,12 +15,16 @@ same run; every ratio between methods; the SDPA kernel the dense and causal call
 work rather than one launch's latency; before it, outside the timed region, a buffer twice the
 L2 cache is overwritten (``timed``'s ``flush``), and the calls read distinct input copies, so
 every call reads its KV from HBM (cold L2) even where all the copies together fit in L2 (B = 1,
-ctx 512: 16 copies are ~35 MB against the H100's 50 MB). Repetitions are interleaved across
+ctx 512: 16 copies are ~35 MB against the H100's 50 MB). With ``graphed=True`` the ``calls`` calls
+of each method are captured once in a CUDA graph (``capture_calls``) and each timing replays it:
+the GPU's time without the host's launch overhead, what a decode step under graphs pays
+(methods that cannot be captured are listed under ``failed``). Repetitions are interleaved across
 methods so that a slow period of the machine hits all of them alike. A shape that fails (e.g.
 out of memory) is recorded as a row with its ``error``; the grid goes on with the next shape.
 
 On a CPU the same functions run (the flush is a plain tensor write, timing uses
-``time.perf_counter``); what only a GPU shows is the timings themselves.
+``time.perf_counter``, a "graph" is the calls themselves); what only a GPU shows is the capture
+and the timings themselves.
 
 ``benchmarks/bench_attention.py`` (a command line) and ``python -m minispec gpu-suite`` both run
 ``run_grid``. With a ``deadline`` it stops adding shapes when time runs out and lists the rest.
@@ -32,6 +38,7 @@ S = P + T keys.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
@@ -41,6 +48,7 @@ import warnings
 import torch
 
 from ..attention import dense_attention, dense_backend, sdpa_backend, split_attention, triton_available
+from ..attention.table import fused_attention
 from ..tree import Tree
 
 L2_BYTES = 50 * 2**20  # H100 / H200: 50 MiB (used when torch does not report the L2 size)
@@ -98,6 +106,30 @@ def timed(fn, device: torch.device, calls: int = 1, flush: torch.Tensor | None =
     return (time.perf_counter() - t0) / calls
 
 
+def capture_calls(calls: list, device: torch.device):
+    """One CUDA graph of ``calls`` (functions of no argument) run back to back, returned as its replay.
+
+    The calls run twice first on a side stream (compilation, autotuning, allocator), then are
+    captured in thread-local mode (another thread's CUDA work does not break the capture). On a
+    CPU the returned function makes the calls themselves: the same code path, whose only
+    GPU-specific parts are the capture and the launch time a replay saves.
+    """
+    if device.type != "cuda":
+        return lambda: [call() for call in calls]
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            for call in calls:
+                call()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for call in calls:
+            call()
+    return graph.replay  # the bound method keeps the graph (and its memory pool) alive
+
+
 def copy_bandwidth(device: torch.device, nbytes: int | None = None, reps: int = 12) -> float:
     """GB/s of a large device copy (bytes read + bytes written over time), median after 2 warm-ups.
 
@@ -137,7 +169,7 @@ def lower_right_causal(T: int, S: int):
         return torch.ones(T, S, dtype=torch.bool).tril(S - T)
 
 
-def _inputs(B, H, Hkv, hd, S, T, copies, device, dtype, g):
+def random_inputs(B, H, Hkv, hd, S, T, copies, device, dtype, g):
     """``copies`` tuples (q [B, H, T, hd], k [B, Hkv, S, hd], v [B, Hkv, S, hd]).
 
     On a GPU drawn there (a CPU draw of several GB would take longer than the timing); on a CPU
@@ -149,42 +181,63 @@ def _inputs(B, H, Hkv, hd, S, T, copies, device, dtype, g):
     return [tuple(torch.randn(*s, generator=g).to(device, dtype) for s in shapes) for _ in range(copies)]
 
 
-def run_shape(B, H, Hkv, hd, P, T, device, dtype, reps, methods_ok, flex, max_gb, notes, flush=None):
+def run_shape(B, H, Hkv, hd, P, T, device, dtype, reps, methods_ok, flex, max_gb, notes, flush=None, graphed=False):
     """Time every available method on one shape; returns the shape's result row (see module doc).
 
-    A method that fails in its warm-up is dropped from the row and its error kept in ``failed``;
-    an error while timing propagates (``run_grid`` records it as the shape's error)."""
+    A method that fails in its warm-up (or, graphed, its capture) is dropped from the row and its
+    error kept in ``failed``; an error while timing propagates (``run_grid`` records it as the
+    shape's error)."""
     S = P + T
     g = torch.Generator().manual_seed(P * 131 + T * 7 + B)
     kv_bytes = 2 * B * Hkv * S * hd * torch.finfo(dtype).bits // 8
     copies = max(1, min(16, math.ceil(2 * l2_bytes(device) / kv_bytes))) if device.type == "cuda" else 1
     mask = tree_mask(T, B, g).to(device)  # [B, T, T]
     full = torch.cat([torch.ones(B, T, P, dtype=torch.bool, device=device), mask], -1)[:, None]  # [B, 1, T, S]
-    inputs = _inputs(B, H, Hkv, hd, S, T, copies, device, dtype, g)
+    inputs = random_inputs(B, H, Hkv, hd, S, T, copies, device, dtype, g)
     fns = _methods(B, H, Hkv, P, T, S, mask, full, device, methods_ok, flex, max_gb, notes)
     err, failed = _warm_up(fns, inputs[0], notes, f"B={B} ctx={P} T={T}")
     if device.type == "cuda":
         torch.cuda.synchronize()
     calls = min(copies, CALLS) if device.type == "cuda" else 1
-    nxt = itertools.cycle(range(copies))  # the calls of one timing read distinct copies
-    times = {name: [] for name in fns}
+    if graphed:
+        runs = _captured(fns, inputs, calls, device, failed, notes, f"B={B} ctx={P} T={T}")
+    else:
+        nxt = itertools.cycle(range(copies))  # the calls of one timing read distinct copies
+        runs = {name: (lambda fn=fn: fn(*inputs[next(nxt)])) for name, fn in fns.items()}
+    times = {name: [] for name in runs}
     for _ in range(reps):
-        for name, fn in fns.items():  # interleaved: every method sees the same machine state
-            times[name].append(timed(lambda: fn(*inputs[next(nxt)]), device, calls, flush))
+        for name, run in runs.items():  # interleaved: every method sees the same machine state
+            times[name].append(timed(run, device, 1 if graphed else calls, flush) / (calls if graphed else 1))
     med = {name: statistics.median(ts) for name, ts in times.items()}
     q, k, _ = inputs[0]
     backend = dict(dense=dense_backend(q, k, full), causal=sdpa_backend(q, k, None, is_causal=T == S))
     return dict(batch=B, ctx=P, tree=T, heads=H, kv_heads=Hkv, head_dim=hd, dtype=str(dtype).replace("torch.", ""),
-                kv_bytes=kv_bytes, input_copies=copies, calls_per_timing=calls, reps=reps, median_s=med,
+                kv_bytes=kv_bytes, input_copies=copies, calls_per_timing=calls, graphed=graphed, reps=reps,
+                median_s=med,
                 kv_GBps={n: kv_bytes / t / 1e9 for n, t in med.items()},
                 ratio={n: {m: med[n] / med[m] for m in med if m != n} for n in med},
                 max_abs_err_vs_dense=err, sdpa_backend=backend, failed=failed)
+
+
+def _captured(fns: dict, inputs, calls: int, device, failed: dict, notes, where: str) -> dict:
+    """{name: the replay of one graph of ``calls`` calls of the method on distinct input copies}; a method whose
+    capture fails is dropped from ``fns`` and its error kept in ``failed``."""
+    runs = {}
+    for name, fn in list(fns.items()):
+        try:
+            runs[name] = capture_calls([functools.partial(fn, *inputs[i % len(inputs)]) for i in range(calls)], device)
+        except Exception as e:  # noqa: BLE001  (a method that cannot be captured: time the others)
+            failed[name] = f"capture: {type(e).__name__}: {str(e)[:150]}"
+            notes.add(f"{name} failed at {where}: {failed[name]}")
+            del fns[name]
+    return runs
 
 
 def _methods(B, H, Hkv, P, T, S, mask, full, device, methods_ok, flex, max_gb, notes) -> dict:
     """{name: (q, k, v) -> output} of the methods this shape can run, "dense" first (the reference)."""
     causal = lower_right_causal(T, S)
     fns = {"dense": lambda q, k, v: dense_attention(q, k, v, full),
+           "flash": lambda q, k, v: fused_attention(q, k, v, full),
            "causal": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
                q, k, v, attn_mask=causal, enable_gqa=H != Hkv)}
     score_gb = B * H * T * P * 4 * 3 / 1e9  # fp32 scores, probabilities, a temporary
@@ -193,8 +246,9 @@ def _methods(B, H, Hkv, P, T, S, mask, full, device, methods_ok, flex, max_gb, n
     else:
         notes.add(f"split_torch skipped where its fp32 score matrices exceed {max_gb} GB (--max-gb)")
     if methods_ok["split_triton"]:
-        from ..attention.triton_split import split_attention_triton
-        fns["split_triton"] = lambda q, k, v: split_attention_triton(q, k, v, P, mask)
+        from ..attention.triton_split import SplitWorkspace, split_attention_triton
+        ws = SplitWorkspace()  # allocated on the warm-up, reused by every timed call (as a decode step's layers)
+        fns["split_triton"] = lambda q, k, v: split_attention_triton(q, k, v, P, mask, out=ws.output(q), workspace=ws)
     if flex is not None:
         flex_attention, create_block_mask = flex
         tm = mask
@@ -239,7 +293,7 @@ def coarse_first(*axes):
 
 
 def run_grid(device, dtype, batches, ctxs, trees, heads=(32, 8, 128), reps=30, max_gb=12.0, deadline=None,
-             on_row=None, bandwidth=None) -> dict:
+             on_row=None, bandwidth=None, graphed=False) -> dict:
     """The attention grid over batch x ctx x tree.
 
     Args:
@@ -251,9 +305,10 @@ def run_grid(device, dtype, batches, ctxs, trees, heads=(32, 8, 128), reps=30, m
         deadline: ``time.perf_counter()`` value after which no new shape starts (None: no limit).
         on_row: called with each result row as it is measured (printing); not with failed shapes.
         bandwidth: a copy bandwidth (GB/s) measured earlier in the same run; measured here if None.
+        graphed: time replays of CUDA graphs of the calls (module docstring) instead of eager calls.
     Returns:
         dict(copy_bandwidth_GBps, notes, results=[rows], skipped=[{batch, ctx, tree}], order,
-        l2_flush_bytes). A shape that raised (out of memory, say) is a row {batch, ctx, tree, ...,
+        l2_flush_bytes, graphed). A shape that raised (out of memory, say) is a row {batch, ctx, tree, ...,
         error}; the rows measured before and after it are kept.
     """
     device = torch.device(device)
@@ -279,7 +334,7 @@ def run_grid(device, dtype, batches, ctxs, trees, heads=(32, 8, 128), reps=30, m
             skipped.append(dict(batch=B, ctx=P, tree=T))
             continue
         try:
-            r = run_shape(B, H, Hkv, hd, P, T, device, dtype, reps, methods_ok, flex, max_gb, notes, flush)
+            r = run_shape(B, H, Hkv, hd, P, T, device, dtype, reps, methods_ok, flex, max_gb, notes, flush, graphed)
         except Exception as e:  # noqa: BLE001  (one shape out of memory must not cost the rows measured)
             r = dict(batch=B, ctx=P, tree=T, heads=H, kv_heads=Hkv, head_dim=hd,
                      dtype=str(dtype).replace("torch.", ""), error=f"{type(e).__name__}: {str(e)[:300]}")
@@ -295,4 +350,4 @@ def run_grid(device, dtype, batches, ctxs, trees, heads=(32, 8, 128), reps=30, m
     if failed := sum("error" in r for r in rows):
         notes.add(f"{failed} shapes failed: their rows hold the 'error'")
     return dict(copy_bandwidth_GBps=bw, notes=sorted(notes), results=rows, skipped=skipped, order=order,
-                l2_flush_bytes=flush.numel() * 4)
+                l2_flush_bytes=flush.numel() * 4, graphed=graphed)
