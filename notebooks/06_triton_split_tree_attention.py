@@ -14,18 +14,14 @@
 # ---
 
 # %%
-# No GPU: run the Triton kernels in Triton's interpreter (numpy on CPU). This must happen before
-# anything imports triton, so it is the very first thing the notebook does.
+# Versions and FAST mode. Importing minispec first matters here: with no GPU it switches on Triton's
+# interpreter (TRITON_INTERPRET=1: the kernels run on CPU tensors), which must happen before anything
+# imports triton.
 import os
 import platform
 
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-# Versions and FAST mode.
 import minispec
+import torch
 from minispec import config
 
 FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
