@@ -35,14 +35,14 @@ def eagle_input(embedding: torch.Tensor, tokens: list[int], features: torch.Tens
     embedding FIRST (the head then applies ``fc`` [H, 2H] to each row). Questions to answer
     first: which token of the context removes the head's uncertainty about the branch the text
     took after f_j (notebook section 1)? Why are there n - 1 rows for n tokens, and which
-    token gets no feature?
+    token gets no feature? Which token, then, shares row j with f_j?
 
     Args:
         embedding: [V, H] the target's token embedding matrix.
         tokens: the context x_0..x_{n-1}, n >= 2 token ids.
         features: [n-1, H] target features f_0..f_{n-2}.
     Returns:
-        [n-1, 2H] float tensor, row j = cat[embedding[x_{j+1}], f_j].
+        [n-1, 2H] float tensor, one row per head position j: H embedding values, then H feature values.
     """
     # EXERCISE 3.1: which token travels with f_j, and which half of the row comes first?
     raise NotImplementedError("Exercise 3.1: which token travels with f_j, and which half of the row comes first?")

@@ -49,17 +49,14 @@
 # training: `minispec/train/eagle.py`, `eagle3.py`, `medusa.py`.
 
 # %%
-# Versions and FAST mode.
+# Versions, FAST mode and the device: the first cell of every chapter (minispec.lab.notebook.setup).
 import os, platform
 
-import torch
 import minispec
-from minispec import config
+import torch
+from minispec.lab.notebook import setup, show
 
-FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
-print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
-print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
-print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
+FAST = setup()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
 
 # %%
 import inspect
@@ -139,8 +136,8 @@ plt.tight_layout(); plt.show()
 # %% [markdown]
 # ### Exercise 3.1 — `eagle_input(embedding, tokens, features)`
 #
-# Implement `eagle_input` in `exercises/ch03_eagle.py`: the head's input rows
-# $\mathrm{cat}[e(x_{j+1}), f_j]$ for a context, the shifted pairs, embedding first.
+# Implement `eagle_input` in `exercises/ch03_eagle.py`: the head's input rows for a context, one per
+# head position $j$, each pairing $f_j$ with a token's embedding (the shifted pairs, embedding first).
 #
 # *Hint.* Look at the right-hand figure: which token does feature $f_j$ travel with, and which
 # token of the context has no feature yet? Count the rows you must return from the shapes in
@@ -447,37 +444,16 @@ print(f"{len(conf)} positions: acceptance {hit.mean():.2f}, mean confidence {con
 # chapter 2's line: how many runs the TV test alone would need (`exactness.samples_for_tv`).
 
 # %%
-from IPython.display import Markdown, display
+from minispec.lab.joint_law import claim_uniform_q, decode_loop_exactness, share_verifier_stream
 
-from minispec.lab.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
-                                share_verifier_stream, show_loop_check)
-from minispec.sampling import SamplingParams
-
-tv_params = SamplingParams(temperature=1.0, top_k=3)
-tv_ids = encode_prompt(smol_tok, "The best way to", chat=False)
-tv_law = first_tokens_law(smol, tv_ids, tv_params, length=3)  # {(t1, t2, t3): probability}, 27 outcomes
 eagle_chain = load_drafter(str(HEADS["eagle"]), smol, tree="chain:2", verbose=False)
 runs = {"EAGLE-1/2 head, chain:2 (real q)": eagle_chain.fresh,
         "WRONG (blatant): same chain, claims uniform q": lambda: claim_uniform_q(eagle_chain.fresh())}
 if not FAST:  # the EAGLE-3 head too (its q lives on a reduced vocabulary, mapped back by d2t)
     runs["EAGLE-3 head, chain:2 (real q)"] = load_drafter(str(HEADS["eagle3"]), smol, tree="chain:2", verbose=False).fresh
 subtle = {"WRONG (subtle): same chain, drafts from the verifier's stream": lambda: share_verifier_stream(eagle_chain.fresh())}
-N, N_SUBTLE = (64, None) if FAST else (2048, 2048)  # the subtle control needs ~500 runs for the chi-square tests:
-# full mode only; in fast mode (CI) tests/test_joint_law.py flags the same kind of control on tiny models
-res, bound, support, exact = loop_tv_check(smol, smol_tok, tv_ids, runs, tv_params, N, law=tv_law, control_max=8 * N)
-if N_SUBTLE:
-    res_s, bound_s, _, _ = loop_tv_check(smol, smol_tok, tv_ids, subtle, tv_params, N_SUBTLE, law=tv_law,
-                                         control_max=4 * N_SUBTLE)
-display(Markdown("**TV check — target: SmolLM2-135M-Instruct; drafter: minispec's shipped EAGLE heads**"))
-show_loop_check(smol_tok, support, exact, res, bound, "SmolLM2-135M + shipped EAGLE head: first 3 tokens, T = 1, top-k 3")
-plt.show()
-assert_loop_check(res, bound)  # every honest run passes, every "WRONG" run is flagged
-if N_SUBTLE:
-    show_loop_check(smol_tok, support, exact, res_s, bound_s, "the subtle control")
-    plt.show()
-    assert_loop_check(res_s, bound_s)
-else:
-    print("the subtle control: full mode only (MINISPEC_FAST unset; minutes of SmolLM2 runs)")
+tv3 = decode_loop_exactness(smol, smol_tok, runs, subtle, fast=FAST,
+                            models="target: SmolLM2-135M-Instruct; drafter: minispec's shipped EAGLE heads")
 
 # %% [markdown]
 # ## 7. Drafting a chain: the head feeds itself

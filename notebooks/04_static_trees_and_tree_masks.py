@@ -14,17 +14,14 @@
 # ---
 
 # %%
-# Versions and FAST mode.
+# Versions, FAST mode and the device: the first cell of every chapter (minispec.lab.notebook.setup).
 import os, platform
 
-import torch
 import minispec
-from minispec import config
+import torch
+from minispec.lab.notebook import setup, show
 
-FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
-print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
-print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
-print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
+FAST = setup()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
 
 # %% [markdown]
 # # Chapter 4 — Static trees: one target forward for many draft paths
@@ -86,10 +83,6 @@ from minispec.sampling import GREEDY, SamplingParams
 from minispec.tokenizer import encode_prompt
 from minispec.tree import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63, Tree, parse_choices
 
-def show(obj):
-    """Print the source of a minispec function (the notebook never redefines library code)."""
-    print(inspect.getsource(obj))
-
 
 # %% [markdown]
 # ## 1. From choices to a tree
@@ -145,11 +138,31 @@ show(parse_choices)
 # row and is not part of this mask. So a node's logits are exactly those of a causal forward
 # over prefix + its own path: siblings never see each other.
 #
-# Below, a naive version written for teaching: the visible columns of every row, found by walking
-# up the parents, as lists of column indices; then an assert that they are exactly the `True`
-# columns of the library's `Tree.mask` on the small tree, both `mc_sim_7b_63` trees and random
-# trees, and that a chain's mask is the causal (lower-triangular) mask. Exercise 4.2 builds the
-# mask itself.
+# Exercise 4.2 builds that mask; after it, a naive version written for teaching is checked against
+# the library's.
+
+# %% [markdown]
+# ### Exercise 4.2 — `tree_mask(parents)`
+#
+# Build the $[N+1, N+1]$ ancestor mask of root + $N$ nodes (row $a$ = query, column $b$ = key).
+#
+# The check compares your mask with the library's on many seeded random trees, EAGLE's and
+# Medusa's `mc_sim_7b_63` and chains: any correct construction passes.
+#
+# *Hint.* Walking up from every row to the root works, and repeats itself. Since nodes come in
+# topological order, what do you already know about a node's parent's row when you reach the
+# node's own row? How does a node's row differ from its parent's?
+
+# %%
+check("4.2")
+
+# %% [markdown]
+# ### A naive version for teaching
+#
+# The visible columns of every row, found by walking up the parents, as lists of column indices;
+# then an assert that they are exactly the `True` columns of the library's `Tree.mask` on the small
+# tree, both `mc_sim_7b_63` trees and random trees, and that a chain's mask is the causal
+# (lower-triangular) mask.
 
 # %%
 def naive_visible(parents):
@@ -172,18 +185,6 @@ for parents in examples:
 chain = Tree.chain([0] * 6)
 assert torch.equal(chain.mask(), torch.ones(7, 7, dtype=torch.bool).tril())
 print(f"naive visible columns == Tree.mask on {len(examples)} trees; a chain's mask is causal")
-
-# %% [markdown]
-# ### Exercise 4.2 — `tree_mask(parents)`
-#
-# Build the $[N+1, N+1]$ ancestor mask of root + $N$ nodes (row $a$ = query, column $b$ = key).
-#
-# *Hint.* The naive version above walks up the parents of every row, again and again. Since
-# nodes come in topological order, what do you already know about a node's parent's row when
-# you reach the node's own row? How does a node's row differ from its parent's?
-
-# %%
-check("4.2")
 
 # %% [markdown]
 # ### The library's version
@@ -494,35 +495,14 @@ print("every run emitted exactly the vanilla greedy tokens")
 #   draw: the law moves by a TV of about 0.1.
 
 # %%
-from IPython.display import Markdown, display
+from minispec.lab.joint_law import claim_uniform_q, decode_loop_exactness, peek_verifier_stream
 
-from minispec.lab.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
-                                peek_verifier_stream, show_loop_check)
-
-tv_params = SamplingParams(temperature=1.0, top_k=3)
-tv_ids = encode_prompt(tok, "The best way to", chat=False)
-tv_law = first_tokens_law(smol, tv_ids, tv_params, length=3)  # {(t1, t2, t3): probability}, 27 outcomes
 runs = {"distilled draft, EAGLE static tree (one-hot q)": lambda: DraftModel(draft, tree="eagle"),
         "WRONG (blatant): same tree, claims uniform q": lambda: claim_uniform_q(DraftModel(draft, tree="eagle"))}
 subtle = {"WRONG (subtle): same trees, order read from the verifier's stream":
           lambda: peek_verifier_stream(DraftModel(draft, tree="eagle"), band=0.65)}
-N, N_SUBTLE = (64, None) if FAST else (2048, 2048)  # the subtle control needs ~750 runs for the chi-square tests:
-# full mode only; in fast mode (CI) tests/test_joint_law.py flags the same kind of control on tiny models
-# the controls sequentially, as in chapter 3: N, 2N, 4N, ... runs until flagged, each look at alpha / looks
-res, bound, support, exact = loop_tv_check(smol, tok, tv_ids, runs, tv_params, N, law=tv_law, control_max=8 * N)
-if N_SUBTLE:
-    res_s, bound_s, _, _ = loop_tv_check(smol, tok, tv_ids, subtle, tv_params, N_SUBTLE, law=tv_law,
-                                         control_max=4 * N_SUBTLE)
-display(Markdown("**TV check — target: SmolLM2-135M-Instruct; draft: minispec's distilled SmolLM2 draft**"))
-show_loop_check(tok, support, exact, res, bound, "SmolLM2-135M + distilled draft, static tree: first 3 tokens, T = 1, top-k 3")
-plt.show()
-assert_loop_check(res, bound)  # every honest run passes, every "WRONG" run is flagged
-if N_SUBTLE:
-    show_loop_check(tok, support, exact, res_s, bound_s, "the subtle control")
-    plt.show()
-    assert_loop_check(res_s, bound_s)
-else:
-    print("the subtle control: full mode only (MINISPEC_FAST unset; minutes of SmolLM2 runs)")
+tv4 = decode_loop_exactness(smol, tok, runs, subtle, fast=FAST,
+                            models="target: SmolLM2-135M-Instruct; draft: minispec's distilled SmolLM2 draft")
 
 # %% [markdown]
 # ## 7. Choosing a static tree

@@ -14,20 +14,16 @@
 # ---
 
 # %%
-# Versions and FAST mode. Importing minispec first matters here: with no GPU it switches on Triton's
-# interpreter (TRITON_INTERPRET=1: the kernels run on CPU tensors), which must happen before anything
-# imports triton.
-import os
-import platform
+# Versions, FAST mode and the device: the first cell of every chapter (minispec.lab.notebook.setup).
+# Importing minispec first matters here: with no GPU it switches on Triton's interpreter
+# (TRITON_INTERPRET=1: the kernels run on CPU tensors), which must happen before anything imports triton.
+import os, platform
 
 import minispec
 import torch
-from minispec import config
+from minispec.lab.notebook import setup, show
 
-FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
-print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
-print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
-print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
+FAST = setup()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
 
 # %% [markdown]
 # # Chapter 6 — Split tree attention in Triton: a mask-free prefix, a masked tree, one merge

@@ -14,16 +14,14 @@
 # ---
 
 # %%
-# Versions and FAST mode.
+# Versions, FAST mode and the device: the first cell of every chapter (minispec.lab.notebook.setup).
 import os, platform
 
-import torch
 import minispec
-from minispec import config
+import torch
+from minispec.lab.notebook import setup, show
 
-FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
-print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
-print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
+FAST = setup()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
 
 # %% [markdown]
 # # Chapter 7 — A paged KV cache: block tables, tree padding, rollback, ragged batches
@@ -834,13 +832,8 @@ else:
 # %%
 import itertools
 
-from IPython.display import Markdown, display
-
-from minispec.lab.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
-                                peek_verifier_stream, show_loop_check)
+from minispec.lab.joint_law import claim_uniform_q, decode_loop_exactness, peek_verifier_stream
 from minispec.methods import Methods
-from minispec.sampling import SamplingParams
-from minispec.tokenizer import encode_prompt
 
 smol, smol_tok = load("smollm2-135m")
 smol_methods = Methods(smol)
@@ -853,32 +846,14 @@ def ragged_mix(wrap=lambda d: d, kinds=kinds):
     return lambda: (lambda k: None if k is None else wrap(k.fresh()))(next(turn))
 
 
-law_params = SamplingParams(temperature=1.0, top_k=3)
-law_ids = encode_prompt(smol_tok, "The best way to", chat=False)
-company = [encode_prompt(smol_tok, p, chat=False) for p in ("Hi", "Write a short poem about the sea and the wind.")]
-law = first_tokens_law(smol, law_ids, law_params, length=3)  # {(t1, t2, t3): probability}, 27 outcomes
 runs = {"ragged mix: vanilla, EAGLE chain, EAGLE-2 tree": ragged_mix(),
         "WRONG (blatant): drafted rows claim uniform q": ragged_mix(lambda d: claim_uniform_q(d, smol.cfg.vocab_size))}
 subtle = {"WRONG (subtle): EAGLE-2 trees ordered by the verifier's stream":
           ragged_mix(lambda d: peek_verifier_stream(d, band=0.3), kinds=kinds[2:])}
-N, N_SUBTLE = (96, None) if FAST else (2048, 2048)  # the subtle control needs ~1000 runs for the chi-square tests:
-# full mode only; in fast mode (CI) tests/test_joint_law.py flags the same kind of control on tiny models
-res, bound, support, exact = loop_tv_check(smol, smol_tok, law_ids, runs, law_params, N, law=law, company=company,
-                                           control_max=8 * N)
-if N_SUBTLE:
-    res_s, bound_s, _, _ = loop_tv_check(smol, smol_tok, law_ids, subtle, law_params, N_SUBTLE, law=law, company=company,
-                                         control_max=4 * N_SUBTLE)
-display(Markdown("**TV check — target: SmolLM2-135M-Instruct; drafters: minispec's shipped EAGLE-1/2 head (chain and "
-                 "EAGLE-2 trees), in ragged batches with two other prompts**"))
-show_loop_check(smol_tok, support, exact, res, bound, "SmolLM2-135M, ragged batches: first 3 tokens, T = 1, top-k 3")
-plt.show()
-assert_loop_check(res, bound)  # every honest run passes, every "WRONG" run is flagged
-if N_SUBTLE:
-    show_loop_check(smol_tok, support, exact, res_s, bound_s, "the subtle control, in ragged batches")
-    plt.show()
-    assert_loop_check(res_s, bound_s)
-else:
-    print("the subtle control: full mode only (MINISPEC_FAST unset; minutes of SmolLM2 runs)")
+tv7 = decode_loop_exactness(smol, smol_tok, runs, subtle, fast=FAST, n=(96, 2048),
+                            company=["Hi", "Write a short poem about the sea and the wind."],
+                            models="target: SmolLM2-135M-Instruct; drafters: minispec's shipped EAGLE-1/2 head (chain "
+                                   "and EAGLE-2 trees), in ragged batches with two other prompts")
 
 # %% [markdown]
 # ## Pen-and-paper questions

@@ -14,21 +14,21 @@
 # ---
 
 # %%
-# Versions, FAST mode and the device every measurement below runs on.
+# Versions, FAST mode and the device: the first cell of every chapter (minispec.lab.notebook.setup).
 import os, platform
 
-import torch
 import minispec
-from minispec import config
+import torch
+from minispec.lab.notebook import setup, show
+
+FAST = setup()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
+
 from minispec.lab.benchinfo import device_info
 
-FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPE = torch.bfloat16 if DEV.type == "cuda" else torch.float32  # what minispec runs in on each kind of device
 _info = device_info()
 DEVICE_NAME = _info.get("gpu") if DEV.type == "cuda" else f"CPU: {_info.get('cpu_model', _info['cpu'])}"
-print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
-print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
 print(f"measurements run on: {DEVICE_NAME} ({DEV.type}, {DTYPE}, {torch.get_num_threads()} CPU threads)")
 
 # %% [markdown]
@@ -81,7 +81,7 @@ from minispec import load
 
 from minispec.lab import profile, scale
 from minispec.dispatch import interpolate, verify_cost_curve
-from minispec.drafters.oracle import OracleDrafter, corruption_for_tau, expected_tau
+from minispec.drafters.oracle import OracleDrafter, expected_tau
 from minispec.generate import generate
 from minispec.grading import check, load_impl  # check("9.1"): grade one exercise of exercises/ (prints, never raises)
 from minispec.model import Transformer
@@ -209,8 +209,24 @@ for P in (8192, 32768):  # the KV cache adds bytes, and attention FLOPs per row:
 # So a verify forward of a few dozen rows is still nearly free on an H100 at batch 1 (its ridge
 # is in the hundreds of rows), while on a CPU the ridge comes after a few dozen rows or fewer:
 # a CPU's matrix units are slow next to its memory, a GPU's are fast.
+
+# %% [markdown]
+# ### Exercise 9.2 — `roofline_step_s`
 #
-# Now the prediction against a measurement. `dispatch.verify_cost_curve` times one target
+# The roofline's bound on one forward of `new_tokens` rows for each of `batch` sequences after
+# `context` cached tokens, with your `step_bytes` for the memory side and, for the compute side,
+# every row's FLOPs: the linear layers and attention over the context. The grader checks
+# memory-bound, compute-bound and KV-dominated cases on the shapes of 9.1, with this project's CPU
+# roofs and the H100's spec-sheet ones, and names the usual slips (a sum instead of the slower
+# term, attention left out, KV heads for query heads).
+
+# %%
+print(inspect.getdoc(load_impl(9, "exercises").roofline_step_s))
+check("9.2", impl="exercises")
+
+# %% [markdown]
+# Now the prediction against a measurement, with minispec's `scale.roofline_step_s` (exercise 9.2's
+# answer). `dispatch.verify_cost_curve` times one target
 # forward of $N + 1$ tokens after 256 cached tokens on SmolLM2, live on this device; the roofline
 # predicts the same forwards from the two roofs just measured. Absolute times first (the roofline
 # is a floor: a real forward also pays for activations, norms, attention's softmax and Python),
@@ -252,20 +268,6 @@ plt.tight_layout(); plt.show()
 # and roughly where, the measurement how much.
 
 # %% [markdown]
-# ### Exercise 9.2 — `roofline_step_s`
-#
-# The roofline's bound on one forward of `new_tokens` rows for each of `batch` sequences after
-# `context` cached tokens, with your `step_bytes` for the memory side and, for the compute side,
-# every row's FLOPs: the linear layers and attention over the context. The grader checks
-# memory-bound, compute-bound and KV-dominated cases on the shapes of 9.1, with this project's CPU
-# roofs and the H100's spec-sheet ones, and names the usual slips (a sum instead of the slower
-# term, attention left out, KV heads for query heads).
-
-# %%
-print(inspect.getdoc(load_impl(9, "exercises").roofline_step_s))
-check("9.2", impl="exercises")
-
-# %% [markdown]
 # ## 3. The oracle draft: a known $\tau$, output equal to vanilla
 #
 # A model with random weights has no draft that agrees with it, so we make one. The **oracle**
@@ -294,10 +296,25 @@ check("9.2", impl="exercises")
 # timed apart and left out of the speedup), and `scale.oracle_speedup` **raises** if a run's
 # measured $\tau$ departs from the promise by more than 4 standard errors.
 #
-# We aim at $\tau = 3$ with a chain of $k = 5$: the $p$ that gives it (`corruption_for_tau`, the
-# formula inverted; exercise 9.3 below):
+# %% [markdown]
+# ### Exercise 9.3 — `corruption_for_tau`
+#
+# Invert the oracle's promise: the corruption rate $p$ at which a depth-$k$ oracle commits `tau`
+# tokens per forward, to $10^{-9}$ in $\tau$, with a `ValueError` outside $1 \le \tau \le k + 1$.
+# (Is there a closed form? For which $k$?) The grader tries both ends of the range and sixty
+# random $(\tau, k)$, and tells an acceptance rate from a corruption rate.
 
 # %%
+print(inspect.getdoc(load_impl(9, "exercises").corruption_for_tau))
+check("9.3", impl="exercises")
+
+# %% [markdown]
+# We aim at $\tau = 3$ with a chain of $k = 5$: the $p$ that gives it (minispec's `corruption_for_tau`,
+# the formula inverted: exercise 9.3's answer):
+
+# %%
+from minispec.drafters.oracle import corruption_for_tau
+
 K, TAU = 5, 3.0
 P_CORRUPT = corruption_for_tau(TAU, K)
 METHODS9 = {"vanilla": (0, 0), "chain": (K, K), "tree": (K, 25)}  # name -> (depth, draft nodes)
@@ -457,18 +474,6 @@ if DEV.type == "cuda":
     torch.cuda.empty_cache()
 
 # %% [markdown]
-# ### Exercise 9.3 — `corruption_for_tau`
-#
-# Invert the oracle's promise: the corruption rate $p$ at which a depth-$k$ oracle commits `tau`
-# tokens per forward, to $10^{-9}$ in $\tau$, with a `ValueError` outside $1 \le \tau \le k + 1$.
-# (Is there a closed form? For which $k$?) The grader tries both ends of the range and sixty
-# random $(\tau, k)$, and tells an acceptance rate from a corruption rate.
-
-# %%
-print(inspect.getdoc(load_impl(9, "exercises").corruption_for_tau))
-check("9.3", impl="exercises")
-
-# %% [markdown]
 # ## 4. Where speculation stops paying: batches, the ridge, and long contexts
 #
 # Speculation buys tokens per forward with rows per forward. At batch $B$ a verify forward has
@@ -484,6 +489,21 @@ check("9.3", impl="exercises")
 # far past the weights' ridge, and extra rows are free again: the reason speculation pays at large
 # batches when contexts are long (Chen et al., *MagicDec*, 2024). Llama-3.1-8B on an H100,
 # **from the spec sheet** (3.35 TB/s, 989 TFLOP/s bf16, 80 GB of HBM3):
+
+# %% [markdown]
+# ### Exercise 9.4 — `crossover_batch`
+#
+# With your `roofline_step_s`: the smallest batch at which speculation's roofline speedup
+# (oracle drafting, `nodes` draft tokens per sequence, `tau` tokens per forward) falls below 1,
+# or `None` when it pays up to `max_batch`. The grader uses the 8B shapes at short and long
+# contexts, SmolLM2 with this project's CPU roofs, and thirty random configs.
+
+# %%
+print(inspect.getdoc(load_impl(9, "exercises").crossover_batch))
+check("9.4", impl="exercises")
+
+# %% [markdown]
+# The same on the H100's spec sheet, with minispec's `scale.crossover_batch` (exercise 9.4's answer).
 
 # %%
 H_BW, H_PEAK, HBM = H100_SPEC["bandwidth"], H100_SPEC["peak"], 80e9  # spec sheet, not measured
@@ -563,18 +583,6 @@ for P in sweep_P:
 # that on this device a forward's cost grows with its rows before the ridge, and every row the
 # chain adds is multiplied by the batch. The roofline is the best case; the measured curve is what
 # a scheduler on this machine would have to use.
-
-# %% [markdown]
-# ### Exercise 9.4 — `crossover_batch`
-#
-# With your `roofline_step_s`: the smallest batch at which speculation's roofline speedup
-# (oracle drafting, `nodes` draft tokens per sequence, `tau` tokens per forward) falls below 1,
-# or `None` when it pays up to `max_batch`. The grader uses the 8B shapes at short and long
-# contexts, SmolLM2 with this project's CPU roofs, and thirty random configs.
-
-# %%
-print(inspect.getdoc(load_impl(9, "exercises").crossover_batch))
-check("9.4", impl="exercises")
 
 # %% [markdown]
 # ## 5. On a GPU: the 8B-shaped model
