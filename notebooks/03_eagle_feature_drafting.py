@@ -43,7 +43,8 @@
 # 4. Measure acceptance per draft position for SpS, Medusa, EAGLE-1 and EAGLE-3 on SmolLM2.
 # 5. Check that the draft's confidence is calibrated (EAGLE-2's premise) and that decoding
 #    with an EAGLE head at temperature 1 keeps the target's distribution.
-# 6. Implement exercises 3.1–3.5 and grade them (3.5: draft a chain at the feature level, the head feeding itself).
+# 6. Implement exercises 3.1–3.6 and grade them (3.5: draft a chain at the feature level, the head feeding itself;
+#    3.6: EAGLE-3's training-time test, training the levels the head drafts on its own features).
 #
 # Library code: `minispec/drafters/eagle.py`, `eagle3.py`, `medusa.py`, `loader.py`;
 # training: `minispec/train/eagle.py`, `eagle3.py`, `medusa.py`.
@@ -180,9 +181,9 @@ print(heads["Medusa"])
 # final `norm` and an `lm_head` over a **draft vocabulary** of the most frequent training
 # tokens, mapped back to target ids by `d2t` (exercises 3.2–3.3). At its next drafting step the
 # head is fed its *own* output hidden state, not a target feature, and it is trained that way
-# too (**training-time test**: `minispec.train.eagle3.unroll` runs the head on its own
-# outputs for several steps and sums the cross-entropies with weights $\text{decay}^j$), so
-# there is no feature-regression loss. Medusa's heads are one residual block each on $f_t$;
+# too (the **training-time test** of section 8 and exercise 3.6: the head runs on its own outputs
+# for several levels, each level's loss weighted $\text{decay}^j$), so there is no
+# feature-regression loss. Medusa's heads are one residual block each on $f_t$;
 # head $i$ guesses the token $i+1$ positions ahead without seeing the drafts in between.
 
 # %%
@@ -501,6 +502,78 @@ print(f"greedy verification would accept the first {accepted} of 5")
 check("3.5")
 
 # %% [markdown]
+# ## 8. Training-time test: training the levels the head drafts on its own features
+#
+# Section 7's chain is drafted on the head's own features from the second token on, yet section 3
+# trained it only on the target's: every training pair was $(x_{t+1}, f_t)$ with the true $f_t$. The
+# deeper the draft, the further its input is from anything it saw in training, and acceptance falls
+# with depth (section 4). EAGLE-3 (Li et al. 2025) trains the way it drafts, the **training-time
+# test**; HASS (Zhang et al. 2024) applies it to EAGLE-1/2 heads, and so does
+# `python -m minispec train eagle --ttt-steps N`. In one forward over a sequence, every position $t$
+# is an *anchor* whose chain is drafted $N$ levels deep at once: level 0 is the teacher-forced head;
+# level $j$ reads the head's own level-$(j-1)$ output at the same anchor beside the token $j$ steps
+# further on, sits $j$ positions further on, and predicts the target's feature $j + 1$ steps ahead.
+# What makes it a drafted chain and not $N$ independent heads is the attention mask: a level's row
+# may see the committed pairs (level 0's keys) only up to its anchor, and of the later levels only
+# its own chain, as `EagleDrafter`'s tree mask allows (chapter 4). Each level's loss is weighted
+# $\text{decay}^j$: the first drafts matter most, since a chain is accepted only up to its first miss.
+
+# %% [markdown]
+# ### Exercise 3.6 — `ttt_loss(level, tokens, features, valid, steps, decay)`
+#
+# Write the unrolled loss: for each level, the tokens, input features, positions and attention mask it
+# runs on (through the given `level`, which runs the head's next level), its targets and the anchors
+# where they exist, then the decay-weighted loss. The check runs random float64 heads of one and two
+# layers on minispec's tiny Llama target and compares with `minispec.train.eagle.unroll`; a wrong
+# level names what it read.
+#
+# *Hint.* Draw the keys of a 3-level unroll over 4 anchors as a grid (level by row, anchor by column)
+# and shade what anchor 2's level-2 row may see. Which target does level $j$ at the last anchors
+# have?
+
+# %%
+check("3.6")
+
+# %% [markdown]
+# ### With and without it: acceptance by depth, from section 3's miniature run
+#
+# Section 3's head trained level 0 only. A second head starts from the same random weights and
+# trains on the same sequences for the same steps with the training-time test over 3 levels
+# (`minispec.train.eagle.ttt_loss`: each level's SmoothL1 and draft-vocabulary cross-entropy). Then
+# both draft 3 levels on their own features (`unroll`, no noise), and the cell prints how often each
+# level's top token (over the 8192-token draft vocabulary) is the target's greedy token at that depth,
+# on the training sequences. A run this short moves the heads a little; the cell prints what it
+# measured, and the shipped heads' records (section 3) hold the full training runs.
+
+# %%
+LEVELS = 3
+torch.manual_seed(0)  # section 3's start
+head_ttt = EagleHead(EagleConfig.for_target(smol.cfg))
+opt_ttt = torch.optim.AdamW(head_ttt.parameters(), lr=1e-3, betas=(0.9, 0.95))
+gen = torch.Generator().manual_seed(0)
+t0 = time.perf_counter()
+for step in range(n_steps):
+    loss_ttt, *_ = train_eagle.ttt_loss(head_ttt, smol, batch, ce_weight=0.1, ce_frac=0.25, noise=0.1, steps=LEVELS,
+                                        decay=0.8, draft_head=draft_head, generator=gen)
+    opt_ttt.zero_grad(); loss_ttt.backward()
+    torch.nn.utils.clip_grad_norm_(head_ttt.parameters(), 1.0); opt_ttt.step()
+print(f"training-time test: {n_steps} steps of {LEVELS} levels in {time.perf_counter() - t0:.0f} s")
+by_depth = {}
+with torch.no_grad():
+    for name, h in (("section 3's head (level 0 only)", head), (f"training-time test ({LEVELS} levels)", head_ttt)):
+        *_, accs = train_eagle.ttt_loss(h, smol, batch, ce_weight=0.1, ce_frac=1.0, noise=0.0, steps=LEVELS,
+                                        decay=0.8, draft_head=draft_head)
+        by_depth[name] = accs
+for name, accs in by_depth.items():
+    print(f"{name:<36} top-1 agreement by draft depth: " + "  ".join(f"d{j + 1} {a:.3f}" for j, a in enumerate(accs)))
+fig, ax = plt.subplots(figsize=(6, 3))
+for i, (name, accs) in enumerate(by_depth.items()):
+    ax.bar(np.arange(1, LEVELS + 1) + (i - 0.5) * 0.38, accs, 0.38, label=name)
+ax.set(xlabel="draft depth (the head on its own features from depth 2)", ylabel="top-1 = target's greedy",
+       xticks=range(1, LEVELS + 1), title=f"{n_steps} training steps on {len(seqs)} sequences (training data)")
+ax.legend(fontsize=8); plt.tight_layout(); plt.show()
+
+# %% [markdown]
 # ## Pen-and-paper questions
 #
 # Short questions to answer without a computer (answers at the end of the notebook).
@@ -567,7 +640,7 @@ check("3.5")
 #
 # ## The whole chapter
 #
-# Exercises 3.1–3.5 sit after the sections that teach them; their functions are in
+# Exercises 3.1–3.6 sit after the sections that teach them; their functions are in
 # `exercises/ch03_eagle.py` (generated from `solutions/`; same signatures and docstrings). The
 # checks compare your functions with minispec's own code (`EagleDrafter`'s head input,
 # `minispec.drafters.eagle3`, `minispec.train.eagle.eagle_loss`) on seeded random tensors.
@@ -579,6 +652,7 @@ check("3.5")
 # | 3.3 | `to_target_logits` | draft-vocabulary logits into the target vocabulary, $-\infty$ elsewhere |
 # | 3.4 | `eagle_loss` | SmoothL1 on features + $w_{cls}$ × soft cross-entropy against the target's top-$K$ |
 # | 3.5 | `draft_chain` | a greedy chain at the feature level: each draft token paired with the head's own feature |
+# | 3.6 | `ttt_loss` | the training-time test: each level's inputs, positions, attention mask and targets, decay-weighted |
 #
 # Your file, graded in one table (the same as `python -m minispec grade 3` or
 # `pytest tests/test_exercises.py -m ch03 --impl exercises`), and what a finished chapter looks

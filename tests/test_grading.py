@@ -628,6 +628,37 @@ def _library_call(module: str, name: str):
     return lambda *args, **kwargs: getattr(importlib.import_module(module), name)(*args, **kwargs)
 
 
+
+def _ttt(mask_of, inputs_of):
+    """3.6 with the level's attention mask and input features chosen by the two functions (j, Tp) / (j, features, g)."""
+    import torch.nn.functional as F
+
+    def ttt_loss(level, tokens, features, valid, steps, decay=0.8):
+        B, T = tokens.shape
+        Tp = T - 1
+        g, total, weights = features[:, :-1], 0.0, 0.0
+        for j in range(steps):
+            tok = F.pad(tokens[:, 1 + j:], (0, j))[:, :Tp]
+            g = level(tok, inputs_of(j, features, g, Tp), torch.arange(Tp)[None].expand(B, Tp) + j, mask_of(j, Tp))
+            target, trained = F.pad(features[:, 1 + j:], (0, 0, 0, j))[:, :Tp], F.pad(valid[:, j:], (0, j))
+            if trained.any():
+                total, weights = total + decay ** j * F.smooth_l1_loss(g[trained], target[trained]), weights + decay ** j
+        return total / weights
+    return ttt_loss
+
+
+def _causal_levels(j, Tp):  # every level sees every anchor's keys up to t: other anchors' guesses leak in
+    return torch.cat([torch.ones(Tp, Tp, dtype=torch.bool).tril()] * (j + 1), 1)
+
+
+def _own_chain(j, Tp):
+    return torch.cat([torch.ones(Tp, Tp, dtype=torch.bool).tril()] + [torch.eye(Tp, dtype=torch.bool)] * j, 1)
+
+
+def _true_features(j, features, g, Tp):  # every level teacher-forced on the target's features: no test of its own
+    return torch.nn.functional.pad(features[:, j:], (0, 0, 0, j))[:, :Tp]
+
+
 # Every entry: (exercise, the solution's functions with one replaced by a wrong answer, a phrase the failure names).
 WRONG = [
     ("1.1", dict(accept_prob=lambda p_x, q_x: min(1.0, p_x / q_x)), "ZeroDivisionError"),
@@ -659,6 +690,8 @@ WRONG = [
     ("3.4", dict(eagle_loss=_detached), "differentiably"),
     ("3.5", dict(draft_chain=_chain_on_the_last_target_feature), "EagleDrafter drafts"),
     ("3.5", dict(draft_chain=_chain_from_the_first_prediction), "EagleDrafter drafts"),
+    ("3.6", dict(ttt_loss=_ttt(_causal_levels, lambda j, f, g, Tp: g)), "must not see level 1's key"),
+    ("3.6", dict(ttt_loss=_ttt(_own_chain, _true_features)), "the head's own level 0 output"),
     ("4.1", dict(choices_to_parents=_lexicographic_choices), "expected"),
     ("4.1", dict(choices_to_parents=_unchecked_choices), "instead of raising"),
     ("4.2", dict(tree_mask=_mask_without_self), "mask["),
