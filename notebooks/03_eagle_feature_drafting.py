@@ -409,7 +409,7 @@ print(f"{len(conf)} positions: acceptance {hit.mean():.2f}, mean confidence {con
 # Greedy equality (section 4) says nothing about sampling. Here the real decode loop
 # (`minispec.batch.generate_batch`, many runs at a time, each with its own seed) samples
 # SmolLM2-135M-Instruct at temperature 1, top-k 3, after an open prompt ("The best way to", where
-# the target's first three tokens spread over 27 outcomes, none above 21%), with the shipped
+# the target's first three tokens spread over 27 outcomes, printed below with the largest share), with the shipped
 # EAGLE-1/2 head drafting a **sampled chain of 2** (real $q$: the head's own distribution,
 # verified by Leviathan/Chen rejection sampling, chapter 1). We compare the law of the first
 # three new tokens (token 1 from the prefill, tokens 2-3 from the first speculative step: drafts
@@ -424,10 +424,11 @@ print(f"{len(conf)} positions: acceptance {hit.mean():.2f}, mean confidence {con
 # - **subtle**: the same chain with honest $q$, but the head draws its drafts from a *copy* of the
 #   loop's generator (`share_verifier_stream`): the uniform behind draft $x$ is the very one the
 #   verifier then compares with $p(x)/q(x)$. Each draft still follows $q$; what breaks is the
-#   independence of drafts and coin flips that chapter 1's proof uses. The law moves by a TV of
-#   about 0.1, too little for the TV bound at these sample sizes.
-#   It takes about 500 runs, minutes of SmolLM2 decoding, so it runs in full mode only; in fast
-#   mode (CI) `tests/test_joint_law.py` flags the same kind of control on tiny models.
+#   independence of drafts and coin flips that chapter 1's proof uses. The law moves too little
+#   for the TV bound at these sample sizes (the printout gives the TV measured and the runs the TV
+#   test alone would need). It takes hundreds of runs, minutes of SmolLM2 decoding, so it runs in
+#   full mode only; in fast mode (CI) `tests/test_joint_law.py` flags the same kind of control on
+#   tiny models.
 #
 # How far a control strays depends on the head: one whose drafts follow the target more closely
 # makes both controls milder. So the controls are tested *sequentially* (`control_max`): when $N$

@@ -492,7 +492,8 @@ print("every run emitted exactly the vanilla greedy tokens")
 #   swaps the root's first two children. Every tree holds the same top tokens; only their order
 #   depends on $u$. One-hot verification is exact for *any* order fixed before the coin flips, so
 #   this looks harmless, yet the child tried second now meets the high $u$ and the first a fresh
-#   draw: the law moves by a TV of about 0.1.
+#   draw: the law moves, by a TV that only the chi-square tests see at these sample sizes (full
+#   mode prints it).
 
 # %%
 from minispec.lab.joint_law import claim_uniform_q, decode_loop_exactness, peek_verifier_stream

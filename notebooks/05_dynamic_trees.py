@@ -775,8 +775,8 @@ for name in ["6,10,59", "5,4,16", "4,4,12", "5,8,32"]:
 # Two deliberately wrong controls run beside it: the same dynamic trees claiming their drafts
 # were *sampled* from a uniform $q$ (`claim_uniform_q`, blatant: verification accepts every draft
 # the target can emit), and the same trees reordered by a drafter that reads the verifier's
-# random stream (`peek_verifier_stream`, subtle, chapter 4): a TV of about 0.1 that only the
-# chi-square tests see at these sample sizes. How far a control strays depends on the drafter (a
+# random stream (`peek_verifier_stream`, subtle, chapter 4): a deviation that only the
+# chi-square tests see at these sample sizes (full mode prints its TV). How far a control strays depends on the drafter (a
 # head whose drafts follow the target more closely makes both controls milder), so the controls
 # are tested *sequentially* (`control_max`): when $N$ runs do not flag one, it gets $2N$, $4N$, ...
 # runs, each look at level $\alpha$ / looks, so that an exact sampler would still be flagged with

@@ -57,8 +57,9 @@ FAST = setup()  # MINISPEC_FAST=1: smaller sample counts and shorter generations
 # 4. Measure the memory of a contiguous and a paged cache for mixed batches, from the cache objects,
 #    and see what the block size and the tree padding waste, sequence by sequence.
 # 5. Commit a batch with ragged acceptance and free finished sequences (exercise 7.3).
-# 6. Check that paged attention equals attention over the contiguous K/V, and that a model decodes
-#    the same with either cache.
+# 6. Read a sequence's keys and values through its block table, the pending tree's included
+#    (exercise 7.4); check that paged attention equals attention over the contiguous K/V, and that
+#    a model decodes the same with either cache.
 # 7. Run the batched decode loop on ragged trees, check it against single-sequence decoding, and
 #    read why speculation's gain shrinks as the batch grows.
 #
@@ -581,6 +582,24 @@ check("7.3")
 # (`paged_split_attention`: paged prefix + masked tree, merged by log-sum-exp as in chapter 6)
 # against `split_attention` on the contiguous cache.
 
+# %% [markdown]
+# ### Exercise 7.4 — `gather_kv`
+#
+# What paged attention does first, for one sequence and one layer: read its keys and values out of
+# the pool `[N, Hkv, block_size, hd]` through its block table, in token order, its committed tokens
+# and the pending ones of the forward in progress (the tree whose slots `begin` reserved: the tree's
+# queries attend to each other through the tree mask, so their keys are read too). The check fills a
+# real `PagedKVCache` (ragged prefills, a sequence freed and refilled from the stack, so its blocks
+# come out of order, a tree step pending), leaves every unwritten slot NaN, and compares your
+# tensors with `PagedKVCache.read`, sequence by sequence and layer by layer.
+
+# %%
+print(inspect.getdoc(load_impl(7, "exercises").gather_kv))
+check("7.4")
+
+# %% [markdown]
+# The library's paged attention, against contiguous attention:
+
 # %%
 from minispec.attention import prefix_attention, split_attention
 from minispec.attention.paged import paged_prefix_attention, paged_split_attention
@@ -754,27 +773,32 @@ print("every answer equals the prompt decoded alone")
 # **Throughput and its economics.** Batching and speculation both buy tokens per weight read:
 # batching with more sequences, speculation with more rows per sequence. Extra rows are cheap
 # only while the forward is bound by memory bandwidth, and on a 2-core CPU that ends after a few
-# rows: chapter 5's verify curve, measured by `python -m minispec profile` on a 2-core AMD EPYC
-# (`benchmarks/results/profile_cpu.json`, printed below), costs $t(8)/t(0) = 1.36$ and
-# $t(64)/t(0) = 3.7$. So on that CPU a small tree (or a chain) is what pays, and speculation gains
-# $\tau$ divided by that ratio, minus the drafting cost. A GPU stays bandwidth-bound much longer:
-# an H100 SXM's spec sheet gives 989 TFLOP/s (bf16, dense) over 3.35 TB/s, a ridge near 300
-# flops per byte, so a 135M-parameter forward (1 flop per weight byte per row in bf16: one
-# multiply-add, 2 flops, per 2-byte weight) stays under it up to ~300 rows. At batch $B$ the forward already
-# carries $B$ rows; trees make it $B (N + 1)$, and once the matrix products are **compute-bound**
-# every extra row costs its FLOPs. Meanwhile drafting is paid per sequence. So speculation's gain over
-# batched vanilla shrinks as $B$ grows and becomes a loss: serving systems turn speculation down
-# (smaller trees, or off) as the batch fills.
+# rows: chapter 5's verify curve, measured by `python -m minispec profile` and committed in
+# `benchmarks/results/profile_cpu.json`, is printed below with the CPU it ran on. So on that CPU a
+# small tree (or a chain) is what pays, and speculation gains $\tau$ divided by that ratio, minus
+# the drafting cost. A GPU stays bandwidth-bound much longer: the cell also computes an H100 SXM's
+# ridge from its spec sheet (peak bf16 FLOP/s over HBM bandwidth, in FLOPs per byte) and the rows
+# a 135M-parameter bf16 forward can carry below it (one multiply-add, 2 FLOPs, per 2-byte weight
+# and row: 1 FLOP per weight byte per row). At batch $B$ the forward already carries $B$ rows; trees
+# make it $B (N + 1)$, and once the matrix products are **compute-bound** every extra row costs its
+# FLOPs. Meanwhile drafting is paid per sequence. So speculation's gain over batched vanilla shrinks
+# as $B$ grows and becomes a loss: serving systems turn speculation down (smaller trees, or off) as
+# the batch fills.
 
 # %%
 import json
 from pathlib import Path
 
 import minispec
+from minispec.lab.scale import H100_SPEC
 
 prof = json.loads((Path(minispec.__file__).resolve().parent.parent / "benchmarks" / "results" / "profile_cpu.json").read_text())
 print(f"verify curve t(N)/t(0) on {prof['device']['cpu_model']}, {prof['threads']} threads (python -m minispec profile):")
 print("  " + "  ".join(f"N={n}: {r:.2f}" for n, r in prof["verify_ratio"].items()))
+ridge = H100_SPEC["peak"] / H100_SPEC["bandwidth"]  # FLOPs per byte where compute takes as long as the bytes
+print(f"{H100_SPEC['name']} (not measured): {H100_SPEC['peak'] / 1e12:.0f} TFLOP/s bf16 over "
+      f"{H100_SPEC['bandwidth'] / 1e12:.2f} TB/s = a ridge at {ridge:.0f} FLOPs per byte; a bf16 forward does "
+      f"1 FLOP per weight byte per row, so up to about {ridge:.0f} rows stay memory-bound")
 
 # %% [markdown]
 # `python benchmarks/batch_throughput.py` measures it: tokens/s of transformers' batched
@@ -925,6 +949,7 @@ tv7 = decode_loop_exactness(smol, smol_tok, runs, subtle, fast=FAST, n=(96, 2048
 # | 7.1 | `reserve_blocks` | all-or-nothing reservation of every sequence's pending tokens (tree padding) |
 # | 7.2 | `compaction_moves` | the (block, offset) copies that compact a tree's accepted path |
 # | 7.3 | `ragged_commit` | new lengths and blocks freed after a ragged commit; finished sequences |
+# | 7.4 | `gather_kv` | one sequence's keys and values read through its block table, pending tree tokens included |
 #
 # Your file, graded in one table (the same as `python -m minispec grade 7` or
 # `pytest tests/test_exercises.py -m ch07 --impl exercises`), and what a finished chapter looks

@@ -659,6 +659,15 @@ def _true_features(j, features, g, Tp):  # every level teacher-forced on the tar
     return torch.nn.functional.pad(features[:, j:], (0, 0, 0, j))[:, :Tp]
 
 
+
+def _gather_committed_only(k_pool, v_pool, table, length, pending):  # forgets the pending tree's tokens
+    return _solutions(7).gather_kv(k_pool, v_pool, table, length, 0)
+
+
+def _gather_without_table(k_pool, v_pool, table, length, pending):  # token n in block n // bs: ignores the table
+    bs, pos = k_pool.shape[2], torch.arange(length + pending)
+    return k_pool[pos // bs, :, pos % bs].transpose(0, 1), v_pool[pos // bs, :, pos % bs].transpose(0, 1)
+
 # Every entry: (exercise, the solution's functions with one replaced by a wrong answer, a phrase the failure names).
 WRONG = [
     ("1.1", dict(accept_prob=lambda p_x, q_x: min(1.0, p_x / q_x)), "ZeroDivisionError"),
@@ -723,6 +732,8 @@ WRONG = [
     ("7.3", dict(ragged_commit=_ragged_no_padding), "tree padding"),
     ("7.3", dict(ragged_commit=_ragged_ignores_finished), "new_lengths="),
     ("7.3", dict(ragged_commit=_ragged_floor), "blocks_freed="),
+    ("7.4", dict(gather_kv=_gather_committed_only), "the pending tree's tokens are missing"),
+    ("7.4", dict(gather_kv=_gather_without_table), "differs from the cache's"),
     ("9.1", dict(step_bytes=_bytes_no_kv), "the KV cache is missing"),
     ("9.1", dict(step_bytes=_bytes_query_heads), "n_kv_head heads"),
     ("9.1", dict(step_bytes=_bytes_untied_head_skipped), "tied or not"),

@@ -387,6 +387,9 @@ def decode_loop_exactness(target, tok, runs: dict[str, Callable], subtle: dict[s
     ids = encode_prompt(tok, prompt, chat=False)
     others = [encode_prompt(tok, p, chat=False) for p in company]
     law = first_tokens_law(target, ids, params, length=length)  # {(t1, .., t_length): probability}
+    top = max(law, key=law.get)
+    print(f"the target's first {length} tokens after {prompt!r}: {len(law)} outcomes, the most likely "
+          f"{tok.decode(list(top))!r} with {law[top]:.1%}")
     N = n[0] if fast else n[1]
     res, bound, support, exact = loop_tv_check(target, tok, ids, runs, params, N, length=length, law=law,
                                                batch=64, company=others, control_max=8 * N)
