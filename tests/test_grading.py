@@ -528,27 +528,6 @@ def _mask_whole_row(lengths, tree_mask, capacity):  # the tree mask placed at sl
     return out
 
 
-def _pad_first_fit(tokens, positions, tree_mask, bb, tb):  # the first bucket that fits, in the given order
-    B, T = tokens.shape
-    first = lambda n, bs: next(b for b in bs if b >= n)  # noqa: E731
-    return _solutions(8).pad_to_bucket(tokens, positions, tree_mask, [first(B, bb)], [first(T, tb)])
-
-
-def _pad_blind_rows(tokens, positions, tree_mask, bb, tb):  # padded tokens see nothing (an all-masked softmax row)
-    tok, pos, m = _solutions(8).pad_to_bucket(tokens, positions, tree_mask, bb, tb)
-    B, T = tokens.shape
-    keep = torch.zeros_like(m)
-    keep[:B, :T, :T] = True
-    return tok, pos, m & keep
-
-
-def _pad_repeat_last(tokens, positions, tree_mask, bb, tb):  # padded positions repeat the last real one
-    tok, pos, m = _solutions(8).pad_to_bucket(tokens, positions, tree_mask, bb, tb)
-    B, T = tokens.shape
-    pos[:B, T:] = positions[:, -1:]
-    return tok, pos, m
-
-
 def _buckets_most_frequent(sizes, k):  # the k most frequent sizes (and the largest)
     from collections import Counter
     common = [s for s, _ in Counter(sizes).most_common(k - 1)]
@@ -668,6 +647,35 @@ def _gather_without_table(k_pool, v_pool, table, length, pending):  # token n in
     bs, pos = k_pool.shape[2], torch.arange(length + pending)
     return k_pool[pos // bs, :, pos % bs].transpose(0, 1), v_pool[pos // bs, :, pos % bs].transpose(0, 1)
 
+
+def _capture(side=True, waits=True, mode="thread_local", copy=True, replay=True, outputs=True):
+    """8.3's answer with one of its steps left out or done otherwise."""
+    def capture_replay(step, static_inputs, cuda, warmup=2, pool=None):
+        s = cuda.Stream() if side else cuda.current_stream()
+        if waits:
+            s.wait_stream(cuda.current_stream())
+        with cuda.stream(s):
+            for _ in range(warmup):
+                step()
+        if waits:
+            cuda.current_stream().wait_stream(s)
+        graph = cuda.CUDAGraph()
+        with cuda.graph(graph, pool=pool, **({"capture_error_mode": mode} if mode else {})):
+            out = step()
+
+        def run(**inputs):
+            for name, x in inputs.items():
+                if copy:
+                    static_inputs[name].copy_(x)
+                else:
+                    static_inputs[name] = x.clone()  # a new tensor: the graph still reads the old address
+            if not replay:
+                return step()
+            graph.replay()
+            return out if outputs else tuple(o.clone() for o in out)
+        return run, graph.pool()
+    return capture_replay
+
 # Every entry: (exercise, the solution's functions with one replaced by a wrong answer, a phrase the failure names).
 WRONG = [
     ("1.1", dict(accept_prob=lambda p_x, q_x: min(1.0, p_x / q_x)), "ZeroDivisionError"),
@@ -751,9 +759,12 @@ WRONG = [
     ("8.2", dict(static_mask=_mask_host_loop), "could not run inside a captured graph"),
     ("8.2", dict(static_mask=_mask_causal), "the slot of new token"),
     ("8.2", dict(static_mask=_mask_whole_row), "mask["),
-    ("8.3", dict(pad_to_bucket=_pad_first_fit), "smallest bucket"),
-    ("8.3", dict(pad_to_bucket=_pad_blind_rows), "tree_mask["),
-    ("8.3", dict(pad_to_bucket=_pad_repeat_last), "positions["),
+    ("8.3", dict(capture_replay=_capture(side=False)), "no side stream"),
+    ("8.3", dict(capture_replay=_capture(waits=False)), "does not wait"),
+    ("8.3", dict(capture_replay=_capture(mode=None)), "capture_error_mode='thread_local'"),
+    ("8.3", dict(capture_replay=_capture(copy=False)), "did not copy the input into the static tensor"),
+    ("8.3", dict(capture_replay=_capture(replay=False)), "replay the graph"),
+    ("8.3", dict(capture_replay=_capture(outputs=False)), "returned new tensors"),
     ("8.4", dict(choose_buckets=_buckets_most_frequent), "the best"),
     ("8.4", dict(choose_buckets=_buckets_powers_of_two), "the best"),
     ("8.4", dict(choose_buckets=_buckets_evenly_spaced), "the best"),

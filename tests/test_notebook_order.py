@@ -43,7 +43,7 @@ TAUGHT_IN = {
     "6.4": "the triton kernels", "6.5": "the triton kernels", "6.6": "the triton kernels",
     "7.1": "reserving a forward", "7.2": "a tree step", "7.3": "ragged acceptance",
     "7.4": "paged attention equals contiguous",
-    "8.1": "capture rules", "8.2": "static buffers", "8.3": "buckets and padding", "8.4": "choosing buckets",
+    "8.1": "capture rules", "8.2": "static buffers", "8.3": "capture and replay", "8.4": "choosing buckets",
     "9.1": "on the meta device", "9.2": "the roofline of a decode step", "9.3": "the oracle draft",
     "9.4": "where speculation stops paying",
 }
@@ -61,7 +61,7 @@ ANSWERS = {
     "6.1": ["merge"], "6.2": ["_merge_kernel", "merge"], "6.3": ["attention_with_lse", "suffix_attention"],
     "6.4": ["prefix_attention", "_online_softmax_step", "_prefix_kernel"],
     "6.5": ["_prefix_kernel", "_online_softmax_step", "prefix_attention"], "6.6": ["split_attention"],
-    "8.1": ["find_hazards", "record_ops"], "8.2": ["static_forward"], "8.3": ["pad_inputs", "pick_bucket"],
+    "8.1": ["find_hazards", "record_ops"], "8.2": ["static_forward"], "8.3": ["capture", "_capture", "_replay"],
     "7.4": ["read", "gather", "read_rows", "_slots"], "8.4": ["best_buckets"],
     "9.1": ["weight_bytes", "kv_bytes", "linear_params"], "9.2": ["flops_per_row", "ridge_rows"],
     "9.4": ["roofline_speedup"],
