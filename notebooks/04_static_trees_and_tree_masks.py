@@ -433,12 +433,14 @@ interact(show_step, step=(0, n_steps - 1), stage=["drafted", "verified"]);  # fa
 # %% [markdown]
 # ## 5. Chain vs static tree on SmolLM2 (on this CPU)
 #
-# Greedy decoding with the distilled draft as a chain ($k$ = 4: 4 draft tokens, 4 draft
-# forwards per step) and as EAGLE's static tree (25 draft tokens, 4 draft forwards per step:
-# one per level that has children). The tree gives the target more chances per step, so
-# $\tau$ rises; whether tokens/s rises too depends on how much more the wider target forward
-# and draft forwards cost on this hardware (on a GPU a 26-token forward costs about as much
-# as a 5-token one; on a CPU it does not). Every run must emit exactly the vanilla tokens.
+# Greedy decoding with the distilled draft as a chain ($k$ = 4 draft tokens) and as EAGLE's static
+# tree (25 draft tokens over 5 levels). Either drafts one level per draft forward: the first
+# (`_start`) gives the root's children, then one (`_extend`) per level that has children, so a step
+# costs the chain 4 draft forwards and the tree 5 (the table's `draft fwd` column counts them over
+# the run). The tree gives the target more chances per step, so $\tau$ rises; whether tokens/s rises
+# too depends on how much more the wider target forward and draft forwards cost on this hardware
+# (on a GPU at batch 1 extra rows cost little, chapter 9 measures how little; on a CPU they do not
+# come free). Every run must emit exactly the vanilla tokens.
 
 # %%
 prompts = ["Who wrote Romeo and Juliet? Answer in two sentences.",
