@@ -718,3 +718,24 @@ check(3, impl="solutions")
 # nats and runs about ten times the feature term, so the weight 0.1 puts the two on a similar
 # scale rather than making the token term negligible.
 # </details>
+
+# %%
+# The answers' numbers, computed (questions 2-3 from SmolLM2's own config).
+import math
+
+p_a, D_ab = 0.6, 10.0
+print(f"question 1: expected squared error of the mean feature {p_a * (1 - p_a) * D_ab ** 2:.1f}")
+c = smol.cfg
+layer = 2 * c.d_model * c.n_head * c.head_dim + 2 * c.d_model * c.n_kv_head * c.head_dim + 3 * c.d_model * c.d_ff
+fc, lm = c.d_model * 2 * c.d_model, c.d_model * c.vocab_size
+head_w, target_w = fc + layer, c.n_layer * layer + lm
+print(f"question 2: a layer {layer:,} weights; the head {head_w:,} ({head_w / layer:.2f} layers); a draft step "
+      f"{(head_w + lm) / target_w:.1%} of a target forward, {lm / (head_w + lm):.1%} of it the LM head")
+cut = head_w + c.d_model * 8192
+for name, alpha, cost in (("full vocabulary", 0.6, (head_w + lm) / target_w), ("8192 tokens", 0.6 * 0.92, cut / target_w)):
+    tau = sum(alpha ** i for i in range(4))
+    print(f"question 3 ({name}): draft step {cost:.1%} of a target forward, E[tau] {tau:.3f}, speedup "
+          f"{tau / (1 + 3 * cost):.2f}")
+p2 = torch.tensor([0.5, 0.3]) / 0.8
+print(f"question 4: soft CE {-(p2 * torch.log(torch.tensor([0.5, 0.3]))).sum():.3f} nats, hard CE {-math.log(0.5):.3f}, "
+      f"the floor (entropy) {-(p2 * p2.log()).sum():.3f}; the token term's share {0.35 / 0.75:.0%}")

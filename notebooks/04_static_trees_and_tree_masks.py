@@ -585,8 +585,8 @@ plt.show()
 # 3. **$E[\tau]$ of small static trees.** Under section 7's per-rank acceptance
 #    $a = (0.6, 0.15, 0.07, 0.04)$, compute $E[\tau]$ of the tree of question 1 and of a chain of
 #    5 nodes. Which 5 nodes make the best tree of 5, and what is its $E[\tau]$?
-# 4. **Nodes against their cost.** On a GPU a verify forward costs about the same for 1 to 64
-#    nodes; on a CPU say it costs $v(N) = 1 + N/40$ target forwards for $N$ nodes. Drafting is
+# 4. **Nodes against their cost.** Say a verify forward costs the same for 1 to 64 nodes on a GPU
+#    (nearly so at batch 1: chapter 9 measures it); on a CPU say it costs $v(N) = 1 + N/40$ target forwards for $N$ nodes. Drafting is
 #    ignored, so the predicted speedup is $E[\tau] / v(N)$. (a) Show that adding a node of path
 #    value $w$ to a tree of $N$ nodes raises the speedup iff $w > E[\tau] / (40 + N)$. (b) Under
 #    the rates of question 3 the best trees of 8, 9 and 10 nodes have $E[\tau]$ = 2.7134, 2.7834
@@ -703,3 +703,24 @@ decode_inside(lambda: generate(smol, tok, prompts[0], drafter=DraftModel(draft, 
 # (the best tree of 64 nodes of depth at most 6, the end of section 7's curve, has
 # $E[\tau] = 3.853$ under these rates).
 # </details>
+
+# %%
+# The answers' numbers, computed with the library.
+ct1 = parse_choices([(1,), (0, 0), (0,), (0, 1), (0, 0, 0)])
+print(f"question 1: node order {ct1.choices}, parents {ct1.parents}, ranks {ct1.ranks}")
+for bad in ([(0,), (1, 0)], [(0,), (0, 0), (0,)]):
+    try:
+        parse_choices(bad)
+        print(f"  {bad}: accepted")
+    except ValueError as e:
+        print(f"  {bad}: rejected ({e})")
+t1 = Tree([0] * len(ct1.parents), ct1.parents)
+print(f"question 2: mask\n{t1.mask().int().numpy()}\n  {int(t1.mask().sum())} True entries (causal over 6 rows: "
+      f"{sum(range(1, 7))}); positions {t1.positions(10).tolist()}; retrieve_indices {t1.retrieve_indices().tolist()}")
+E = lambda cs: 1 + sum(path_value(tuple(c), rank_acc) for c in cs)  # noqa: E731
+best5 = best_static_tree(rank_acc, 5, 6)
+print(f"question 3: E[tau] {E(ct1.choices):.3f} (the tree), {E([(0,) * d for d in range(1, 6)]):.3f} (a chain of 5), "
+      f"{E(best5):.4f} (the best tree of 5: {best5})")
+taus = {n: E(best_static_tree(rank_acc, n, 6)) for n in (8, 9, 10, 64)}
+print("question 4: E[tau] " + ", ".join(f"{n} nodes {t:.4f}" for n, t in taus.items()) + "; CPU speedups "
+      + ", ".join(f"{n}: {taus[n] / (1 + n / 40):.3f}" for n in (8, 9, 10)))

@@ -886,3 +886,9 @@ check(5, impl="solutions")
 # $3.0 / 1.7 = 1.76$; $v(60) = 2.5$ gives $3.4 / 2.8 = 1.21$: the small tree. The extra 44
 # nodes add only 0.4 to $E[\tau]$ (concave gain) but cost 1.1 forwards on the CPU.
 # </details>
+
+# %%
+# The answers' numbers, computed.
+print(f"question 1: tree E[tau] {1 + 0.6 + 0.3 + 0.6 * 0.5:.2f}, chain a -> c {1 + 0.6 + 0.6 * 0.5:.2f}")
+for name, v in (("GPU", lambda n: 1.0), ("CPU", lambda n: 1 + n / 40)):
+    print(f"question 3 ({name}): N=16 {3.0 / (0.3 + v(16)):.2f}x, N=60 {3.4 / (0.3 + v(60)):.2f}x")

@@ -1004,3 +1004,23 @@ check(7, impl="solutions")
 # as a pool are 2048 blocks of 16, 1566 of them free; a new 500-token request with its tree needs
 # 33: $\lfloor 1566 / 33 \rfloor = 47$ more requests.
 # </details>
+
+# %%
+# The answers' numbers, computed with the solutions' bookkeeping (chapter 7's exercises) and the 8B shapes.
+sol7 = load_impl(7, "solutions")
+cdiv = lambda a, b: -(-a // b)  # noqa: E731
+print(f"question 1: blocks {cdiv(37, 16)} before, {cdiv(37 + 26, 16)} after begin, {cdiv(41, 16)} after the commit; "
+      f"room in the owned blocks for {cdiv(37, 16) * 16 - 37} tree rows")
+kv_tok = kv_bytes_8b = 2 * 32 * 8 * 128 * 2
+for bs in (16, 256):
+    empty = cdiv(1000, bs) * bs - 1000
+    print(f"question 2: {kv_tok // 1024} KiB per token; blocks of {bs}: {empty} empty slots = {empty * kv_tok / 2**20:.0f} "
+          f"MiB; a batch of 32 wastes about {(bs - 1) / 2 * 32 * kv_tok / 2**20:.0f} MiB")
+table = [4, 9, 1, 7, 12, 3]
+print(f"question 3: moves {sol7.compaction_moves(table, 30, [0, 2, 5, 9], 8)}, new length 34, blocks "
+      f"{cdiv(34, 8)} (block {table[cdiv(34, 8)]} back); rollback(5): length 29, {cdiv(29, 8)} blocks")
+contig = 8 * 4096 * kv_tok
+paged = (7 * cdiv(516, 16) + cdiv(4016, 16)) * 16 * kv_tok
+free = 2048 - (7 * cdiv(516, 16) + cdiv(4016, 16))
+print(f"question 4: contiguous {contig / 2**30:.0f} GiB, paged {paged / 2**20:.0f} MiB ({paged / contig:.1%}); "
+      f"{free} free blocks hold {free // cdiv(516, 16)} more requests")

@@ -1132,3 +1132,14 @@ check(8, impl="solutions")
 # 128 KiB per token per sequence in bf16 — so the keys, not the weights, become the bulk of the
 # bytes, and reading 8x too many of them costs directly.
 # </details>
+
+# %%
+# The answers' numbers, computed.
+launch, device = 450 * 5e-6, 0.6e9 / 3.35e12
+print(f"question 1: launch {launch * 1e3:.2f} ms, device {device * 1e3:.2f} ms, graph gain {launch / device:.1f}x; "
+      f"launch-bound down to {device / 450 * 1e6:.2f} us per kernel")
+print(f"question 3: T = 61 -> bucket {pick_bucket(61, TOKEN_BUCKETS)}: {pick_bucket(61, TOKEN_BUCKETS) - 61} padded rows "
+      f"({(pick_bucket(61, TOKEN_BUCKETS) - 61) / pick_bucket(61, TOKEN_BUCKETS):.1%})")
+mean_keys = 512 + (512 - 1) / 2
+print(f"question 4: keys read vs eager on average: C = 8192 {8192 / mean_keys:.1f}x, C = 1024 {1024 / mean_keys:.1f}x, "
+      f"ratio {8192 / 1024:.0f}x; 8B KV per token per sequence {2 * 32 * 8 * 128 * 2 // 1024} KiB")
