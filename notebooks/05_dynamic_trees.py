@@ -605,7 +605,7 @@ curve = dispatch.verify_cost_curve(smol, sizes=sizes, context=256, reps=3 if FAS
 plt.figure(figsize=(6, 4))
 plt.plot(list(curve[1]), [s * 1e3 for s in curve[1].values()], "o-", label="this machine (CPU), batch 1")
 results = Path(minispec.__file__).resolve().parents[1] / "benchmarks" / "results"
-gpu = [f for f in sorted(results.glob("tune_*.json")) if json.loads(f.read_text())["device"].get("cuda")]
+gpu = [f for f in sorted(results.rglob("tune_*.json")) if json.loads(f.read_text())["device"].get("cuda")]
 if gpu:
     g = json.loads(gpu[-1].read_text())
     c = g["cost_curve"]["1"]
