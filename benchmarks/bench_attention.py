@@ -53,6 +53,8 @@ def parse(argv=None):
 ARGS = parse() if __name__ == "__main__" else None
 if ARGS is not None and ARGS.interpret:
     os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+elif ARGS is not None:  # importing minispec would switch the interpreter on where there is no GPU: only --interpret does
+    os.environ.setdefault("TRITON_INTERPRET", "0")
 
 import torch  # noqa: E402
 

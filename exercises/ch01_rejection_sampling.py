@@ -27,11 +27,12 @@ import torch
 
 
 def accept_prob(p_x: float, q_x: float) -> float:
-    """Probability of accepting a drafted token x: min(1, p(x) / q(x)).
+    """Probability of accepting a drafted token x, given the target's and the draft's probabilities of it.
 
-    q(x) = 0 cannot happen for a token really drawn from q, but define it anyway so the rule is
-    total: accept with probability 1 if p(x) > 0, and 0 if p(x) = 0 (a token the target never
-    emits is never accepted).
+    The one property the proof of exactness needs: the mass that gets through, q(x) times this
+    probability, must be min(p(x), q(x)). Define it also for q(x) = 0, which cannot happen for a
+    token really drawn from q, so that the rule is total: what must it be there for a token the
+    target emits (p(x) > 0), and for one it never emits?
 
     Args:
         p_x: p(x), the target's probability of the drafted token (a float in [0, 1]).

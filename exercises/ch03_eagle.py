@@ -1,6 +1,7 @@
 # Exercises generated from solutions/ch03_eagle.py by tools/make_exercises.py.
 # Replace each `raise NotImplementedError(...)` with your code; keep the signatures.
-"""Chapter 3 exercises: EAGLE feature drafting (the head's input, EAGLE-3's draft vocabulary, the loss, a chain).
+"""Chapter 3 exercises: EAGLE feature drafting (the head's input, EAGLE-3's draft vocabulary, the loss, a chain,
+the training-time test).
 
 References:
     Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty" (2024):
@@ -15,8 +16,8 @@ norm) at position t, i.e. the feature that produced the target's distribution of
 V the target vocabulary, Vd the draft vocabulary (EAGLE-3).
 
 The library versions are ``minispec/drafters/eagle.py`` (``EagleHead``, ``EagleDrafter``),
-``minispec/train/eagle.py`` (``eagle_loss``) and ``minispec/drafters/eagle3.py``
-(``build_vocab_map``, ``Eagle3Head.to_target_logits``).
+``minispec/train/eagle.py`` (``eagle_loss``; ``unroll`` and ``ttt_loss``, the training-time test of
+exercise 3.6) and ``minispec/drafters/eagle3.py`` (``build_vocab_map``, ``Eagle3Head.to_target_logits``).
 
 Check your work: ``python -m minispec grade 3``, or ``minispec.grading.check("3.1")``, or
 ``pytest tests/test_exercises.py -m ch03 --impl exercises``.
@@ -35,14 +36,14 @@ def eagle_input(embedding: torch.Tensor, tokens: list[int], features: torch.Tens
     embedding FIRST (the head then applies ``fc`` [H, 2H] to each row). Questions to answer
     first: which token of the context removes the head's uncertainty about the branch the text
     took after f_j (notebook section 1)? Why are there n - 1 rows for n tokens, and which
-    token gets no feature?
+    token gets no feature? Which token, then, shares row j with f_j?
 
     Args:
         embedding: [V, H] the target's token embedding matrix.
         tokens: the context x_0..x_{n-1}, n >= 2 token ids.
         features: [n-1, H] target features f_0..f_{n-2}.
     Returns:
-        [n-1, 2H] float tensor, row j = cat[embedding[x_{j+1}], f_j].
+        [n-1, 2H] float tensor, one row per head position j: H embedding values, then H feature values.
     """
     # EXERCISE 3.1: which token travels with f_j, and which half of the row comes first?
     raise NotImplementedError("Exercise 3.1: which token travels with f_j, and which half of the row comes first?")
@@ -144,3 +145,35 @@ def draft_chain(head, embedding: torch.Tensor, lm_head, tokens: list[int], featu
     """
     # EXERCISE 3.5: the pairs of the context first; then what feature goes with each new draft token?
     raise NotImplementedError("Exercise 3.5: the pairs of the context first; then what feature goes with each new draft token?")
+
+
+def ttt_loss(level, tokens: torch.Tensor, features: torch.Tensor, valid: torch.Tensor, steps: int,
+             decay: float = 0.8) -> torch.Tensor:
+    """EAGLE-3's training-time test for an EAGLE-1/2 head: the loss of ``steps`` levels of a chain, drafted at
+    every anchor position at once, each level fed the head's own previous output, as when it drafts.
+
+    Level 0 is exercise 3.4's teacher-forced head: anchor t reads its pair of x_{t+1} and f_t and predicts
+    f_{t+1}. At level j the drafter holds no target feature for the position it predicts. Questions to answer
+    before coding: which token does anchor t read at level j, beside which feature, at which RoPE position?
+    Which keys may its row attend to: the committed pairs (level 0) of which anchors, and which of the later
+    levels' keys (section 7: a chain's draft sees its own ancestors, not another anchor's guesses)? Which
+    feature is level j's target, and at which anchors does it not exist (or is not trained)? The loss is the
+    feature term of 3.4 (SmoothL1) only; the library adds each level's cross-entropy.
+
+    Args:
+        level: runs the head's next level: ``level(tokens [B, Tp], inputs [B, Tp, H], positions [B, Tp],
+            mask [Tp, (j + 1) * Tp])`` returns the level's predicted features [B, Tp, H] at the anchors
+            t = 0..Tp-1 (Tp = T - 1). Call it once per level, in order: level j's rows attend to the keys of
+            every level run so far and to their own, key i * Tp + s being level i's key at anchor s, where
+            ``mask[t, i * Tp + s]`` is True. Token id 0 stands for a token past the end of the sequence.
+        tokens: [B, T] token ids x_0..x_{T-1}.
+        features: [B, T, H] the target's features f_0..f_{T-1}.
+        valid: [B, T - 1] bool: anchor t's level-0 target f_{t+1} is trained (a response position).
+        steps: the number of levels, >= 1.
+        decay: level j's loss is weighted decay ** j.
+    Returns:
+        A scalar tensor (differentiable): sum_j decay^j L_j / sum_j decay^j over the levels that have trained
+        positions, L_j = F.smooth_l1_loss of level j's predictions against their targets at those positions.
+    """
+    # EXERCISE 3.6: each level's tokens, input features, positions and attention mask; its targets and where they exist
+    raise NotImplementedError("Exercise 3.6: each level's tokens, input features, positions and attention mask; its targets and where they exist")

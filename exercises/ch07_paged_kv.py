@@ -1,6 +1,6 @@
 # Exercises generated from solutions/ch07_paged_kv.py by tools/make_exercises.py.
 # Replace each `raise NotImplementedError(...)` with your code; keep the signatures.
-"""Chapter 7 exercises: the bookkeeping of a paged KV cache (allocator, compaction, ragged commits).
+"""Chapter 7 exercises: a paged KV cache (allocator, compaction, ragged commits, and attention's gather).
 
 A paged cache cuts KV memory into blocks of ``block_size`` token slots, shared by all
 sequences through a free list. Sequence b owns the blocks listed in its block table
@@ -12,7 +12,8 @@ A decode step reserves, before the target's forward, the blocks for all the pend
 every sequence (the whole draft tree: "tree padding"), all or nothing; after verification it
 keeps the accepted path (compaction), and the blocks that only rejected tokens touched go
 back to the free list. The library's version is ``minispec.kv.PagedKVCache`` (begin, commit,
-rollback, free); these exercises are its bookkeeping, on plain Python lists.
+rollback, free, read); exercises 7.1-7.3 are its bookkeeping, on plain Python lists, and 7.4 is
+what attention does with it: read a sequence's keys and values out of the pool through its table.
 
 References:
     Kwon et al., "Efficient Memory Management for Large Language Model Serving with
@@ -27,6 +28,8 @@ Check your work: ``python -m minispec grade 7``, or ``minispec.grading.check("7.
 from __future__ import annotations
 
 from typing import Sequence
+
+import torch
 
 
 def reserve_blocks(tables: Sequence[Sequence[int]], lengths: Sequence[int], n_new: Sequence[int],
@@ -108,3 +111,26 @@ def ragged_commit(lengths: Sequence[int], pendings: Sequence[int], accepted: Seq
     """
     # EXERCISE 7.3: per-sequence lengths after a ragged commit, and whole blocks freed (finished ones free all)
     raise NotImplementedError("Exercise 7.3: per-sequence lengths after a ragged commit, and whole blocks freed (finished ones free all)")
+
+
+def gather_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, table: Sequence[int], length: int,
+              pending: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's keys and values of one sequence, read out of the block pool through its block table:
+    what paged attention reads for the sequence during a verify forward (``PagedKVCache.read``).
+
+    The sequence holds ``length`` committed tokens and ``pending`` tokens of the forward in progress
+    (the draft tree, whose slots were reserved and written: "tree padding"); every one of them is a
+    key its tree's queries may attend to. Questions to answer before coding: in which block and at
+    which offset does token n live? How many of the sequence's blocks does it use, and what sits in
+    the slots of its last block past its tokens? Can you compute every token's (block, offset) at
+    once and read them with one indexing per tensor?
+
+    Args:
+        k_pool, v_pool: [N, Hkv, block_size, hd] one layer's pool of N blocks.
+        table: the sequence's block ids, in token order (enough blocks for length + pending tokens).
+        length: its committed tokens; pending: the pending forward's tokens after them.
+    Returns:
+        (k, v), each [Hkv, length + pending, hd] in token order.
+    """
+    # EXERCISE 7.4: every token's (block, offset) from the block table, pending tree tokens included; one gather each
+    raise NotImplementedError("Exercise 7.4: every token's (block, offset) from the block table, pending tree tokens included; one gather each")

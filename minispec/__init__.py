@@ -8,7 +8,19 @@
 Notation used throughout: p target distribution, q draft distribution, k (gamma) draft
 length, accept with probability min(1, p/q), residual norm(max(0, p - q)), tau = mean tokens
 committed per target forward (bonus included; vanilla = 1.00).
+
+Triton's kernels (chapter 6, ``minispec.attention.triton_split``) run on a CPU only through Triton's
+interpreter, which triton reads when it decorates a kernel, i.e. when it is first imported, and
+``torch.compile`` imports it early. So, on a machine without CUDA, importing minispec switches the
+interpreter on before anything else runs (``TRITON_INTERPRET=1`` unless it is set already).
 """
+
+import os as _os
+
+import torch as _torch
+
+if not _torch.cuda.is_available():  # before any import below: torch.compile's first use imports triton
+    _os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from .generate import GenerationResult, GenerationStats, generate
 from .kv import KVCache, KVCacheOverflow

@@ -71,6 +71,7 @@ from .kv import KVCacheOverflow
 from .kv.contiguous import zeros_keys_last
 from .model import ModelOutput
 
+CAPTURE_MODE = "thread_local"  # torch.cuda.graph's capture_error_mode (``capture``)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -327,6 +328,11 @@ def capture(fn: Callable[[], ModelOutput], device: torch.device, pool=None, warm
     static buffers, replay counts) runs and is tested on the CPU. What only a GPU can show: that
     capture succeeds (no host synchronisation, no allocation outside the pool), that a replay
     equals the eager padded forward bit for bit, and the launch time it saves.
+
+    Capture is thread-local (``CAPTURE_MODE``): only this thread's CUDA calls are checked against the
+    capture, so another thread's work (a data loader, a second model, a profiler) neither breaks it
+    nor is refused while it runs; in the default global mode any thread's synchronising call fails
+    the capture (tests/test_cuda_graphs.py's GPU test runs one beside it).
     """
     if torch.device(device).type != "cuda":
         return fn, None
@@ -337,7 +343,7 @@ def capture(fn: Callable[[], ModelOutput], device: torch.device, pool=None, warm
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode=CAPTURE_MODE):
         out = fn()
 
     def replay() -> ModelOutput:

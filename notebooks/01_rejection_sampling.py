@@ -14,17 +14,14 @@
 # ---
 
 # %%
-# Versions and FAST mode.
+# Versions, FAST mode and the device: the first cell of every chapter (minispec.lab.notebook.setup).
 import os, platform
 
-import torch
 import minispec
-from minispec import config
+import torch
+from minispec.lab.notebook import setup, show
 
-FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
-print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
-print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
-print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
+FAST = setup()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
 
 # %% [markdown]
 # # Chapter 1 — Rejection sampling: speculative decoding that is exactly lossless
@@ -67,10 +64,6 @@ from minispec.lab import exactness as ex
 from minispec import sampling
 from minispec import verify as vf
 from minispec.grading import check  # check("1.2"): grade one exercise of exercises/ (prints, never raises)
-
-def show(obj):
-    """Print the source of a minispec function (the notebook never redefines library code)."""
-    print(inspect.getsource(obj))
 
 
 # %% [markdown]
@@ -123,8 +116,7 @@ plt.show()
 # P(y) = \min(p(y), q(y)) + \max(0, p(y) - q(y)) = p(y). \qquad\blacksquare
 # $$
 #
-# (If $q(x) = 0$ for a proposed $x$ — impossible when $x \sim q$ — minispec accepts iff
-# $p(x) > 0$. If $p = q$ the residual is empty, but then nothing is ever rejected.)
+# (If $p = q$ the residual is empty, but then nothing is ever rejected.)
 #
 # Drawing the replacement from $p$ instead of $r$ is the classic bug: it gives
 # $\min(p, q) + (1-\alpha)p \neq p$.
@@ -141,8 +133,9 @@ print(f"max |P(y) - p(y)| resampling from p instead: {(wrong - p).abs().max().it
 # Write the acceptance probability of a drafted token in `exercises/ch01_rejection_sampling.py`.
 #
 # *Hint.* The proof needs exactly one property: the mass that gets through,
-# $q(x) \cdot P(\text{accept } x)$, must be $\min(p(x), q(x))$. The docstring says what to do
-# in the case that cannot happen for a real draft, $q(x) = 0$.
+# $q(x) \cdot P(\text{accept } x)$, must be $\min(p(x), q(x))$. Your function must also answer
+# in the case that cannot happen for a real draft, $q(x) = 0$: what should a verifier do with a
+# proposed token the draft gave no mass, when the target would emit it, and when it would not?
 
 # %%
 check("1.1")
@@ -179,12 +172,44 @@ check("1.2")
 # `categorical(weights)`. That is what lets `minispec.lab.exactness` replay a verifier once per
 # random outcome and compute the exact law of its output (section 4), and it is how the
 # grader checks your code.
+
+# %% [markdown]
+# What a chain step returns: the library's `verify_chain` on a toy model with $k = 3$,
+# six times. `n` drafts were accepted and `next` is the residual token (if `n < k`) or the
+# bonus token (if `n = k`); the step commits `drafts[:n] + [next]`.
+
+# %%
+toy = ex.ToyLM(6, "random", seed=2)  # V = 6, p and q depend on the context
+g = torch.Generator().manual_seed(0)
+for _ in range(6):
+    drafts = []
+    for _ in range(3):  # x_i ~ q(. | x_0..x_{i-1})
+        drafts += vf.sample_candidates(toy.q(tuple(drafts)), 1, generator=g)
+    P = torch.stack([toy.p(tuple(drafts[:i])) for i in range(4)])  # [k+1, V]
+    Q = torch.stack([toy.q(tuple(drafts[:i])) for i in range(3)])  # [k, V]
+    n, nxt = vf.verify_chain(drafts, P, Q, generator=g)
+    print(f"drafts {drafts}: n = {n}, next = {nxt} -> commits {drafts[:n] + [nxt]}")
+
+# %% [markdown]
+# ### Exercise 1.3 — `verify_chain(draft_tokens, p, q, chooser)`
 #
+# Write the verification of a whole chain. Its result must have the same law as minispec's
+# for every drafted chain, not only the same output distribution: the grader compares the law
+# of `(n accepted, next token)`.
+#
+# *Hint.* Start from one draft: section 1's step, written with your 1.1 and 1.2 and a `chooser`.
+# Then $k$ of them: which rows of `p` and `q` does draft $i$ use, what ends the step early, and
+# what is left to emit when nothing was rejected? Take every random decision from the `chooser`.
+
+# %%
+check("1.3")
+
+# %% [markdown]
 # ### A naive version for teaching
 #
-# One draft ($k = 1$) in plain Python floats and lists, so every operation is visible. The
-# next cell asserts that it has exactly the same law as the library's `verify_chain` with
-# $k = 1$, for every possible draft $x$.
+# Now that you have written it: one draft ($k = 1$) in plain Python floats and lists, so every
+# operation is visible. The next cell asserts that it has exactly the same law as the library's
+# `verify_chain` with $k = 1$, for every possible draft $x$.
 
 # %%
 def naive_one_draft(x, p, q, chooser):
@@ -213,42 +238,13 @@ assert worst <= 1e-12, worst
 print(f"naive == library for every draft x: max abs difference of the exact laws {worst:.1e}")
 
 # %% [markdown]
-# What a chain step returns: the library's `verify_chain` on a toy model with $k = 3$,
-# six times. `n` drafts were accepted and `next` is the residual token (if `n < k`) or the
-# bonus token (if `n = k`); the step commits `drafts[:n] + [next]`.
-
-# %%
-toy = ex.ToyLM(6, "random", seed=2)  # V = 6, p and q depend on the context
-g = torch.Generator().manual_seed(0)
-for _ in range(6):
-    drafts = []
-    for _ in range(3):  # x_i ~ q(. | x_0..x_{i-1})
-        drafts += vf.sample_candidates(toy.q(tuple(drafts)), 1, generator=g)
-    P = torch.stack([toy.p(tuple(drafts[:i])) for i in range(4)])  # [k+1, V]
-    Q = torch.stack([toy.q(tuple(drafts[:i])) for i in range(3)])  # [k, V]
-    n, nxt = vf.verify_chain(drafts, P, Q, generator=g)
-    print(f"drafts {drafts}: n = {n}, next = {nxt} -> commits {drafts[:n] + [nxt]}")
-
-# %% [markdown]
-# ### Exercise 1.3 — `verify_chain(draft_tokens, p, q, chooser)`
-#
-# Write the verification of a whole chain. Its result must have the same law as minispec's
-# for every drafted chain, not only the same output distribution: the grader compares the law
-# of `(n accepted, next token)`.
-#
-# *Hint.* Generalise `naive_one_draft` from one draft to $k$: which rows of `p` and `q` does
-# draft $i$ use, what ends the step early, and what is left to emit when nothing was rejected?
-# Reuse your 1.1 and 1.2, and take every random decision from the `chooser`.
-
-# %%
-check("1.3")
-
-# %% [markdown]
 # ### The library's versions
 #
 # Now that you have written them: chapter 1 lives in `minispec/verify.py` (and the formulas of
 # section 5 in `minispec/lab/analysis.py`). (`verify_chain` also does greedy verification, which
-# accepts a draft iff it is the target's argmax.)
+# accepts a draft iff it is the target's argmax.) For $q(x) = 0$, which a token drawn from $q$ never
+# meets, `accept_prob` accepts iff $p(x) > 0$: the ratio $p/q$ is infinite for a token the target
+# emits, and a token the target never emits must never get through.
 
 # %%
 show(vf.accept_prob)
@@ -375,6 +371,37 @@ for a in axs:
     a.legend(fontsize=8)
 plt.tight_layout(); plt.show()
 
+
+# %% [markdown]
+# ### Exercise 1.4 — `expected_tokens(alpha, k)`
+#
+# *Hint.* Count the tokens of a step as "1 (the residual or bonus token) + the number of
+# accepted drafts", and write the mean of the second term as a sum of probabilities of the
+# form $P(\text{at least } i \text{ drafts accepted})$. The closed form has a removable
+# singularity: what does the step commit when every draft is accepted?
+
+# %%
+check("1.4")
+
+# %% [markdown]
+# ### Exercise 1.5 — `best_k(alpha, c, k_max)`
+#
+# *Hint.* Plot the speedup against $k$ in your head: the numerator saturates (diminishing
+# returns) while the cost grows linearly, so there is a best $k$, and for some $\alpha$ and $c$
+# it is 0. Does a closed form exist, or is a search over $0..k_{max}$ the honest answer? Mind
+# the tie rule: at $\alpha = 0$ and $c = 0$ every $k$ is equally fast.
+
+# %%
+check("1.5")
+
+# %% [markdown]
+# ### The best $k$, for a few settings
+#
+# Now that you have written `best_k`: the library's search over $k = 0..12$ (`analysis.speedup`
+# at every $k$, the largest kept) for a few pairs of $\alpha$ and $c$.
+
+# %%
+ks = np.arange(0, 13)
 for a, c in [(0.6, 0.05), (0.8, 0.05), (0.8, 0.2), (0.9, 0.02)]:
     s = an.speedup(a, ks, c)
     print(f"alpha={a}, c={c}: best k in 0..12 = {ks[s.argmax()]}, speedup {s.max():.2f}x "
@@ -400,28 +427,6 @@ def explore(alpha=0.8, k=4, c=0.1):
           f"best k in 0..12: {ks[s.argmax()]} ({s.max():.3f}x)")
 
 interact(explore, alpha=(0.0, 1.0, 0.01), k=(0, 12), c=(0.0, 1.0, 0.01));  # sliders (fast mode: the defaults once)
-
-# %% [markdown]
-# ### Exercise 1.4 — `expected_tokens(alpha, k)`
-#
-# *Hint.* Count the tokens of a step as "1 (the residual or bonus token) + the number of
-# accepted drafts", and write the mean of the second term as a sum of probabilities of the
-# form $P(\text{at least } i \text{ drafts accepted})$. The closed form has a removable
-# singularity: what does the step commit when every draft is accepted?
-
-# %%
-check("1.4")
-
-# %% [markdown]
-# ### Exercise 1.5 — `best_k(alpha, c, k_max)`
-#
-# *Hint.* Plot the speedup against $k$ in your head: the numerator saturates (diminishing
-# returns) while the cost grows linearly, so there is a best $k$, and for some $\alpha$ and $c$
-# it is 0. Does a closed form exist, or is a search over $0..k_{max}$ the honest answer? Mind
-# the tie rule: at $\alpha = 0$ and $c = 0$ every $k$ is equally fast.
-
-# %%
-check("1.5")
 
 # %% [markdown]
 # ## 6. A real model: the joint law of the first three tokens
@@ -455,9 +460,9 @@ check("1.5")
 
 # %%
 from IPython.display import Markdown, display
-from minispec.sampling import SamplingParams, probs
+from minispec.sampling import SamplingParams
 from minispec.tokenizer import encode_prompt
-from minispec.lab.joint_law import first_tokens, joint_tv_check, load_tv_models, next_token_laws, table_lm
+from minispec.lab.joint_law import joint_tv_check, load_tv_models, next_token_laws, packed_law
 
 TV_TARGET, TV_DRAFT, tv_target, tv_draft, tv_tok = load_tv_models(FAST)
 display(Markdown(f"**TV check — target: {TV_TARGET}; draft: {TV_DRAFT}**"))
@@ -467,7 +472,7 @@ display(Markdown(f"**TV check — target: {TV_TARGET}; draft: {TV_DRAFT}**"))
 # The helpers. `next_token_laws` gets the next-token distributions after many contexts from
 # one forward pass: the contexts are packed after the prompt, and an attention mask lets each
 # packed token see the prompt and its own context only (the tree attention of chapter 4),
-# so each row equals a separate forward of prompt + context (asserted below). `TableLM`
+# so each row equals a separate forward of prompt + context (`packed_law` below asserts it). `TableLM`
 # serves these tables through the `ToyLM` interface (`p(ctx)`, `q(ctx)`) on the compact
 # vocabulary of tokens that have mass somewhere, so `exactness.chain_step` and
 # `exactness.target_distribution` work on the real model unchanged.
@@ -480,13 +485,8 @@ show(next_token_laws)  # minispec.lab.joint_law: the packed forward, served as a
 TOP_K, LENGTH, K_DRAFT = 4, 3, 2
 params = SamplingParams(temperature=1.0, top_k=TOP_K)  # the same processing for p and q
 ids = encode_prompt(tv_tok, "Tell me a story about a dragon.")  # chat template when the tokenizer has one
-lm = table_lm(tv_target, tv_draft, ids, params, depth=LENGTH - 1)
-law = ex.target_distribution(lm, LENGTH)  # exact: {(x1, x2, x3): p(x1) p(x2 | x1) p(x3 | x1, x2)}
-
-deepest = max(lm.P, key=len)  # the packed forward equals a plain forward of prompt + context
-with torch.inference_mode():
-    plain = probs(tv_target(torch.tensor([ids + [lm.vocab[t] for t in deepest]])).logits[0, -1].double(), params)
-assert (plain[lm.vocab] - lm.p(deepest)).abs().max() <= 1e-4
+lm, law = packed_law(tv_target, tv_draft, ids, params, LENGTH)  # exact law of the first LENGTH tokens; the packed
+# forward is checked against a plain forward of prompt + the deepest context
 print(f"{len(lm.P)} contexts, compact vocabulary of {lm.V} tokens; alpha at the first position "
       f"{an.acceptance_rate(lm.p(()), lm.q(())).item():.3f}; the target's law of {LENGTH} tokens has "
       f"{len(law)} sequences")
@@ -532,8 +532,7 @@ except (minispec.ModelNotFound, OSError) as e:
           f"({type(e).__name__})")
 else:
     display(Markdown("**TV check — target: GPT-2; draft: DistilGPT-2**"))
-    lm2 = table_lm(gpt2, distil, encode_prompt(gpt2_tok, "The quick brown fox", chat=False), params, depth=LENGTH - 1)
-    law2 = ex.target_distribution(lm2, LENGTH)
+    lm2, law2 = packed_law(gpt2, distil, encode_prompt(gpt2_tok, "The quick brown fox", chat=False), params, LENGTH)
     tv2, bound2, _, _ = joint_tv_check(lm2, law2, steps, N, length=LENGTH, k=K_DRAFT)
     for name, r in tv2.items():
         print(f"  {name:<26} TV = {r['tv']:.4f}   {'FLAGGED' if r['tv'] > bound2 else 'passes'} (threshold {bound2:.4f})")
@@ -551,46 +550,14 @@ else:
 # %%
 from minispec import generate
 from minispec.drafters import DraftModel, PromptLookup
+from minispec.lab.notebook import smollm2_and_draft, time_greedy
 
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-if TV_TARGET.startswith("SmolLM2"):  # loaded above
-    smol, smol_tok, smol_draft = tv_target, tv_tok, tv_draft
-else:
-    smol, smol_tok = minispec.load("smollm2-135m")
-    try:
-        from minispec.drafters.draft_checkpoint import load_draft_model
-        smol_draft = load_draft_model(smol)
-    except (ImportError, FileNotFoundError) as e:
-        smol_draft = None
-        print(f"NOTE: the distilled SmolLM2 draft is not available ({type(e).__name__}: {e}); "
-              "so there is no SpS row; prompt lookup (a model-free drafter, one-hot q) is timed instead.")
+smol, smol_tok, smol_draft = smollm2_and_draft((TV_TARGET, TV_DRAFT, tv_target, tv_draft, tv_tok))
 prompt = "Explain in three sentences why speculative decoding makes LLM inference faster."
 drafters = {"SpS, distilled draft, k=4": DraftModel(smol_draft, k=4)} if smol_draft is not None \
     else {"prompt lookup, k=4": PromptLookup(k=4)}
-
 n_new = 24 if FAST else 128
-generate(smol, smol_tok, prompt, max_new_tokens=4)  # warm-up (first-call overheads)
-runs = {"vanilla": generate(smol, smol_tok, prompt, max_new_tokens=n_new)}
-for name, d in drafters.items():
-    runs[name] = generate(smol, smol_tok, prompt, drafter=d, max_new_tokens=n_new)
-    assert runs[name].tokens == runs["vanilla"].tokens, f"{name}: greedy output differs from vanilla greedy"
-
-print(f"device: this machine's CPU ({cpu_name()}), torch threads: {torch.get_num_threads()}, no GPU; greedy, "
-      f"{n_new} new tokens, prompt {prompt[:60]!r}")
-print(f"{'method':<32} {'tokens':>6} {'target fwd':>10} {'tau':>5} {'tokens/s':>9}  acceptance by depth")
-for name, r in runs.items():
-    s = r.stats
-    acc = " ".join(f"{a:.2f}" for a in s.acceptance_by_position)
-    print(f"{name:<32} {s.new_tokens:>6} {s.target_forwards:>10} {s.tau:>5.2f} {s.tokens_per_s:>9.1f}  {acc}")
-print("every speculative run emitted exactly the vanilla greedy tokens")
+runs = time_greedy(smol, smol_tok, prompt, drafters, n_new)
 
 # %% [markdown]
 # ### Closing the cost model on this run
@@ -682,10 +649,12 @@ check(1, impl="solutions")
 #
 # It emits $y$ with probability $\min(p(y), q(y)) + (1 - \alpha)\, p(y)$. Since
 # $p = \min(p, q) + (1 - \alpha)\, r$, the difference to the target is $(1 - \alpha)(p - r)$, so
-# $\mathrm{TV} = (1 - \alpha)\,\mathrm{TV}(p, r)$. It favours the tokens the draft
-# over-proposes ($q > p$, where $r = 0$): they get a second chance after a rejection, while the
-# under-proposed tokens do not get the extra mass they are owed. It is harmless only when
-# $\alpha = 1$, i.e. $q = p$.
+# $\mathrm{TV} = (1 - \alpha)\,\mathrm{TV}(p, r)$. It favours every token whose excess
+# $(1 - \alpha)(p - r)$ is positive, i.e. $p(y) > r(y)$: all the tokens the draft over-proposes
+# ($q \ge p > 0$, where $r = 0$) and also the under-proposed ones with $\alpha p(y) < q(y) < p(y)$
+# (there $r = (p - q)/(1 - \alpha) < p$), since $p > (p - q)/(1 - \alpha) \iff q > \alpha p$. It
+# starves the tokens with $q < \alpha p$, whose residual share is more than the $p$ it hands out.
+# It is harmless only when $\alpha = 1$, i.e. $q = p$.
 # </details>
 #
 # <details><summary>3. Expected tokens per step</summary>
@@ -717,3 +686,10 @@ check(1, impl="solutions")
 # Question 4, checked with the library's formula.
 for k in (3, 4, 5, 6, 7):
     print(f"alpha=0.8, c=0.1, k={k}: speedup {an.speedup(0.8, k, 0.1):.3f}")
+
+# Question 2, checked on section 1's p and q: the tokens the wrong verifier over-weights are those with q > alpha p.
+over = (wrong - p) > 1e-12
+print(f"tokens over-weighted by resampling from p: {over.nonzero().flatten().tolist()}; "
+      f"tokens with q > alpha p: {(q > alpha * p).nonzero().flatten().tolist()}; "
+      f"over-proposed (q > p): {(q > p).nonzero().flatten().tolist()}")
+assert torch.equal(over, q > alpha * p)

@@ -14,17 +14,14 @@
 # ---
 
 # %%
-# Versions and FAST mode.
+# Versions, FAST mode and the device: the first cell of every chapter (minispec.lab.notebook.setup).
 import os, platform
 
-import torch
 import minispec
-from minispec import config
+import torch
+from minispec.lab.notebook import setup, show
 
-FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
-print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
-print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
-print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
+FAST = setup()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
 
 # %% [markdown]
 # # Chapter 2 — Multi-round speculative sampling: several candidates, and trees
@@ -65,9 +62,6 @@ from minispec import sampling
 from minispec import verify as vf
 from minispec.grading import check  # check("2.1"): grade one exercise of exercises/ (prints, never raises)
 
-def show(obj):
-    """Print the source of a minispec function (the notebook never redefines library code)."""
-    print(inspect.getsource(obj))
 
 V = 6
 g = torch.Generator().manual_seed(0)
@@ -111,7 +105,60 @@ print(f"alpha (one candidate) = {an.acceptance_rate(p, q).item():.4f}")
 check("2.1")
 
 # %% [markdown]
-# ### Compare: a naive version and the library's
+# ## 2. Without replacement: recursive rejection sampling
+#
+# Drawing candidates i.i.d. wastes slots on duplicates. Drawing them **without
+# replacement** gives $n$ distinct tokens, but then candidate $i$ is no longer a draw from
+# $q$: it cannot be any of $x_0..x_{i-1}$. The proof above goes through if every round is a
+# Leviathan step against the distribution its own candidate was actually drawn from, and the
+# next round's target is what that step leaves over (Jeon et al. 2024; Yang et al. 2024).
+# Exercise 2.2 is to work out both: from which distribution is $x_{i+1}$ drawn, given that
+# $x_0..x_i$ were drawn and rejected, and what are $p_{i+1}$ and the $q$ of round $i + 1$?
+#
+# Each rule is exact only for its own way of drawing. The table gives the exact law of the
+# emitted token against $p$ ($n = 3$) for each rule with its own drafting, and for distinct
+# drafts verified with the i.i.d. rule. (The other mismatch cannot even be run: the
+# without-replacement rule refuses repeated candidates, which its drafting cannot produce.)
+
+# %%
+n = 3
+print(f"{'drafting':<22} {'verified with':<20} {'max |law - p|':>14}")
+errors = {}
+for replacement, mode in [(True, "mss_replacement"), (False, "mss_no_replacement"), (False, "mss_replacement")]:
+    def run(ch):
+        xs = vf.sample_candidates(q, n, replacement=replacement, chooser=ch)
+        return vf.verify_candidates(xs, p, q, mode=mode, chooser=ch)[1]
+    law = ex.outcome_distribution(run)
+    errors[replacement, mode] = err = max(abs(law.get(x, 0.0) - p[x].item()) for x in range(V))
+    wrong = "   <- WRONG pairing" if (mode == "mss_replacement") != replacement else ""
+    print(f"{'i.i.d. (replacement)' if replacement else 'without replacement':<22} {mode:<20} {err:>14.2e}{wrong}")
+assert errors[True, "mss_replacement"] <= 1e-12 and errors[False, "mss_no_replacement"] <= 1e-12
+assert errors[False, "mss_replacement"] > 1e-6
+
+# %% [markdown]
+# ### Exercise 2.2 — `mss_without_replacement(candidates, p, q, chooser)`
+#
+# *Hint.* The one-step argument needs "the next candidate is distributed as the $q$ used in
+# its acceptance ratio". After a rejection of $x_i$, what is the law of $x_{i+1}$ when the
+# candidates were drawn without replacement? Update whatever must change so that this holds
+# in every round (and leave the caller's tensors alone).
+
+# %%
+check("2.2")
+
+# %% [markdown]
+# ### The answer, a naive version and the library's
+#
+# Round $i$ is a Leviathan step of $p_i$ against $q_i$, the distribution $x_i$ was drawn from,
+# and after rejecting $x_i$
+#
+# $$
+# p_{i+1} = \mathrm{norm}(\max(0, p_i - q_i)), \qquad q_{i+1} = \mathrm{norm}(q_i \text{ with } x_i \text{ set to } 0).
+# $$
+#
+# Given the rejection, $x_{i+1} \sim q_{i+1}$ (the next draw without replacement), so the
+# induction step holds with $q_i$ in place of $q$. Note $p_{i+1}(x_i) = 0$: a rejection means
+# $p_i(x_i) < q_i(x_i)$. With replacement $q_i = q$ in every round (section 1).
 #
 # MSS with replacement in plain Python lists; the next cell asserts that the exact joint
 # law of (candidates, accepted index, emitted token) equals that of the library's
@@ -149,57 +196,8 @@ for n in (1, 2, 3):
 
 # %%
 show(vf._mss_replacement)
-
-# %% [markdown]
-# ## 2. Without replacement: recursive rejection sampling
-#
-# Drawing candidates i.i.d. wastes slots on duplicates. Drawing them **without
-# replacement** gives $n$ distinct tokens, but then candidate $i$ comes from
-# $q_i$ = $q$ with $x_0..x_{i-1}$ removed and renormalised, not from $q$. The proof above
-# goes through if every round uses the distribution its candidate actually came from:
-# round $i$ is a Leviathan step of $p_i$ against $q_i$, and after rejecting $x_i$
-#
-# $$
-# p_{i+1} = \mathrm{norm}(\max(0, p_i - q_i)), \qquad q_{i+1} = \mathrm{norm}(q_i \text{ with } x_i \text{ set to } 0).
-# $$
-#
-# Given the rejection, $x_{i+1} \sim q_{i+1}$ (the next draw without replacement), so the
-# induction step holds with $q_i$ in place of $q$ (Jeon et al. 2024; Yang et al. 2024).
-# Note $p_{i+1}(x_i) = 0$: a rejection means $p_i(x_i) < q_i(x_i)$.
-#
-# Each rule is exact only for its own way of drawing. The table gives the exact law of the
-# emitted token against $p$ ($n = 3$) for each rule with its own drafting, and for distinct
-# drafts verified with the i.i.d. rule. (The other mismatch cannot even be run: the
-# without-replacement rule refuses repeated candidates, which its drafting cannot produce.)
-
-# %%
-n = 3
-print(f"{'drafting':<22} {'verified with':<20} {'max |law - p|':>14}")
-errors = {}
-for replacement, mode in [(True, "mss_replacement"), (False, "mss_no_replacement"), (False, "mss_replacement")]:
-    def run(ch):
-        xs = vf.sample_candidates(q, n, replacement=replacement, chooser=ch)
-        return vf.verify_candidates(xs, p, q, mode=mode, chooser=ch)[1]
-    law = ex.outcome_distribution(run)
-    errors[replacement, mode] = err = max(abs(law.get(x, 0.0) - p[x].item()) for x in range(V))
-    wrong = "   <- WRONG pairing" if (mode == "mss_replacement") != replacement else ""
-    print(f"{'i.i.d. (replacement)' if replacement else 'without replacement':<22} {mode:<20} {err:>14.2e}{wrong}")
-assert errors[True, "mss_replacement"] <= 1e-12 and errors[False, "mss_no_replacement"] <= 1e-12
-assert errors[False, "mss_replacement"] > 1e-6
-
-# %% [markdown]
-# ### Exercise 2.2 — `mss_without_replacement(candidates, p, q, chooser)`
-#
-# *Hint.* The one-step argument needs "the next candidate is distributed as the $q$ used in
-# its acceptance ratio". After a rejection of $x_i$, what is the law of $x_{i+1}$ when the
-# candidates were drawn without replacement? Update whatever must change so that this holds
-# in every round (and leave the caller's tensors alone).
-
-# %%
-check("2.2")
-
-# %%
 show(vf._mss_no_replacement)
+
 
 # %% [markdown]
 # ## 3. One-hot $q$: deterministic drafts
@@ -213,9 +211,12 @@ show(vf._mss_no_replacement)
 # **What it assumes:** the candidates must not depend on the verifier's random coins
 # (they may depend on the context, and they may even be sampled beforehand — the argument
 # is conditional on them). Then each round is an exact Leviathan step against a point mass,
-# and the output has law $p$. What one-hot $q$ gives up is acceptance: a sampled draft that
-# matches $p$ well is accepted with probability $\min(1, p/q)$, a one-hot one only with
-# $p(x)$. Using the real-$q$ rule on top-k drafts is wrong (a control below).
+# and the output has law $p$. What one-hot $q$ changes is the acceptance: a node accepts one of its
+# candidates with probability $\sum_i p(x_i)$, the target's mass on them (question 2), where one
+# sampled candidate gets $\alpha = \sum_x \min(p(x), q(x))$. Either can be the larger: a draft that
+# ranks the target's favourite first gains, a well-calibrated draft whose top token the target
+# dislikes loses (the cell below computes both for this section's $p$, $q$ and for a uniform $q$).
+# Using the real-$q$ rule on top-k drafts is wrong (a control below).
 #
 # The library's one-hot rule against $p$, for three ways of choosing the candidates, and the
 # real-$q$ rule on the top-3 drafts:
@@ -239,6 +240,13 @@ law = ex.outcome_distribution(lambda ch: vf.verify_candidates(topk, p, q, mode="
 bad = max(abs(law.get(x, 0.0) - p[x].item()) for x in range(V))
 print(f"real-q rule on the top-3 drafts (WRONG)            max |law - p| = {bad:.2e}")
 assert bad > 1e-6
+
+for name, pp, qq in (("this section's p, q", p, q),
+                     ("p = (0.9, 0.1), uniform q", torch.tensor([0.9, 0.1], dtype=torch.float64),
+                      torch.tensor([0.5, 0.5], dtype=torch.float64))):
+    top1 = int(torch.argsort(-qq, stable=True)[0])
+    print(f"{name}: one sampled candidate accepted w.p. alpha = {an.acceptance_rate(pp, qq).item():.3f}; "
+          f"the top-1 of q under the one-hot rule w.p. p(top-1) = {pp[top1].item():.3f}")
 
 # %% [markdown]
 # ### Exercise 2.3 — `mss_onehot(candidates, p, chooser)`
@@ -437,9 +445,9 @@ assert max(table.values()) <= 1e-12
 
 # %%
 from IPython.display import Markdown, display
-from minispec.sampling import SamplingParams, probs
+from minispec.sampling import SamplingParams
 from minispec.tokenizer import encode_prompt
-from minispec.lab.joint_law import first_tokens, joint_tv_check, load_tv_models, next_token_laws, table_lm
+from minispec.lab.joint_law import joint_tv_check, load_tv_models, next_token_laws, packed_law
 
 TV_TARGET, TV_DRAFT, tv_target, tv_draft, tv_tok = load_tv_models(FAST)
 display(Markdown(f"**TV check — target: {TV_TARGET}; draft: {TV_DRAFT}**"))
@@ -448,12 +456,8 @@ display(Markdown(f"**TV check — target: {TV_TARGET}; draft: {TV_DRAFT}**"))
 TOP_K, LENGTH, DEPTH, BRANCH = 4, 3, 2, 2
 params = SamplingParams(temperature=1.0, top_k=TOP_K)  # the same processing for p and q
 ids = encode_prompt(tv_tok, "Tell me a story about a dragon.")  # chat template when the tokenizer has one
-lm = table_lm(tv_target, tv_draft, ids, params, depth=LENGTH - 1)
-law = ex.target_distribution(lm, LENGTH)  # exact: {(x1, x2, x3): p(x1) p(x2 | x1) p(x3 | x1, x2)}
-deepest = max(lm.P, key=len)  # the packed forward equals a plain forward of prompt + context
-with torch.inference_mode():
-    plain = probs(tv_target(torch.tensor([ids + [lm.vocab[t] for t in deepest]])).logits[0, -1].double(), params)
-assert (plain[lm.vocab] - lm.p(deepest)).abs().max() <= 1e-4
+lm, law = packed_law(tv_target, tv_draft, ids, params, LENGTH)  # exact law of the first LENGTH tokens; the packed
+# forward is checked against a plain forward of prompt + the deepest context
 
 
 def tree_rule(mode, draft=None):
@@ -525,8 +529,7 @@ except (minispec.ModelNotFound, OSError) as e:
           f"({type(e).__name__})")
 else:
     display(Markdown("**TV check — target: GPT-2; draft: DistilGPT-2**"))
-    lm2 = table_lm(gpt2, distil, encode_prompt(gpt2_tok, "The quick brown fox", chat=False), params, depth=LENGTH - 1)
-    law2 = ex.target_distribution(lm2, LENGTH)
+    lm2, law2 = packed_law(gpt2, distil, encode_prompt(gpt2_tok, "The quick brown fox", chat=False), params, LENGTH)
     tv2, bound2, _, _ = joint_tv_check(lm2, law2, {**CORRECT, BLATANT: steps[BLATANT]}, N, length=LENGTH, k=DEPTH)
     for name, r in tv2.items():
         print(f"  {name:<38} TV = {r['tv']:.4f}   {'FLAGGED' if r['tv'] > bound2 else 'passes'} (threshold {bound2:.4f})")
@@ -544,46 +547,14 @@ else:
 # %%
 from minispec import generate
 from minispec.drafters import DraftModel, PromptLookup
+from minispec.lab.notebook import smollm2_and_draft, time_greedy
 
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-if TV_TARGET.startswith("SmolLM2"):  # loaded above
-    smol, smol_tok, smol_draft = tv_target, tv_tok, tv_draft
-else:
-    smol, smol_tok = minispec.load("smollm2-135m")
-    try:
-        from minispec.drafters.draft_checkpoint import load_draft_model
-        smol_draft = load_draft_model(smol)
-    except (ImportError, FileNotFoundError) as e:
-        smol_draft = None
-        print(f"NOTE: the distilled SmolLM2 draft is not available ({type(e).__name__}: {e}); "
-              "so there is no SpS row; prompt lookup (a model-free drafter, one-hot q) is timed instead.")
+smol, smol_tok, smol_draft = smollm2_and_draft((TV_TARGET, TV_DRAFT, tv_target, tv_draft, tv_tok))
 prompt = "Copy this list exactly, one item per line: apples, bananas, cherries, dates, figs, grapes, lemons."
 drafters = {f"SpS, distilled draft, k={k}": DraftModel(smol_draft, k=k) for k in (2, 4)} if smol_draft is not None else {}
 drafters["prompt lookup (one-hot q), k=4"] = PromptLookup(k=4)
-
 n_new = 24 if FAST else 128
-generate(smol, smol_tok, prompt, max_new_tokens=4)  # warm-up (first-call overheads)
-runs = {"vanilla": generate(smol, smol_tok, prompt, max_new_tokens=n_new)}
-for name, d in drafters.items():
-    runs[name] = generate(smol, smol_tok, prompt, drafter=d, max_new_tokens=n_new)
-    assert runs[name].tokens == runs["vanilla"].tokens, f"{name}: greedy output differs from vanilla greedy"
-
-print(f"device: this machine's CPU ({cpu_name()}), torch threads: {torch.get_num_threads()}, no GPU; greedy, "
-      f"{n_new} new tokens, prompt {prompt[:60]!r}")
-print(f"{'method':<32} {'tokens':>6} {'target fwd':>10} {'tau':>5} {'tokens/s':>9}  acceptance by depth")
-for name, r in runs.items():
-    s = r.stats
-    acc = " ".join(f"{a:.2f}" for a in s.acceptance_by_position)
-    print(f"{name:<32} {s.new_tokens:>6} {s.target_forwards:>10} {s.tau:>5.2f} {s.tokens_per_s:>9.1f}  {acc}")
-print("every speculative run emitted exactly the vanilla greedy tokens")
+runs = time_greedy(smol, smol_tok, prompt, drafters, n_new)
 
 # %% [markdown]
 # ### Closing the cost model on this run

@@ -43,23 +43,21 @@
 # 4. Measure acceptance per draft position for SpS, Medusa, EAGLE-1 and EAGLE-3 on SmolLM2.
 # 5. Check that the draft's confidence is calibrated (EAGLE-2's premise) and that decoding
 #    with an EAGLE head at temperature 1 keeps the target's distribution.
-# 6. Implement exercises 3.1–3.5 and grade them (3.5: draft a chain at the feature level, the head feeding itself).
+# 6. Implement exercises 3.1–3.6 and grade them (3.5: draft a chain at the feature level, the head feeding itself;
+#    3.6: EAGLE-3's training-time test, training the levels the head drafts on its own features).
 #
 # Library code: `minispec/drafters/eagle.py`, `eagle3.py`, `medusa.py`, `loader.py`;
 # training: `minispec/train/eagle.py`, `eagle3.py`, `medusa.py`.
 
 # %%
-# Versions and FAST mode.
+# Versions, FAST mode and the device: the first cell of every chapter (minispec.lab.notebook.setup).
 import os, platform
 
-import torch
 import minispec
-from minispec import config
+import torch
+from minispec.lab.notebook import setup, show
 
-FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
-print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
-print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
-print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
+FAST = setup()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
 
 # %%
 import inspect
@@ -139,8 +137,8 @@ plt.tight_layout(); plt.show()
 # %% [markdown]
 # ### Exercise 3.1 — `eagle_input(embedding, tokens, features)`
 #
-# Implement `eagle_input` in `exercises/ch03_eagle.py`: the head's input rows
-# $\mathrm{cat}[e(x_{j+1}), f_j]$ for a context, the shifted pairs, embedding first.
+# Implement `eagle_input` in `exercises/ch03_eagle.py`: the head's input rows for a context, one per
+# head position $j$, each pairing $f_j$ with a token's embedding (the shifted pairs, embedding first).
 #
 # *Hint.* Look at the right-hand figure: which token does feature $f_j$ travel with, and which
 # token of the context has no feature yet? Count the rows you must return from the shapes in
@@ -183,9 +181,9 @@ print(heads["Medusa"])
 # final `norm` and an `lm_head` over a **draft vocabulary** of the most frequent training
 # tokens, mapped back to target ids by `d2t` (exercises 3.2–3.3). At its next drafting step the
 # head is fed its *own* output hidden state, not a target feature, and it is trained that way
-# too (**training-time test**: `minispec.train.eagle3.unroll` runs the head on its own
-# outputs for several steps and sums the cross-entropies with weights $\text{decay}^j$), so
-# there is no feature-regression loss. Medusa's heads are one residual block each on $f_t$;
+# too (the **training-time test** of section 8 and exercise 3.6: the head runs on its own outputs
+# for several levels, each level's loss weighted $\text{decay}^j$), so there is no
+# feature-regression loss. Medusa's heads are one residual block each on $f_t$;
 # head $i$ guesses the token $i+1$ positions ahead without seeing the drafts in between.
 
 # %%
@@ -411,7 +409,7 @@ print(f"{len(conf)} positions: acceptance {hit.mean():.2f}, mean confidence {con
 # Greedy equality (section 4) says nothing about sampling. Here the real decode loop
 # (`minispec.batch.generate_batch`, many runs at a time, each with its own seed) samples
 # SmolLM2-135M-Instruct at temperature 1, top-k 3, after an open prompt ("The best way to", where
-# the target's first three tokens spread over 27 outcomes, none above 21%), with the shipped
+# the target's first three tokens spread over 27 outcomes, printed below with the largest share), with the shipped
 # EAGLE-1/2 head drafting a **sampled chain of 2** (real $q$: the head's own distribution,
 # verified by Leviathan/Chen rejection sampling, chapter 1). We compare the law of the first
 # three new tokens (token 1 from the prefill, tokens 2-3 from the first speculative step: drafts
@@ -426,10 +424,11 @@ print(f"{len(conf)} positions: acceptance {hit.mean():.2f}, mean confidence {con
 # - **subtle**: the same chain with honest $q$, but the head draws its drafts from a *copy* of the
 #   loop's generator (`share_verifier_stream`): the uniform behind draft $x$ is the very one the
 #   verifier then compares with $p(x)/q(x)$. Each draft still follows $q$; what breaks is the
-#   independence of drafts and coin flips that chapter 1's proof uses. The law moves by a TV of
-#   about 0.1, too little for the TV bound at these sample sizes.
-#   It takes about 500 runs, minutes of SmolLM2 decoding, so it runs in full mode only; in fast
-#   mode (CI) `tests/test_joint_law.py` flags the same kind of control on tiny models.
+#   independence of drafts and coin flips that chapter 1's proof uses. The law moves too little
+#   for the TV bound at these sample sizes (the printout gives the TV measured and the runs the TV
+#   test alone would need). It takes hundreds of runs, minutes of SmolLM2 decoding, so it runs in
+#   full mode only; in fast mode (CI) `tests/test_joint_law.py` flags the same kind of control on
+#   tiny models.
 #
 # How far a control strays depends on the head: one whose drafts follow the target more closely
 # makes both controls milder. So the controls are tested *sequentially* (`control_max`): when $N$
@@ -447,37 +446,16 @@ print(f"{len(conf)} positions: acceptance {hit.mean():.2f}, mean confidence {con
 # chapter 2's line: how many runs the TV test alone would need (`exactness.samples_for_tv`).
 
 # %%
-from IPython.display import Markdown, display
+from minispec.lab.joint_law import claim_uniform_q, decode_loop_exactness, share_verifier_stream
 
-from minispec.lab.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
-                                share_verifier_stream, show_loop_check)
-from minispec.sampling import SamplingParams
-
-tv_params = SamplingParams(temperature=1.0, top_k=3)
-tv_ids = encode_prompt(smol_tok, "The best way to", chat=False)
-tv_law = first_tokens_law(smol, tv_ids, tv_params, length=3)  # {(t1, t2, t3): probability}, 27 outcomes
 eagle_chain = load_drafter(str(HEADS["eagle"]), smol, tree="chain:2", verbose=False)
 runs = {"EAGLE-1/2 head, chain:2 (real q)": eagle_chain.fresh,
         "WRONG (blatant): same chain, claims uniform q": lambda: claim_uniform_q(eagle_chain.fresh())}
 if not FAST:  # the EAGLE-3 head too (its q lives on a reduced vocabulary, mapped back by d2t)
     runs["EAGLE-3 head, chain:2 (real q)"] = load_drafter(str(HEADS["eagle3"]), smol, tree="chain:2", verbose=False).fresh
 subtle = {"WRONG (subtle): same chain, drafts from the verifier's stream": lambda: share_verifier_stream(eagle_chain.fresh())}
-N, N_SUBTLE = (64, None) if FAST else (2048, 2048)  # the subtle control needs ~500 runs for the chi-square tests:
-# full mode only; in fast mode (CI) tests/test_joint_law.py flags the same kind of control on tiny models
-res, bound, support, exact = loop_tv_check(smol, smol_tok, tv_ids, runs, tv_params, N, law=tv_law, control_max=8 * N)
-if N_SUBTLE:
-    res_s, bound_s, _, _ = loop_tv_check(smol, smol_tok, tv_ids, subtle, tv_params, N_SUBTLE, law=tv_law,
-                                         control_max=4 * N_SUBTLE)
-display(Markdown("**TV check — target: SmolLM2-135M-Instruct; drafter: minispec's shipped EAGLE heads**"))
-show_loop_check(smol_tok, support, exact, res, bound, "SmolLM2-135M + shipped EAGLE head: first 3 tokens, T = 1, top-k 3")
-plt.show()
-assert_loop_check(res, bound)  # every honest run passes, every "WRONG" run is flagged
-if N_SUBTLE:
-    show_loop_check(smol_tok, support, exact, res_s, bound_s, "the subtle control")
-    plt.show()
-    assert_loop_check(res_s, bound_s)
-else:
-    print("the subtle control: full mode only (MINISPEC_FAST unset; minutes of SmolLM2 runs)")
+tv3 = decode_loop_exactness(smol, smol_tok, runs, subtle, fast=FAST,
+                            models="target: SmolLM2-135M-Instruct; drafter: minispec's shipped EAGLE heads")
 
 # %% [markdown]
 # ## 7. Drafting a chain: the head feeds itself
@@ -523,6 +501,78 @@ print(f"greedy verification would accept the first {accepted} of 5")
 
 # %%
 check("3.5")
+
+# %% [markdown]
+# ## 8. Training-time test: training the levels the head drafts on its own features
+#
+# Section 7's chain is drafted on the head's own features from the second token on, yet section 3
+# trained it only on the target's: every training pair was $(x_{t+1}, f_t)$ with the true $f_t$. The
+# deeper the draft, the further its input is from anything it saw in training, and acceptance falls
+# with depth (section 4). EAGLE-3 (Li et al. 2025) trains the way it drafts, the **training-time
+# test**; HASS (Zhang et al. 2024) applies it to EAGLE-1/2 heads, and so does
+# `python -m minispec train eagle --ttt-steps N`. In one forward over a sequence, every position $t$
+# is an *anchor* whose chain is drafted $N$ levels deep at once: level 0 is the teacher-forced head;
+# level $j$ reads the head's own level-$(j-1)$ output at the same anchor beside the token $j$ steps
+# further on, sits $j$ positions further on, and predicts the target's feature $j + 1$ steps ahead.
+# What makes it a drafted chain and not $N$ independent heads is the attention mask: a level's row
+# may see the committed pairs (level 0's keys) only up to its anchor, and of the later levels only
+# its own chain, as `EagleDrafter`'s tree mask allows (chapter 4). Each level's loss is weighted
+# $\text{decay}^j$: the first drafts matter most, since a chain is accepted only up to its first miss.
+
+# %% [markdown]
+# ### Exercise 3.6 — `ttt_loss(level, tokens, features, valid, steps, decay)`
+#
+# Write the unrolled loss: for each level, the tokens, input features, positions and attention mask it
+# runs on (through the given `level`, which runs the head's next level), its targets and the anchors
+# where they exist, then the decay-weighted loss. The check runs random float64 heads of one and two
+# layers on minispec's tiny Llama target and compares with `minispec.train.eagle.unroll`; a wrong
+# level names what it read.
+#
+# *Hint.* Draw the keys of a 3-level unroll over 4 anchors as a grid (level by row, anchor by column)
+# and shade what anchor 2's level-2 row may see. Which target does level $j$ at the last anchors
+# have?
+
+# %%
+check("3.6")
+
+# %% [markdown]
+# ### With and without it: acceptance by depth, from section 3's miniature run
+#
+# Section 3's head trained level 0 only. A second head starts from the same random weights and
+# trains on the same sequences for the same steps with the training-time test over 3 levels
+# (`minispec.train.eagle.ttt_loss`: each level's SmoothL1 and draft-vocabulary cross-entropy). Then
+# both draft 3 levels on their own features (`unroll`, no noise), and the cell prints how often each
+# level's top token (over the 8192-token draft vocabulary) is the target's greedy token at that depth,
+# on the training sequences. A run this short moves the heads a little; the cell prints what it
+# measured, and the shipped heads' records (section 3) hold the full training runs.
+
+# %%
+LEVELS = 3
+torch.manual_seed(0)  # section 3's start
+head_ttt = EagleHead(EagleConfig.for_target(smol.cfg))
+opt_ttt = torch.optim.AdamW(head_ttt.parameters(), lr=1e-3, betas=(0.9, 0.95))
+gen = torch.Generator().manual_seed(0)
+t0 = time.perf_counter()
+for step in range(n_steps):
+    loss_ttt, *_ = train_eagle.ttt_loss(head_ttt, smol, batch, ce_weight=0.1, ce_frac=0.25, noise=0.1, steps=LEVELS,
+                                        decay=0.8, draft_head=draft_head, generator=gen)
+    opt_ttt.zero_grad(); loss_ttt.backward()
+    torch.nn.utils.clip_grad_norm_(head_ttt.parameters(), 1.0); opt_ttt.step()
+print(f"training-time test: {n_steps} steps of {LEVELS} levels in {time.perf_counter() - t0:.0f} s")
+by_depth = {}
+with torch.no_grad():
+    for name, h in (("section 3's head (level 0 only)", head), (f"training-time test ({LEVELS} levels)", head_ttt)):
+        *_, accs = train_eagle.ttt_loss(h, smol, batch, ce_weight=0.1, ce_frac=1.0, noise=0.0, steps=LEVELS,
+                                        decay=0.8, draft_head=draft_head)
+        by_depth[name] = accs
+for name, accs in by_depth.items():
+    print(f"{name:<36} top-1 agreement by draft depth: " + "  ".join(f"d{j + 1} {a:.3f}" for j, a in enumerate(accs)))
+fig, ax = plt.subplots(figsize=(6, 3))
+for i, (name, accs) in enumerate(by_depth.items()):
+    ax.bar(np.arange(1, LEVELS + 1) + (i - 0.5) * 0.38, accs, 0.38, label=name)
+ax.set(xlabel="draft depth (the head on its own features from depth 2)", ylabel="top-1 = target's greedy",
+       xticks=range(1, LEVELS + 1), title=f"{n_steps} training steps on {len(seqs)} sequences (training data)")
+ax.legend(fontsize=8); plt.tight_layout(); plt.show()
 
 # %% [markdown]
 # ## Pen-and-paper questions
@@ -591,7 +641,7 @@ check("3.5")
 #
 # ## The whole chapter
 #
-# Exercises 3.1–3.5 sit after the sections that teach them; their functions are in
+# Exercises 3.1–3.6 sit after the sections that teach them; their functions are in
 # `exercises/ch03_eagle.py` (generated from `solutions/`; same signatures and docstrings). The
 # checks compare your functions with minispec's own code (`EagleDrafter`'s head input,
 # `minispec.drafters.eagle3`, `minispec.train.eagle.eagle_loss`) on seeded random tensors.
@@ -603,6 +653,7 @@ check("3.5")
 # | 3.3 | `to_target_logits` | draft-vocabulary logits into the target vocabulary, $-\infty$ elsewhere |
 # | 3.4 | `eagle_loss` | SmoothL1 on features + $w_{cls}$ × soft cross-entropy against the target's top-$K$ |
 # | 3.5 | `draft_chain` | a greedy chain at the feature level: each draft token paired with the head's own feature |
+# | 3.6 | `ttt_loss` | the training-time test: each level's inputs, positions, attention mask and targets, decay-weighted |
 #
 # Your file, graded in one table (the same as `python -m minispec grade 3` or
 # `pytest tests/test_exercises.py -m ch03 --impl exercises`), and what a finished chapter looks
@@ -667,3 +718,24 @@ check(3, impl="solutions")
 # nats and runs about ten times the feature term, so the weight 0.1 puts the two on a similar
 # scale rather than making the token term negligible.
 # </details>
+
+# %%
+# The answers' numbers, computed (questions 2-3 from SmolLM2's own config).
+import math
+
+p_a, D_ab = 0.6, 10.0
+print(f"question 1: expected squared error of the mean feature {p_a * (1 - p_a) * D_ab ** 2:.1f}")
+c = smol.cfg
+layer = 2 * c.d_model * c.n_head * c.head_dim + 2 * c.d_model * c.n_kv_head * c.head_dim + 3 * c.d_model * c.d_ff
+fc, lm = c.d_model * 2 * c.d_model, c.d_model * c.vocab_size
+head_w, target_w = fc + layer, c.n_layer * layer + lm
+print(f"question 2: a layer {layer:,} weights; the head {head_w:,} ({head_w / layer:.2f} layers); a draft step "
+      f"{(head_w + lm) / target_w:.1%} of a target forward, {lm / (head_w + lm):.1%} of it the LM head")
+cut = head_w + c.d_model * 8192
+for name, alpha, cost in (("full vocabulary", 0.6, (head_w + lm) / target_w), ("8192 tokens", 0.6 * 0.92, cut / target_w)):
+    tau = sum(alpha ** i for i in range(4))
+    print(f"question 3 ({name}): draft step {cost:.1%} of a target forward, E[tau] {tau:.3f}, speedup "
+          f"{tau / (1 + 3 * cost):.2f}")
+p2 = torch.tensor([0.5, 0.3]) / 0.8
+print(f"question 4: soft CE {-(p2 * torch.log(torch.tensor([0.5, 0.3]))).sum():.3f} nats, hard CE {-math.log(0.5):.3f}, "
+      f"the floor (entropy) {-(p2 * p2.log()).sum():.3f}; the token term's share {0.35 / 0.75:.0%}")

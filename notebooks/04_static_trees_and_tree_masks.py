@@ -14,17 +14,14 @@
 # ---
 
 # %%
-# Versions and FAST mode.
+# Versions, FAST mode and the device: the first cell of every chapter (minispec.lab.notebook.setup).
 import os, platform
 
-import torch
 import minispec
-from minispec import config
+import torch
+from minispec.lab.notebook import setup, show
 
-FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
-print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
-print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
-print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
+FAST = setup()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
 
 # %% [markdown]
 # # Chapter 4 — Static trees: one target forward for many draft paths
@@ -86,10 +83,6 @@ from minispec.sampling import GREEDY, SamplingParams
 from minispec.tokenizer import encode_prompt
 from minispec.tree import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63, Tree, parse_choices
 
-def show(obj):
-    """Print the source of a minispec function (the notebook never redefines library code)."""
-    print(inspect.getsource(obj))
-
 
 # %% [markdown]
 # ## 1. From choices to a tree
@@ -145,11 +138,31 @@ show(parse_choices)
 # row and is not part of this mask. So a node's logits are exactly those of a causal forward
 # over prefix + its own path: siblings never see each other.
 #
-# Below, a naive version written for teaching: the visible columns of every row, found by walking
-# up the parents, as lists of column indices; then an assert that they are exactly the `True`
-# columns of the library's `Tree.mask` on the small tree, both `mc_sim_7b_63` trees and random
-# trees, and that a chain's mask is the causal (lower-triangular) mask. Exercise 4.2 builds the
-# mask itself.
+# Exercise 4.2 builds that mask; after it, a naive version written for teaching is checked against
+# the library's.
+
+# %% [markdown]
+# ### Exercise 4.2 — `tree_mask(parents)`
+#
+# Build the $[N+1, N+1]$ ancestor mask of root + $N$ nodes (row $a$ = query, column $b$ = key).
+#
+# The check compares your mask with the library's on many seeded random trees, EAGLE's and
+# Medusa's `mc_sim_7b_63` and chains: any correct construction passes.
+#
+# *Hint.* Walking up from every row to the root works, and repeats itself. Since nodes come in
+# topological order, what do you already know about a node's parent's row when you reach the
+# node's own row? How does a node's row differ from its parent's?
+
+# %%
+check("4.2")
+
+# %% [markdown]
+# ### A naive version for teaching
+#
+# The visible columns of every row, found by walking up the parents, as lists of column indices;
+# then an assert that they are exactly the `True` columns of the library's `Tree.mask` on the small
+# tree, both `mc_sim_7b_63` trees and random trees, and that a chain's mask is the causal
+# (lower-triangular) mask.
 
 # %%
 def naive_visible(parents):
@@ -172,18 +185,6 @@ for parents in examples:
 chain = Tree.chain([0] * 6)
 assert torch.equal(chain.mask(), torch.ones(7, 7, dtype=torch.bool).tril())
 print(f"naive visible columns == Tree.mask on {len(examples)} trees; a chain's mask is causal")
-
-# %% [markdown]
-# ### Exercise 4.2 — `tree_mask(parents)`
-#
-# Build the $[N+1, N+1]$ ancestor mask of root + $N$ nodes (row $a$ = query, column $b$ = key).
-#
-# *Hint.* The naive version above walks up the parents of every row, again and again. Since
-# nodes come in topological order, what do you already know about a node's parent's row when
-# you reach the node's own row? How does a node's row differ from its parent's?
-
-# %%
-check("4.2")
 
 # %% [markdown]
 # ### The library's version
@@ -432,12 +433,14 @@ interact(show_step, step=(0, n_steps - 1), stage=["drafted", "verified"]);  # fa
 # %% [markdown]
 # ## 5. Chain vs static tree on SmolLM2 (on this CPU)
 #
-# Greedy decoding with the distilled draft as a chain ($k$ = 4: 4 draft tokens, 4 draft
-# forwards per step) and as EAGLE's static tree (25 draft tokens, 4 draft forwards per step:
-# one per level that has children). The tree gives the target more chances per step, so
-# $\tau$ rises; whether tokens/s rises too depends on how much more the wider target forward
-# and draft forwards cost on this hardware (on a GPU a 26-token forward costs about as much
-# as a 5-token one; on a CPU it does not). Every run must emit exactly the vanilla tokens.
+# Greedy decoding with the distilled draft as a chain ($k$ = 4 draft tokens) and as EAGLE's static
+# tree (25 draft tokens over 5 levels). Either drafts one level per draft forward: the first
+# (`_start`) gives the root's children, then one (`_extend`) per level that has children, so a step
+# costs the chain 4 draft forwards and the tree 5 (the table's `draft fwd` column counts them over
+# the run). The tree gives the target more chances per step, so $\tau$ rises; whether tokens/s rises
+# too depends on how much more the wider target forward and draft forwards cost on this hardware
+# (on a GPU at batch 1 extra rows cost little, chapter 9 measures how little; on a CPU they do not
+# come free). Every run must emit exactly the vanilla tokens.
 
 # %%
 prompts = ["Who wrote Romeo and Juliet? Answer in two sentences.",
@@ -491,38 +494,18 @@ print("every run emitted exactly the vanilla greedy tokens")
 #   swaps the root's first two children. Every tree holds the same top tokens; only their order
 #   depends on $u$. One-hot verification is exact for *any* order fixed before the coin flips, so
 #   this looks harmless, yet the child tried second now meets the high $u$ and the first a fresh
-#   draw: the law moves by a TV of about 0.1.
+#   draw: the law moves, by a TV that only the chi-square tests see at these sample sizes (full
+#   mode prints it).
 
 # %%
-from IPython.display import Markdown, display
+from minispec.lab.joint_law import claim_uniform_q, decode_loop_exactness, peek_verifier_stream
 
-from minispec.lab.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
-                                peek_verifier_stream, show_loop_check)
-
-tv_params = SamplingParams(temperature=1.0, top_k=3)
-tv_ids = encode_prompt(tok, "The best way to", chat=False)
-tv_law = first_tokens_law(smol, tv_ids, tv_params, length=3)  # {(t1, t2, t3): probability}, 27 outcomes
 runs = {"distilled draft, EAGLE static tree (one-hot q)": lambda: DraftModel(draft, tree="eagle"),
         "WRONG (blatant): same tree, claims uniform q": lambda: claim_uniform_q(DraftModel(draft, tree="eagle"))}
 subtle = {"WRONG (subtle): same trees, order read from the verifier's stream":
           lambda: peek_verifier_stream(DraftModel(draft, tree="eagle"), band=0.65)}
-N, N_SUBTLE = (64, None) if FAST else (2048, 2048)  # the subtle control needs ~750 runs for the chi-square tests:
-# full mode only; in fast mode (CI) tests/test_joint_law.py flags the same kind of control on tiny models
-# the controls sequentially, as in chapter 3: N, 2N, 4N, ... runs until flagged, each look at alpha / looks
-res, bound, support, exact = loop_tv_check(smol, tok, tv_ids, runs, tv_params, N, law=tv_law, control_max=8 * N)
-if N_SUBTLE:
-    res_s, bound_s, _, _ = loop_tv_check(smol, tok, tv_ids, subtle, tv_params, N_SUBTLE, law=tv_law,
-                                         control_max=4 * N_SUBTLE)
-display(Markdown("**TV check — target: SmolLM2-135M-Instruct; draft: minispec's distilled SmolLM2 draft**"))
-show_loop_check(tok, support, exact, res, bound, "SmolLM2-135M + distilled draft, static tree: first 3 tokens, T = 1, top-k 3")
-plt.show()
-assert_loop_check(res, bound)  # every honest run passes, every "WRONG" run is flagged
-if N_SUBTLE:
-    show_loop_check(tok, support, exact, res_s, bound_s, "the subtle control")
-    plt.show()
-    assert_loop_check(res_s, bound_s)
-else:
-    print("the subtle control: full mode only (MINISPEC_FAST unset; minutes of SmolLM2 runs)")
+tv4 = decode_loop_exactness(smol, tok, runs, subtle, fast=FAST,
+                            models="target: SmolLM2-135M-Instruct; draft: minispec's distilled SmolLM2 draft")
 
 # %% [markdown]
 # ## 7. Choosing a static tree
@@ -602,8 +585,8 @@ plt.show()
 # 3. **$E[\tau]$ of small static trees.** Under section 7's per-rank acceptance
 #    $a = (0.6, 0.15, 0.07, 0.04)$, compute $E[\tau]$ of the tree of question 1 and of a chain of
 #    5 nodes. Which 5 nodes make the best tree of 5, and what is its $E[\tau]$?
-# 4. **Nodes against their cost.** On a GPU a verify forward costs about the same for 1 to 64
-#    nodes; on a CPU say it costs $v(N) = 1 + N/40$ target forwards for $N$ nodes. Drafting is
+# 4. **Nodes against their cost.** Say a verify forward costs the same for 1 to 64 nodes on a GPU
+#    (nearly so at batch 1: chapter 9 measures it); on a CPU say it costs $v(N) = 1 + N/40$ target forwards for $N$ nodes. Drafting is
 #    ignored, so the predicted speedup is $E[\tau] / v(N)$. (a) Show that adding a node of path
 #    value $w$ to a tree of $N$ nodes raises the speedup iff $w > E[\tau] / (40 + N)$. (b) Under
 #    the rates of question 3 the best trees of 8, 9 and 10 nodes have $E[\tau]$ = 2.7134, 2.7834
@@ -720,3 +703,24 @@ decode_inside(lambda: generate(smol, tok, prompts[0], drafter=DraftModel(draft, 
 # (the best tree of 64 nodes of depth at most 6, the end of section 7's curve, has
 # $E[\tau] = 3.853$ under these rates).
 # </details>
+
+# %%
+# The answers' numbers, computed with the library.
+ct1 = parse_choices([(1,), (0, 0), (0,), (0, 1), (0, 0, 0)])
+print(f"question 1: node order {ct1.choices}, parents {ct1.parents}, ranks {ct1.ranks}")
+for bad in ([(0,), (1, 0)], [(0,), (0, 0), (0,)]):
+    try:
+        parse_choices(bad)
+        print(f"  {bad}: accepted")
+    except ValueError as e:
+        print(f"  {bad}: rejected ({e})")
+t1 = Tree([0] * len(ct1.parents), ct1.parents)
+print(f"question 2: mask\n{t1.mask().int().numpy()}\n  {int(t1.mask().sum())} True entries (causal over 6 rows: "
+      f"{sum(range(1, 7))}); positions {t1.positions(10).tolist()}; retrieve_indices {t1.retrieve_indices().tolist()}")
+E = lambda cs: 1 + sum(path_value(tuple(c), rank_acc) for c in cs)  # noqa: E731
+best5 = best_static_tree(rank_acc, 5, 6)
+print(f"question 3: E[tau] {E(ct1.choices):.3f} (the tree), {E([(0,) * d for d in range(1, 6)]):.3f} (a chain of 5), "
+      f"{E(best5):.4f} (the best tree of 5: {best5})")
+taus = {n: E(best_static_tree(rank_acc, n, 6)) for n in (8, 9, 10, 64)}
+print("question 4: E[tau] " + ", ".join(f"{n} nodes {t:.4f}" for n, t in taus.items()) + "; CPU speedups "
+      + ", ".join(f"{n}: {taus[n] / (1 + n / 40):.3f}" for n in (8, 9, 10)))

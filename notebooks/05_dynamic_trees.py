@@ -50,17 +50,14 @@
 # (`TreeDrafter._dynamic`, `expand_level`, `rerank`) and `minispec/dispatch.py`.
 
 # %%
-# Versions and FAST mode.
+# Versions, FAST mode and the device: the first cell of every chapter (minispec.lab.notebook.setup).
 import os, platform
 
-import torch
 import minispec
-from minispec import config
+import torch
+from minispec.lab.notebook import setup, show
 
-FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
-print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
-print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
-print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
+FAST = setup()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
 
 # %%
 import inspect
@@ -79,9 +76,6 @@ from minispec.prompts import own_prompts
 from minispec.sampling import GREEDY
 from minispec.tokenizer import encode_prompt
 
-def show(obj):
-    """Print the source of a minispec function (the notebook never redefines library code)."""
-    print(inspect.getsource(obj))
 
 # The target of this chapter, and its drafter: the shipped EAGLE-1/2 head when it is there
 # (chapter 3), else the shipped distilled draft model. Both implement the same two hooks,
@@ -249,8 +243,51 @@ assert abs(predicted - taus.mean()) < 4 * se
 # 2. **rerank**: keep the $N$ best-scoring candidates of all levels, ties to the shallower
 #    one (so a child with $q = 1$ never displaces its parent), in topological order.
 #
-# A naive version in plain Python, straight from those two sentences: a candidate is a
-# dictionary, scores are sums of Python `math.log`s, "best" is `sorted`.
+# Exercises 5.1-5.3 build it on the toy model of section 2 (`toy_q`); after them, a naive version
+# in plain Python and minispec's `TreeDrafter` draft the same trees.
+
+# %% [markdown]
+# ### Exercise 5.1 — `expand_level(frontier_scores, child_logp, top_k)`
+#
+# The library's version of one expansion works on tensors: $F$ frontier nodes with their
+# scores, and a matrix of the draft's log-probabilities of each one's children.
+#
+# *Hint.* What is a child's score, given its parent's? "The best children" appears twice in
+# the expansion: once per parent, once for the whole level. Which of the two decides the next
+# frontier? `torch.topk` works on rows as well as on flat vectors; the docstring fixes the
+# order of the outputs.
+
+# %%
+check("5.1")
+
+# %% [markdown]
+# ### Exercise 5.2 — `rerank(scores, parents_cand, depths, total_tokens)`
+#
+# *Hint.* Which sort key picks the best candidates, and what must it say about equal scores so
+# that a parent is never dropped while its child is kept? The output must list parents before
+# their children: which second ordering guarantees that? Parents are returned as positions in
+# *your* output list, not as candidate ids.
+
+# %%
+check("5.2")
+
+# %% [markdown]
+# ### Exercise 5.3 — `dynamic_tree(next_logits, depth, top_k, total_tokens)`
+#
+# A whole tree with your 5.1 and 5.2, on the same kind of toy model as above (logits from a
+# path). *Hint.* Between levels you need, for each frontier node, its score and its path (to
+# ask `next_logits` for its children). Which per-candidate lists must you keep so that rerank
+# gets everything it needs at the end?
+
+# %%
+check("5.3")
+
+# %% [markdown]
+# ### A naive version, and the library's `TreeDrafter`
+#
+# Now that you have written them: a naive version in plain Python, straight from the two
+# sentences at the top of this section: a candidate is a dictionary, scores are sums of Python
+# `math.log`s, "best" is `sorted`.
 
 # %%
 def naive_dynamic_tree(q_of, depth, top_k, total_tokens, record=None):
@@ -301,42 +338,6 @@ for depth, top_k, total in [(1, 3, 3), (2, 2, 4), (3, 2, 5), (3, 3, 9), (4, 3, 1
     lib = library_dynamic_tree(toy_logits, depth, top_k, total)
     assert mine == lib, (depth, top_k, total, mine, lib)
 print("the naive expand / rerank drafts exactly TreeDrafter's tree on every shape tried")
-
-# %% [markdown]
-# ### Exercise 5.1 — `expand_level(frontier_scores, child_logp, top_k)`
-#
-# The library's version of one expansion works on tensors: $F$ frontier nodes with their
-# scores, and a matrix of the draft's log-probabilities of each one's children.
-#
-# *Hint.* What is a child's score, given its parent's? "The best children" appears twice in
-# the expansion: once per parent, once for the whole level. Which of the two decides the next
-# frontier? `torch.topk` works on rows as well as on flat vectors; the docstring fixes the
-# order of the outputs.
-
-# %%
-check("5.1")
-
-# %% [markdown]
-# ### Exercise 5.2 — `rerank(scores, parents_cand, depths, total_tokens)`
-#
-# *Hint.* Which sort key picks the best candidates, and what must it say about equal scores so
-# that a parent is never dropped while its child is kept? The output must list parents before
-# their children: which second ordering guarantees that? Parents are returned as positions in
-# *your* output list, not as candidate ids.
-
-# %%
-check("5.2")
-
-# %% [markdown]
-# ### Exercise 5.3 — `dynamic_tree(next_logits, depth, top_k, total_tokens)`
-#
-# A whole tree with your 5.1 and 5.2, on the same kind of toy model as above (logits from a
-# path). *Hint.* Between levels you need, for each frontier node, its score and its path (to
-# ask `next_logits` for its children). Which per-candidate lists must you keep so that rerank
-# gets everything it needs at the end?
-
-# %%
-check("5.3")
 
 # %% [markdown]
 # ### The library's version
@@ -604,7 +605,7 @@ curve = dispatch.verify_cost_curve(smol, sizes=sizes, context=256, reps=3 if FAS
 plt.figure(figsize=(6, 4))
 plt.plot(list(curve[1]), [s * 1e3 for s in curve[1].values()], "o-", label="this machine (CPU), batch 1")
 results = Path(minispec.__file__).resolve().parents[1] / "benchmarks" / "results"
-gpu = [f for f in sorted(results.glob("tune_*.json")) if json.loads(f.read_text())["device"].get("cuda")]
+gpu = [f for f in sorted(results.rglob("tune_*.json")) if json.loads(f.read_text())["device"].get("cuda")]
 if gpu:
     g = json.loads(gpu[-1].read_text())
     c = g["cost_curve"]["1"]
@@ -774,45 +775,24 @@ for name in ["6,10,59", "5,4,16", "4,4,12", "5,8,32"]:
 # Two deliberately wrong controls run beside it: the same dynamic trees claiming their drafts
 # were *sampled* from a uniform $q$ (`claim_uniform_q`, blatant: verification accepts every draft
 # the target can emit), and the same trees reordered by a drafter that reads the verifier's
-# random stream (`peek_verifier_stream`, subtle, chapter 4): a TV of about 0.1 that only the
-# chi-square tests see at these sample sizes. How far a control strays depends on the drafter (a
+# random stream (`peek_verifier_stream`, subtle, chapter 4): a deviation that only the
+# chi-square tests see at these sample sizes (full mode prints its TV). How far a control strays depends on the drafter (a
 # head whose drafts follow the target more closely makes both controls milder), so the controls
 # are tested *sequentially* (`control_max`): when $N$ runs do not flag one, it gets $2N$, $4N$, ...
 # runs, each look at level $\alpha$ / looks, so that an exact sampler would still be flagged with
 # probability at most $2\alpha$ over all looks. The honest run always takes $N$.
 
 # %%
-from IPython.display import Markdown, display
+from minispec.lab.joint_law import claim_uniform_q, decode_loop_exactness, peek_verifier_stream
 
-from minispec.lab.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
-                                peek_verifier_stream, show_loop_check)
-from minispec.sampling import SamplingParams
-
-tv_params = SamplingParams(temperature=1.0, top_k=3)
-tv_ids = encode_prompt(smol_tok, "The best way to", chat=False)
-tv_law = first_tokens_law(smol, tv_ids, tv_params, length=3)  # {(t1, t2, t3): probability}, 27 outcomes
 tv_drafter = methods.drafter(f"{BASE}@2,4,8")
 runs = {f"{BASE}, dynamic tree 2,4,8 (one-hot q)": tv_drafter.fresh,
         "WRONG (blatant): same trees, claim uniform q": lambda: claim_uniform_q(tv_drafter.fresh(), smol.cfg.vocab_size)}
 subtle = {"WRONG (subtle): same trees, order read from the verifier's stream":
           lambda: peek_verifier_stream(tv_drafter.fresh(), band=0.3)}
-N, N_SUBTLE = (64, None) if FAST else (2048, 2048)  # the subtle control needs ~1000 runs for the chi-square tests:
-# full mode only; in fast mode (CI) tests/test_joint_law.py flags the same kind of control on tiny models
-res, bound, support, exact = loop_tv_check(smol, smol_tok, tv_ids, runs, tv_params, N, law=tv_law, control_max=8 * N)
-if N_SUBTLE:
-    res_s, bound_s, _, _ = loop_tv_check(smol, smol_tok, tv_ids, subtle, tv_params, N_SUBTLE, law=tv_law,
-                                         control_max=4 * N_SUBTLE)
-display(Markdown(f"**TV check — target: SmolLM2-135M-Instruct; drafter: {BASE} "
-                 f"({'shipped EAGLE-1/2 head' if BASE == 'eagle2' else 'shipped distilled draft'})**"))
-show_loop_check(smol_tok, support, exact, res, bound, f"SmolLM2-135M + {BASE}, dynamic tree: first 3 tokens, T = 1, top-k 3")
-plt.show()
-assert_loop_check(res, bound)  # every honest run passes, every "WRONG" run is flagged
-if N_SUBTLE:
-    show_loop_check(smol_tok, support, exact, res_s, bound_s, "the subtle control")
-    plt.show()
-    assert_loop_check(res_s, bound_s)
-else:
-    print("the subtle control: full mode only (MINISPEC_FAST unset; minutes of SmolLM2 runs)")
+tv5 = decode_loop_exactness(smol, smol_tok, runs, subtle, fast=FAST,
+                            models=f"target: SmolLM2-135M-Instruct; drafter: {BASE} "
+                                   f"({'shipped EAGLE-1/2 head' if BASE == 'eagle2' else 'shipped distilled draft'})")
 
 # %% [markdown]
 # ## Pen-and-paper questions
@@ -906,3 +886,9 @@ check(5, impl="solutions")
 # $3.0 / 1.7 = 1.76$; $v(60) = 2.5$ gives $3.4 / 2.8 = 1.21$: the small tree. The extra 44
 # nodes add only 0.4 to $E[\tau]$ (concave gain) but cost 1.1 forwards on the CPU.
 # </details>
+
+# %%
+# The answers' numbers, computed.
+print(f"question 1: tree E[tau] {1 + 0.6 + 0.3 + 0.6 * 0.5:.2f}, chain a -> c {1 + 0.6 + 0.6 * 0.5:.2f}")
+for name, v in (("GPU", lambda n: 1.0), ("CPU", lambda n: 1 + n / 40)):
+    print(f"question 3 ({name}): N=16 {3.0 / (0.3 + v(16)):.2f}x, N=60 {3.4 / (0.3 + v(60)):.2f}x")

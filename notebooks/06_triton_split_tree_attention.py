@@ -14,24 +14,16 @@
 # ---
 
 # %%
-# No GPU: run the Triton kernels in Triton's interpreter (numpy on CPU). This must happen before
-# anything imports triton, so it is the very first thing the notebook does.
-import os
-import platform
+# Versions, FAST mode and the device: the first cell of every chapter (minispec.lab.notebook.setup).
+# Importing minispec first matters here: with no GPU it switches on Triton's interpreter
+# (TRITON_INTERPRET=1: the kernels run on CPU tensors), which must happen before anything imports triton.
+import os, platform
 
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-# Versions and FAST mode.
 import minispec
-from minispec import config
+import torch
+from minispec.lab.notebook import setup, show
 
-FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
-print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
-print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
-print(f"Hugging Face hub reachable: {minispec.models.hub_reachable()}")
+FAST = setup()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
 
 # %% [markdown]
 # # Chapter 6 — Split tree attention in Triton: a mask-free prefix, a masked tree, one merge
@@ -431,26 +423,30 @@ print("greedy tokens identical with all three backends")
 # to cost its flops too. For the shapes measured here the yardstick is GB/s of KV read against
 # what a plain copy achieves on the same device. `benchmarks/bench_attention.py` measures that for
 # dense SDPA with a mask, the two splits, FlexAttention with a block mask and plain causal
-# attention of the same shape; the plot reads its committed JSON (a GPU file when one is in
-# `benchmarks/results/`, else the CPU one — the title says which).
+# attention of the same shape; the plots read every committed grid, found recursively under
+# `benchmarks/results/` (the CPU's, and the H100's and H200's that `gpu-suite` wrote), each titled with
+# the device that measured it.
 
 # %%
 import json
 from pathlib import Path
 
 results = Path(minispec.__file__).resolve().parent.parent / "benchmarks" / "results"
-files = sorted(results.glob("attention_*.json"))
-gpu_files = [f for f in files if f.name != "attention_cpu.json"]
-path = (gpu_files or files or [None])[0]
-if path is None:
-    print("no benchmarks/results/attention_*.json yet: run python benchmarks/bench_attention.py")
-else:
-    bench = json.loads(path.read_text())
-    devname = bench["device"].get("gpu") or bench["device"].get("cpu_model", "CPU")
+benches = []  # (path, device name, doc): every committed grid, CPU and GPU, found recursively
+for f in sorted(results.rglob("attention*.json")):
+    doc = json.loads(f.read_text())
+    if doc.get("smoke") or "results" not in doc or doc.get("benchmark") not in ("bench_attention", "attention_grid"):
+        continue
+    info = doc["device"] if isinstance(doc["device"], dict) else doc.get("device_info", {})
+    benches.append((f.relative_to(results), info.get("gpu") or info.get("cpu_model", "CPU"), doc))
+if not benches:
+    print("no benchmarks/results/**/attention*.json yet: run python benchmarks/bench_attention.py")
+for rel, devname, bench in benches:
     bw = bench["copy_bandwidth_GBps"]
     rows = [r for r in bench["results"] if r["batch"] == max(x["batch"] for x in bench["results"])]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for T_, ax in zip(sorted({r["tree"] for r in rows})[-2:], axes):
+    trees = sorted({r["tree"] for r in rows})[-2:]
+    fig, axes = plt.subplots(1, len(trees), figsize=(6 * len(trees), 3.8), squeeze=False)
+    for T_, ax in zip(trees, axes[0]):
         sel = sorted((r for r in rows if r["tree"] == T_), key=lambda r: r["ctx"])
         for name in ("dense", "split_torch", "split_triton", "flex", "causal"):
             pts = [(r["ctx"], r["kv_GBps"][name]) for r in sel if name in r["kv_GBps"]]
@@ -459,11 +455,11 @@ else:
         ax.axhline(bw, color="k", ls="--", label=f"copy {bw:.0f} GB/s")
         ax.set_xscale("log", base=2); ax.set_xlabel("prefix length (tokens)"); ax.set_ylabel("KV read GB/s")
         ax.set_title(f"T={T_}, batch {sel[0]['batch']}"); ax.legend(fontsize=8)
-    fig.suptitle(f"{path.name}: {devname} ({sel[0]['dtype']}, heads {sel[0]['heads']}/{sel[0]['kv_heads']}, "
+    fig.suptitle(f"{rel}: {devname} ({sel[0]['dtype']}, heads {sel[0]['heads']}/{sel[0]['kv_heads']}, "
                  f"hd {sel[0]['head_dim']})")
-    plt.show()
-    for n in bench["notes"]:
-        print("note:", n)
+    plt.tight_layout(); plt.show()
+    for n in bench["notes"][:4]:
+        print(f"{rel}: note: {n}")
 
 # %% [markdown]
 # ### The roofline, from the measured times
@@ -483,35 +479,26 @@ else:
 #
 # Where the points land depends on the device and dtype: the ridge $I^* = $ peak FLOP/s /
 # bandwidth is a few flop/byte for one CPU core but hundreds on a GPU, and $I \approx 2GT/b$
-# grows with the tree. The committed CPU file (float32, $G = 4$, $T = 16$–$64$) sits right of a
-# CPU core's ridge — compute-bound there — while the same shapes in bf16 sit far left of a
-# GPU's: memory-bound, which is why the GPU yardstick above is GB/s against a copy.
+# grows with the tree. Each committed grid is drawn against its own device's roofs: the copy
+# bandwidth it measured, and a compute roof measured now when that device is this machine, taken
+# from the spec sheet for an H100 or H200 (labelled so), and left out otherwise, so that no point
+# sits under another machine's roof. The cell prints, for each, how many points fall right of the
+# ridge and the best share of the roof any kernel reached.
 
 # %%
 import time
 
-if path is not None:
-    threads = bench["device"].get("torch_threads")
-    el = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-    pts = []  # (name, label, intensity, FLOP/s, bytes/s)
-    for r in bench["results"]:
-        B_, T_, H_, Hkv_, d_ = r["batch"], r["tree"], r["heads"], r["kv_heads"], r["head_dim"]
-        S_, b_ = r["ctx"] + T_, el[r["dtype"]]
-        flops = 4 * B_ * T_ * S_ * H_ * d_
-        nbytes = 2 * B_ * S_ * Hkv_ * d_ * b_ + 2 * B_ * T_ * H_ * d_ * b_
-        assert 2 * B_ * S_ * Hkv_ * d_ * b_ == r["kv_bytes"]  # the benchmark's own K/V byte count agrees
-        for name, t in r["median_s"].items():
-            pts.append((name, f"P={r['ctx']} T={T_}", flops / nbytes, flops / t, nbytes / t))
+from minispec.lab.scale import H100_SPEC
 
-    # compute roof: a large matmul in the benchmark's dtype, device and thread count (best of a few)
-    mdev = "cuda" if bench["device"].get("cuda") and torch.cuda.is_available() else "cpu"
+
+def matmul_peak_here(dtype, threads):
+    """FLOP/s of a large matmul in ``dtype`` on this machine (best of a few; CPU at ``threads`` threads)."""
+    mdev = "cuda" if torch.cuda.is_available() else "cpu"
     n = (2048 if FAST else 4096) if mdev == "cuda" else (1024 if FAST else 2048)
-    dtype_name = bench["results"][0]["dtype"]
-    dt = getattr(torch, dtype_name)
     old_threads = torch.get_num_threads()
     if mdev == "cpu" and threads:
         torch.set_num_threads(threads)
-    xa, xb = torch.randn(n, n, device=mdev, dtype=dt), torch.randn(n, n, device=mdev, dtype=dt)
+    xa, xb = torch.randn(n, n, device=mdev, dtype=dtype), torch.randn(n, n, device=mdev, dtype=dtype)
     xa @ xb  # warm-up
     best = float("inf")
     for _ in range(5):
@@ -522,42 +509,54 @@ if path is not None:
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
     torch.set_num_threads(old_threads)
-    peak = 2 * n ** 3 / best
-    here = (torch.cuda.get_device_name() if mdev == "cuda" else
-            next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "CPU")
-            if Path("/proc/cpuinfo").exists() else platform.processor() or "CPU")
-    bw_bytes = bw * 1e9
-    print(f"memory roof: copy {bw:.1f} GB/s ({path.name}, {devname}, {threads} thread(s))")
-    print(f"compute roof: {n}x{n} {dtype_name} matmul {peak / 1e9:.1f} GFLOP/s, measured now on {here}"
-          + (f" with {threads} thread(s)" if mdev == "cpu" else ""))
-    if here != devname:
-        print(f"  (the points come from {devname}, the compute roof from this machine: rerun "
-              "benchmarks/bench_attention.py here for a matched pair)")
-    print(f"ridge point: {peak / bw_bytes:.1f} flop/byte")
-    print(f"{'kernel':>12} {'config':>14} {'flop/byte':>9} {'GFLOP/s':>8} {'GB/s':>7} {'% of roof':>9}")
-    for name, lab, I, fl, bs in pts:
-        print(f"{name:>12} {lab:>14} {I:9.2f} {fl / 1e9:8.2f} {bs / 1e9:7.2f} {100 * fl / min(peak, bw_bytes * I):8.1f}%")
-    if any(fl > min(peak, bw_bytes * I) for _, _, I, fl, _ in pts):
-        print("points above the roof: the roof is not this device's true peak (a different machine, or a matmul "
-              "that does not reach it)")
-    right = sum(I > peak / bw_bytes for _, _, I, _, _ in pts)
-    print(f"{right} of {len(pts)} points lie right of the ridge (compute-bound side), {len(pts) - right} left of it")
+    return 2 * n ** 3 / best
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+
+here_gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+here_cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "CPU") \
+    if Path("/proc/cpuinfo").exists() else platform.processor() or "CPU"
+el = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+for rel, devname, bench in benches:
+    info = bench["device"] if isinstance(bench["device"], dict) else bench.get("device_info", {})
+    threads, dtype_name = info.get("torch_threads"), bench["results"][0]["dtype"]
+    pts = []  # (name, label, intensity, FLOP/s, bytes/s)
+    for r in bench["results"]:
+        B_, T_, H_, Hkv_, d_ = r["batch"], r["tree"], r["heads"], r["kv_heads"], r["head_dim"]
+        S_, b_ = r["ctx"] + T_, el[r["dtype"]]
+        flops = 4 * B_ * T_ * S_ * H_ * d_
+        nbytes = 2 * B_ * S_ * Hkv_ * d_ * b_ + 2 * B_ * T_ * H_ * d_ * b_
+        assert 2 * B_ * S_ * Hkv_ * d_ * b_ == r["kv_bytes"]  # the benchmark's own K/V byte count agrees
+        for name, t in r["median_s"].items():
+            pts.append((name, f"B={B_} P={r['ctx']} T={T_}", flops / nbytes, flops / t, nbytes / t))
+    # the compute roof of the device that measured the points: measured here when that is this machine, the
+    # spec sheet's for an H100 / H200 (bf16), none otherwise (never this machine's roof under another's points)
+    same = (info.get("gpu") == here_gpu) if info.get("gpu") else (here_gpu is None and info.get("cpu_model") == here_cpu)
+    if same:
+        peak, roof_from = matmul_peak_here(getattr(torch, dtype_name), threads), f"measured now on {devname}"
+    elif info.get("gpu") and any(g in info["gpu"] for g in ("H100", "H200")) and dtype_name == "bfloat16":
+        peak, roof_from = H100_SPEC["peak"], "the H100 SXM spec sheet's bf16 peak (not measured)"
+    else:
+        peak, roof_from = None, f"not shown: {devname} is not this machine and has no spec-sheet figure here"
+    bw_bytes = bench["copy_bandwidth_GBps"] * 1e9
+    print(f"\n{rel} ({devname}): memory roof copy {bw_bytes / 1e9:.1f} GB/s (measured there); compute roof {roof_from}"
+          + (f": {peak / 1e9:.0f} GFLOP/s, ridge {peak / bw_bytes:.1f} flop/byte" if peak else ""))
+    roof = (lambda I: min(peak, bw_bytes * I)) if peak else (lambda I: bw_bytes * I)
+    above = [p_ for p_ in pts if p_[3] > roof(p_[2])]
+    print(f"{len(pts)} points; flop/byte from {min(p_[2] for p_ in pts):.2f} to {max(p_[2] for p_ in pts):.2f}; "
+          f"best share of the roof {max(p_[3] / roof(p_[2]) for p_ in pts):.0%}"
+          + (f"; {sum(p_[2] > peak / bw_bytes for p_ in pts)} right of the ridge (compute-bound side)" if peak else "")
+          + (f"; {len(above)} above the roof (the roof is not the device's true peak)" if above else ""))
+    fig, ax = plt.subplots(figsize=(8, 4.6))
     xs = torch.logspace(-1, 3, 200).tolist()
-    ax.plot(xs, [min(peak, bw_bytes * x) for x in xs], "k-", lw=2,
-            label=f"roof: min({peak / 1e9:.0f} GFLOP/s matmul, {bw:.1f} GB/s copy x I)")
-    ax.axhline(peak, color="k", ls=":", lw=1)
+    ax.plot(xs, [roof(x) for x in xs], "k-", lw=2, label="roof" + (f": min({peak / 1e9:.0f} GFLOP/s, " if peak else ": (")
+            + f"{bw_bytes / 1e9:.0f} GB/s copy x I)")
     marker = {"dense": "o", "causal": "s", "split_torch": "^", "split_triton": "v", "flex": "D"}
     for name in dict.fromkeys(p_[0] for p_ in pts):
         mine_pts = [(I, fl) for nm, _, I, fl, _ in pts if nm == name]
-        ax.scatter(*zip(*mine_pts), marker=marker.get(name, "x"), s=50, label=name, zorder=3)
-    for name, lab, I, fl, _ in pts:
-        if name == "dense":
-            ax.annotate(lab, (I, fl), textcoords="offset points", xytext=(5, -10), fontsize=7)
+        ax.scatter(*zip(*mine_pts), marker=marker.get(name, "x"), s=30, label=name, zorder=3)
     ax.set_xscale("log"); ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity I (flop / byte of Q, K, V, O)"); ax.set_ylabel("achieved FLOP/s")
-    ax.set_title(f"decode-attention roofline: {devname} ({path.name}); compute roof measured on {here}", fontsize=9)
+    ax.set_title(f"decode-attention roofline: {devname} ({rel})", fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     plt.show()
 

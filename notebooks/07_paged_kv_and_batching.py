@@ -14,16 +14,14 @@
 # ---
 
 # %%
-# Versions and FAST mode.
+# Versions, FAST mode and the device: the first cell of every chapter (minispec.lab.notebook.setup).
 import os, platform
 
-import torch
 import minispec
-from minispec import config
+import torch
+from minispec.lab.notebook import setup, show
 
-FAST = config.fast()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
-print(f"python {platform.python_version()} | torch {torch.__version__} | minispec {minispec.__version__}")
-print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MINISPEC_FAST', '')!r})")
+FAST = setup()  # MINISPEC_FAST=1: smaller sample counts and shorter generations (CI sets it)
 
 # %% [markdown]
 # # Chapter 7 — A paged KV cache: block tables, tree padding, rollback, ragged batches
@@ -59,8 +57,9 @@ print(f"FAST mode: {'on' if FAST else 'off'} (MINISPEC_FAST={os.environ.get('MIN
 # 4. Measure the memory of a contiguous and a paged cache for mixed batches, from the cache objects,
 #    and see what the block size and the tree padding waste, sequence by sequence.
 # 5. Commit a batch with ragged acceptance and free finished sequences (exercise 7.3).
-# 6. Check that paged attention equals attention over the contiguous K/V, and that a model decodes
-#    the same with either cache.
+# 6. Read a sequence's keys and values through its block table, the pending tree's included
+#    (exercise 7.4); check that paged attention equals attention over the contiguous K/V, and that
+#    a model decodes the same with either cache.
 # 7. Run the batched decode loop on ragged trees, check it against single-sequence decoding, and
 #    read why speculation's gain shrinks as the batch grows.
 #
@@ -583,6 +582,24 @@ check("7.3")
 # (`paged_split_attention`: paged prefix + masked tree, merged by log-sum-exp as in chapter 6)
 # against `split_attention` on the contiguous cache.
 
+# %% [markdown]
+# ### Exercise 7.4 — `gather_kv`
+#
+# What paged attention does first, for one sequence and one layer: read its keys and values out of
+# the pool `[N, Hkv, block_size, hd]` through its block table, in token order, its committed tokens
+# and the pending ones of the forward in progress (the tree whose slots `begin` reserved: the tree's
+# queries attend to each other through the tree mask, so their keys are read too). The check fills a
+# real `PagedKVCache` (ragged prefills, a sequence freed and refilled from the stack, so its blocks
+# come out of order, a tree step pending), leaves every unwritten slot NaN, and compares your
+# tensors with `PagedKVCache.read`, sequence by sequence and layer by layer.
+
+# %%
+print(inspect.getdoc(load_impl(7, "exercises").gather_kv))
+check("7.4")
+
+# %% [markdown]
+# The library's paged attention, against contiguous attention:
+
 # %%
 from minispec.attention import prefix_attention, split_attention
 from minispec.attention.paged import paged_prefix_attention, paged_split_attention
@@ -756,27 +773,32 @@ print("every answer equals the prompt decoded alone")
 # **Throughput and its economics.** Batching and speculation both buy tokens per weight read:
 # batching with more sequences, speculation with more rows per sequence. Extra rows are cheap
 # only while the forward is bound by memory bandwidth, and on a 2-core CPU that ends after a few
-# rows: chapter 5's verify curve, measured by `python -m minispec profile` on a 2-core AMD EPYC
-# (`benchmarks/results/profile_cpu.json`, printed below), costs $t(8)/t(0) = 1.36$ and
-# $t(64)/t(0) = 3.7$. So on that CPU a small tree (or a chain) is what pays, and speculation gains
-# $\tau$ divided by that ratio, minus the drafting cost. A GPU stays bandwidth-bound much longer:
-# an H100 SXM's spec sheet gives 989 TFLOP/s (bf16, dense) over 3.35 TB/s, a ridge near 300
-# flops per byte, so a 135M-parameter forward (1 flop per weight byte per row in bf16: one
-# multiply-add, 2 flops, per 2-byte weight) stays under it up to ~300 rows. At batch $B$ the forward already
-# carries $B$ rows; trees make it $B (N + 1)$, and once the matrix products are **compute-bound**
-# every extra row costs its FLOPs. Meanwhile drafting is paid per sequence. So speculation's gain over
-# batched vanilla shrinks as $B$ grows and becomes a loss: serving systems turn speculation down
-# (smaller trees, or off) as the batch fills.
+# rows: chapter 5's verify curve, measured by `python -m minispec profile` and committed in
+# `benchmarks/results/profile_cpu.json`, is printed below with the CPU it ran on. So on that CPU a
+# small tree (or a chain) is what pays, and speculation gains $\tau$ divided by that ratio, minus
+# the drafting cost. A GPU stays bandwidth-bound much longer: the cell also computes an H100 SXM's
+# ridge from its spec sheet (peak bf16 FLOP/s over HBM bandwidth, in FLOPs per byte) and the rows
+# a 135M-parameter bf16 forward can carry below it (one multiply-add, 2 FLOPs, per 2-byte weight
+# and row: 1 FLOP per weight byte per row). At batch $B$ the forward already carries $B$ rows; trees
+# make it $B (N + 1)$, and once the matrix products are **compute-bound** every extra row costs its
+# FLOPs. Meanwhile drafting is paid per sequence. So speculation's gain over batched vanilla shrinks
+# as $B$ grows and becomes a loss: serving systems turn speculation down (smaller trees, or off) as
+# the batch fills.
 
 # %%
 import json
 from pathlib import Path
 
 import minispec
+from minispec.lab.scale import H100_SPEC
 
 prof = json.loads((Path(minispec.__file__).resolve().parent.parent / "benchmarks" / "results" / "profile_cpu.json").read_text())
 print(f"verify curve t(N)/t(0) on {prof['device']['cpu_model']}, {prof['threads']} threads (python -m minispec profile):")
 print("  " + "  ".join(f"N={n}: {r:.2f}" for n, r in prof["verify_ratio"].items()))
+ridge = H100_SPEC["peak"] / H100_SPEC["bandwidth"]  # FLOPs per byte where compute takes as long as the bytes
+print(f"{H100_SPEC['name']} (not measured): {H100_SPEC['peak'] / 1e12:.0f} TFLOP/s bf16 over "
+      f"{H100_SPEC['bandwidth'] / 1e12:.2f} TB/s = a ridge at {ridge:.0f} FLOPs per byte; a bf16 forward does "
+      f"1 FLOP per weight byte per row, so up to about {ridge:.0f} rows stay memory-bound")
 
 # %% [markdown]
 # `python benchmarks/batch_throughput.py` measures it: tokens/s of transformers' batched
@@ -834,13 +856,8 @@ else:
 # %%
 import itertools
 
-from IPython.display import Markdown, display
-
-from minispec.lab.joint_law import (assert_loop_check, claim_uniform_q, first_tokens_law, loop_tv_check,
-                                peek_verifier_stream, show_loop_check)
+from minispec.lab.joint_law import claim_uniform_q, decode_loop_exactness, peek_verifier_stream
 from minispec.methods import Methods
-from minispec.sampling import SamplingParams
-from minispec.tokenizer import encode_prompt
 
 smol, smol_tok = load("smollm2-135m")
 smol_methods = Methods(smol)
@@ -853,32 +870,14 @@ def ragged_mix(wrap=lambda d: d, kinds=kinds):
     return lambda: (lambda k: None if k is None else wrap(k.fresh()))(next(turn))
 
 
-law_params = SamplingParams(temperature=1.0, top_k=3)
-law_ids = encode_prompt(smol_tok, "The best way to", chat=False)
-company = [encode_prompt(smol_tok, p, chat=False) for p in ("Hi", "Write a short poem about the sea and the wind.")]
-law = first_tokens_law(smol, law_ids, law_params, length=3)  # {(t1, t2, t3): probability}, 27 outcomes
 runs = {"ragged mix: vanilla, EAGLE chain, EAGLE-2 tree": ragged_mix(),
         "WRONG (blatant): drafted rows claim uniform q": ragged_mix(lambda d: claim_uniform_q(d, smol.cfg.vocab_size))}
 subtle = {"WRONG (subtle): EAGLE-2 trees ordered by the verifier's stream":
           ragged_mix(lambda d: peek_verifier_stream(d, band=0.3), kinds=kinds[2:])}
-N, N_SUBTLE = (96, None) if FAST else (2048, 2048)  # the subtle control needs ~1000 runs for the chi-square tests:
-# full mode only; in fast mode (CI) tests/test_joint_law.py flags the same kind of control on tiny models
-res, bound, support, exact = loop_tv_check(smol, smol_tok, law_ids, runs, law_params, N, law=law, company=company,
-                                           control_max=8 * N)
-if N_SUBTLE:
-    res_s, bound_s, _, _ = loop_tv_check(smol, smol_tok, law_ids, subtle, law_params, N_SUBTLE, law=law, company=company,
-                                         control_max=4 * N_SUBTLE)
-display(Markdown("**TV check — target: SmolLM2-135M-Instruct; drafters: minispec's shipped EAGLE-1/2 head (chain and "
-                 "EAGLE-2 trees), in ragged batches with two other prompts**"))
-show_loop_check(smol_tok, support, exact, res, bound, "SmolLM2-135M, ragged batches: first 3 tokens, T = 1, top-k 3")
-plt.show()
-assert_loop_check(res, bound)  # every honest run passes, every "WRONG" run is flagged
-if N_SUBTLE:
-    show_loop_check(smol_tok, support, exact, res_s, bound_s, "the subtle control, in ragged batches")
-    plt.show()
-    assert_loop_check(res_s, bound_s)
-else:
-    print("the subtle control: full mode only (MINISPEC_FAST unset; minutes of SmolLM2 runs)")
+tv7 = decode_loop_exactness(smol, smol_tok, runs, subtle, fast=FAST, n=(96, 2048),
+                            company=["Hi", "Write a short poem about the sea and the wind."],
+                            models="target: SmolLM2-135M-Instruct; drafters: minispec's shipped EAGLE-1/2 head (chain "
+                                   "and EAGLE-2 trees), in ragged batches with two other prompts")
 
 # %% [markdown]
 # ## Pen-and-paper questions
@@ -950,6 +949,7 @@ else:
 # | 7.1 | `reserve_blocks` | all-or-nothing reservation of every sequence's pending tokens (tree padding) |
 # | 7.2 | `compaction_moves` | the (block, offset) copies that compact a tree's accepted path |
 # | 7.3 | `ragged_commit` | new lengths and blocks freed after a ragged commit; finished sequences |
+# | 7.4 | `gather_kv` | one sequence's keys and values read through its block table, pending tree tokens included |
 #
 # Your file, graded in one table (the same as `python -m minispec grade 7` or
 # `pytest tests/test_exercises.py -m ch07 --impl exercises`), and what a finished chapter looks
@@ -1004,3 +1004,23 @@ check(7, impl="solutions")
 # as a pool are 2048 blocks of 16, 1566 of them free; a new 500-token request with its tree needs
 # 33: $\lfloor 1566 / 33 \rfloor = 47$ more requests.
 # </details>
+
+# %%
+# The answers' numbers, computed with the solutions' bookkeeping (chapter 7's exercises) and the 8B shapes.
+sol7 = load_impl(7, "solutions")
+cdiv = lambda a, b: -(-a // b)  # noqa: E731
+print(f"question 1: blocks {cdiv(37, 16)} before, {cdiv(37 + 26, 16)} after begin, {cdiv(41, 16)} after the commit; "
+      f"room in the owned blocks for {cdiv(37, 16) * 16 - 37} tree rows")
+kv_tok = kv_bytes_8b = 2 * 32 * 8 * 128 * 2
+for bs in (16, 256):
+    empty = cdiv(1000, bs) * bs - 1000
+    print(f"question 2: {kv_tok // 1024} KiB per token; blocks of {bs}: {empty} empty slots = {empty * kv_tok / 2**20:.0f} "
+          f"MiB; a batch of 32 wastes about {(bs - 1) / 2 * 32 * kv_tok / 2**20:.0f} MiB")
+table = [4, 9, 1, 7, 12, 3]
+print(f"question 3: moves {sol7.compaction_moves(table, 30, [0, 2, 5, 9], 8)}, new length 34, blocks "
+      f"{cdiv(34, 8)} (block {table[cdiv(34, 8)]} back); rollback(5): length 29, {cdiv(29, 8)} blocks")
+contig = 8 * 4096 * kv_tok
+paged = (7 * cdiv(516, 16) + cdiv(4016, 16)) * 16 * kv_tok
+free = 2048 - (7 * cdiv(516, 16) + cdiv(4016, 16))
+print(f"question 4: contiguous {contig / 2**30:.0f} GiB, paged {paged / 2**20:.0f} MiB ({paged / contig:.1%}); "
+      f"{free} free blocks hold {free // cdiv(516, 16)} more requests")

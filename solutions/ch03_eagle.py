@@ -1,4 +1,5 @@
-"""Chapter 3 exercises: EAGLE feature drafting (the head's input, EAGLE-3's draft vocabulary, the loss, a chain).
+"""Chapter 3 exercises: EAGLE feature drafting (the head's input, EAGLE-3's draft vocabulary, the loss, a chain,
+the training-time test).
 
 References:
     Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty" (2024):
@@ -13,8 +14,8 @@ norm) at position t, i.e. the feature that produced the target's distribution of
 V the target vocabulary, Vd the draft vocabulary (EAGLE-3).
 
 The library versions are ``minispec/drafters/eagle.py`` (``EagleHead``, ``EagleDrafter``),
-``minispec/train/eagle.py`` (``eagle_loss``) and ``minispec/drafters/eagle3.py``
-(``build_vocab_map``, ``Eagle3Head.to_target_logits``).
+``minispec/train/eagle.py`` (``eagle_loss``; ``unroll`` and ``ttt_loss``, the training-time test of
+exercise 3.6) and ``minispec/drafters/eagle3.py`` (``build_vocab_map``, ``Eagle3Head.to_target_logits``).
 
 Check your work: ``python -m minispec grade 3``, or ``minispec.grading.check("3.1")``, or
 ``pytest tests/test_exercises.py -m ch03 --impl exercises``.
@@ -33,14 +34,14 @@ def eagle_input(embedding: torch.Tensor, tokens: list[int], features: torch.Tens
     embedding FIRST (the head then applies ``fc`` [H, 2H] to each row). Questions to answer
     first: which token of the context removes the head's uncertainty about the branch the text
     took after f_j (notebook section 1)? Why are there n - 1 rows for n tokens, and which
-    token gets no feature?
+    token gets no feature? Which token, then, shares row j with f_j?
 
     Args:
         embedding: [V, H] the target's token embedding matrix.
         tokens: the context x_0..x_{n-1}, n >= 2 token ids.
         features: [n-1, H] target features f_0..f_{n-2}.
     Returns:
-        [n-1, 2H] float tensor, row j = cat[embedding[x_{j+1}], f_j].
+        [n-1, 2H] float tensor, one row per head position j: H embedding values, then H feature values.
     """
     # EXERCISE 3.1: which token travels with f_j, and which half of the row comes first?
     # BEGIN SOLUTION
@@ -175,4 +176,51 @@ def draft_chain(head, embedding: torch.Tensor, lm_head, tokens: list[int], featu
         toks.append(x)  # the next pair: the draft token with the head's own feature for its position
         feats = torch.cat([feats, g[None]])
     return drafts
+    # END SOLUTION
+
+
+def ttt_loss(level, tokens: torch.Tensor, features: torch.Tensor, valid: torch.Tensor, steps: int,
+             decay: float = 0.8) -> torch.Tensor:
+    """EAGLE-3's training-time test for an EAGLE-1/2 head: the loss of ``steps`` levels of a chain, drafted at
+    every anchor position at once, each level fed the head's own previous output, as when it drafts.
+
+    Level 0 is exercise 3.4's teacher-forced head: anchor t reads its pair of x_{t+1} and f_t and predicts
+    f_{t+1}. At level j the drafter holds no target feature for the position it predicts. Questions to answer
+    before coding: which token does anchor t read at level j, beside which feature, at which RoPE position?
+    Which keys may its row attend to: the committed pairs (level 0) of which anchors, and which of the later
+    levels' keys (section 7: a chain's draft sees its own ancestors, not another anchor's guesses)? Which
+    feature is level j's target, and at which anchors does it not exist (or is not trained)? The loss is the
+    feature term of 3.4 (SmoothL1) only; the library adds each level's cross-entropy.
+
+    Args:
+        level: runs the head's next level: ``level(tokens [B, Tp], inputs [B, Tp, H], positions [B, Tp],
+            mask [Tp, (j + 1) * Tp])`` returns the level's predicted features [B, Tp, H] at the anchors
+            t = 0..Tp-1 (Tp = T - 1). Call it once per level, in order: level j's rows attend to the keys of
+            every level run so far and to their own, key i * Tp + s being level i's key at anchor s, where
+            ``mask[t, i * Tp + s]`` is True. Token id 0 stands for a token past the end of the sequence.
+        tokens: [B, T] token ids x_0..x_{T-1}.
+        features: [B, T, H] the target's features f_0..f_{T-1}.
+        valid: [B, T - 1] bool: anchor t's level-0 target f_{t+1} is trained (a response position).
+        steps: the number of levels, >= 1.
+        decay: level j's loss is weighted decay ** j.
+    Returns:
+        A scalar tensor (differentiable): sum_j decay^j L_j / sum_j decay^j over the levels that have trained
+        positions, L_j = F.smooth_l1_loss of level j's predictions against their targets at those positions.
+    """
+    # EXERCISE 3.6: each level's tokens, input features, positions and attention mask; its targets and where they exist
+    # BEGIN SOLUTION
+    B, T = tokens.shape
+    Tp = T - 1
+    causal = torch.ones(Tp, Tp, dtype=torch.bool).tril()  # [Tp, Tp] level 0: the committed pairs up to t
+    own = torch.eye(Tp, dtype=torch.bool)  # [Tp, Tp] levels 1..j: anchor t's own chain only
+    anchors = torch.arange(Tp)[None].expand(B, Tp)  # [B, Tp]
+    g, total, weights = features[:, :-1], 0.0, 0.0  # level 0 reads the target's f_t
+    for j in range(steps):
+        tok = F.pad(tokens[:, 1 + j:], (0, j))[:, :Tp]  # [B, Tp] x_{t+1+j}, 0 past the end
+        g = level(tok, g, anchors + j, torch.cat([causal] + [own] * j, dim=1))  # [B, Tp, H] predicted f_{t+1+j}
+        target = F.pad(features[:, 1 + j:], (0, 0, 0, j))[:, :Tp]  # [B, Tp, H] f_{t+1+j}
+        trained = F.pad(valid[:, j:], (0, j))  # [B, Tp] f_{t+1+j} exists and is trained
+        if trained.any():
+            total, weights = total + decay ** j * F.smooth_l1_loss(g[trained], target[trained]), weights + decay ** j
+    return total / weights
     # END SOLUTION

@@ -9,11 +9,13 @@ the same addresses and with the same shapes. So a step that is to be captured
   - reads its inputs from static buffers: the KV cache keeps its committed lengths in a device
     tensor, every step attends over the cache's whole capacity, and a mask built on the device
     hides what a row must not see (exercise 8.2);
+  - is captured once, after a warm-up, and replayed: new inputs are copied into the captured
+    tensors, and the outputs are the captured ones, overwritten by the next replay (exercise 8.3);
   - has one of a few shapes: the batch and the new tokens of a step are padded up to a bucket,
-    one graph per bucket (exercise 8.3), and the buckets are chosen to waste little (8.4).
+    one graph per bucket, and the buckets are chosen to waste little (8.4).
 
 The library's versions are in ``minispec.cuda_graphs`` (``StaticKVCache``, ``static_forward``,
-``pad_inputs``, ``pick_bucket``, ``GraphedForward``) and ``minispec.lab.graph_rules``
+``capture``, ``pad_inputs``, ``pick_bucket``, ``GraphedForward``) and ``minispec.lab.graph_rules``
 (``record_ops``, ``find_hazards``, ``padding_waste``, ``best_buckets``).
 
 References:
@@ -105,42 +107,50 @@ def static_mask(lengths: torch.Tensor, tree_mask: torch.Tensor, capacity: int) -
     # END SOLUTION
 
 
-def pad_to_bucket(tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor,
-                  batch_buckets: Sequence[int], token_buckets: Sequence[int]):
-    """Pad a step's inputs up to the smallest (batch, tokens) bucket that holds them.
+def capture_replay(step, static_inputs: dict, cuda, warmup: int = 2, pool=None):
+    """Capture ``step`` in a CUDA graph and return a function that replays it on new inputs.
 
-    B_b is the smallest of ``batch_buckets`` that is >= B, T_b the smallest of ``token_buckets``
-    that is >= T (the buckets are not necessarily sorted). In the padded inputs:
-      - tokens and positions keep the real [B, T] block in their top-left corner; every padded
-        entry is token id 0 at position 0;
-      - the mask keeps each real row's [T, T] block; a real token sees no padded token; every
-        padded token (in a real row past T, or anywhere in a padded row) sees itself only.
+    ``step()`` reads its inputs from the tensors of ``static_inputs`` (name -> tensor) and returns its
+    outputs. ``cuda`` is the graph API: ``torch.cuda`` on a GPU, or the grader's stand-in on a CPU, with
+    the same names: ``cuda.Stream()``, ``cuda.current_stream()``, ``with cuda.stream(s):``,
+    ``s.wait_stream(other)``, ``cuda.CUDAGraph()``, ``with cuda.graph(g, pool=..., capture_error_mode=...):``,
+    ``g.replay()``, ``g.pool()``.
 
-    Do not modify the arguments. Raise ValueError when B or T exceeds every bucket.
+    The chapter's section on capture says why each step is there. Questions to answer before coding:
+    where do the warm-up calls run, and what must each stream wait for? Which memory pool does the graph
+    allocate from, and which capture error mode keeps another thread's CUDA calls from breaking this
+    capture? How do new inputs reach a graph that replays fixed addresses? What does a replay return?
 
     Args:
-        tokens, positions: long [B, T]; tree_mask: bool [B, T, T].
-        batch_buckets, token_buckets: the bucket sizes.
+        step: the function to capture (no arguments).
+        static_inputs: the tensors ``step`` reads; their addresses are what the graph replays.
+        cuda: the graph API (``torch.cuda`` or a stand-in).
+        warmup: eager calls of ``step`` before the capture.
+        pool: a memory pool to share with graphs captured before (``g.pool()`` of one), or None.
     Returns:
-        (tokens [B_b, T_b], positions [B_b, T_b], tree_mask bool [B_b, T_b, T_b]).
+        (run, pool): ``run(**inputs)`` puts each input into the static tensor of the same name, replays the
+        graph once and returns the step's outputs, the very tensors the capture returned (the next replay
+        overwrites them); ``pool`` the graph's memory pool (``g.pool()``).
     """
-    # EXERCISE 8.3: pad tokens, positions and tree mask to the smallest bucket; padded tokens see only themselves
+    # EXERCISE 8.3: warm-up on a side stream, capture (thread-local error mode, shared pool), copy_ inputs, replay
     # BEGIN SOLUTION
-    B, T = tokens.shape
+    side = cuda.Stream()  # warm-up off the stream that will capture: lazy initialisation, workspaces
+    side.wait_stream(cuda.current_stream())  # ... after everything queued so far
+    with cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    cuda.current_stream().wait_stream(side)  # capture after the warm-up's work
+    graph = cuda.CUDAGraph()
+    with cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):  # only this thread's calls count
+        out = step()  # recorded, not run: its outputs live in the graph's pool
 
-    def smallest(n, buckets):
-        fits = [b for b in buckets if b >= n]
-        if not fits:
-            raise ValueError(f"{n} exceeds the largest bucket {max(buckets)}")
-        return min(fits)
+    def run(**inputs):
+        for name, x in inputs.items():
+            static_inputs[name].copy_(x)  # into the captured addresses
+        graph.replay()
+        return out  # overwritten by the next replay: clone what must outlive it
 
-    B_b, T_b = smallest(B, batch_buckets), smallest(T, token_buckets)
-    tok = tokens.new_zeros(B_b, T_b)
-    pos = positions.new_zeros(B_b, T_b)
-    tok[:B, :T], pos[:B, :T] = tokens, positions
-    m = torch.eye(T_b, dtype=torch.bool, device=tree_mask.device).repeat(B_b, 1, 1)  # [B_b, T_b, T_b] self only
-    m[:B, :T, :T] = tree_mask
-    return tok, pos, m
+    return run, graph.pool()
     # END SOLUTION
 
 

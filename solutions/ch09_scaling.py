@@ -38,15 +38,13 @@ import torch
 
 
 def step_bytes(cfg, batch: int, context: int, dtype: torch.dtype) -> int:
-    """Bytes one decode forward reads from memory, all in ``dtype``.
+    """Bytes one decode forward reads from memory, all in ``dtype``: the weights it reads and the KV cache
+    of ``batch`` sequences of ``context`` cached tokens each.
 
-    Every weight of every linear layer is read once per forward (all rows share it): the fused
-    q/k/v projection and the output projection of each layer's attention, the fused gate/up and
-    the down projection of each layer's MLP, and the LM head (read by every forward even when it
-    is tied to the embedding table). Each of the ``batch`` sequences has ``context`` cached tokens,
-    and for each of them every layer stores a key and a value for each KV head (grouped-query
-    attention: ``cfg.n_kv_head`` heads of ``cfg.head_dim``), all read once. Embeddings, norms and
-    activations are not counted.
+    Questions to answer before coding: which weights does a forward read once whatever its number of
+    rows, and what are their shapes (the module docstring lists the layers)? Is a tied LM head read?
+    What does each cached token keep, in each layer, with grouped-query attention? Embeddings, norms
+    and activations are not counted.
 
     Args:
         cfg: a Llama-family ``ModelConfig``.
@@ -73,12 +71,12 @@ def roofline_step_s(cfg, batch: int, new_tokens: int, context: int, dtype: torch
     ``batch`` sequences after ``context`` cached tokens.
 
     The forward cannot be faster than reading its bytes (your ``step_bytes``) at ``bandwidth``, nor
-    than doing its arithmetic at ``peak``; the bound is the slower of the two. Its arithmetic, per
-    row: one multiply and one add for every weight of the linear layers (the same weights as in
-    ``step_bytes``), and attention over the ``context`` cached tokens: in every layer, for every
-    query head (``cfg.n_head``), a dot product of head_dim with each cached key, and a weighted
-    sum of the cached values, head_dim multiply-adds each (the new tokens' attention to one
-    another is left out). Every one of the batch x new_tokens rows costs the same.
+    than doing its arithmetic at ``peak`` (the notebook's roofline). Its arithmetic is every row's:
+    the linear layers' products and attention over the ``context`` cached tokens (the new tokens'
+    attention to one another is left out); every one of the batch x new_tokens rows costs the same.
+    Questions to answer before coding: how many FLOPs does a row spend per weight? Which two
+    products of attention grow with the context, in which layers and over which heads (query or
+    KV heads)?
 
     Args:
         cfg, batch, context, dtype: as in ``step_bytes``.
@@ -138,9 +136,9 @@ def crossover_batch(cfg, nodes: int, tau: float, context: int, dtype: torch.dtyp
     Every sequence of the batch verifies ``nodes`` draft tokens per forward (so that forward has
     nodes + 1 rows per sequence) and commits ``tau`` tokens; vanilla decoding of the same batch
     runs forwards of one row per sequence and commits one token. Drafting is free (an oracle).
-    Using your ``roofline_step_s`` for both forwards, speculation's speedup at batch B is the
-    tokens per second of one over the other. Return the smallest B in 1..max_batch at which that
-    speedup is below 1, or None if it never is up to max_batch.
+    Using your ``roofline_step_s``, find the smallest B in 1..max_batch at which speculation is
+    slower than vanilla decoding, or None if it never is up to max_batch. Question to answer
+    before coding: what is each one's speed in tokens per second at batch B?
 
     Args:
         cfg, context, dtype, bandwidth, peak: as in ``roofline_step_s``.

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jupytext
 import pytest
+import torch
 
 from minispec.grading import chapter_module
 
@@ -35,13 +36,14 @@ TAUGHT_IN = {
     "2.1": "with replacement", "2.2": "without replacement", "2.3": "one-hot", "2.4": "trees, level by level",
     "5.1": "expand and rerank", "5.2": "expand and rerank", "5.3": "expand and rerank", "5.4": "the cost model",
     "3.1": "why the shifted token", "3.2": "the heads, their sizes", "3.3": "the heads, their sizes",
-    "3.4": "training an eagle head", "3.5": "drafting a chain",
+    "3.4": "training an eagle head", "3.5": "drafting a chain", "3.6": "training-time test",
     "4.1": "from choices to a tree", "4.2": "the tree attention mask", "4.3": "positions and paths",
     "4.4": "positions and paths", "4.5": "one real tree step", "4.6": "choosing a static tree",
     "6.1": "the log-sum-exp merge", "6.2": "triton puzzle", "6.3": "pytorch references",
     "6.4": "the triton kernels", "6.5": "the triton kernels", "6.6": "the triton kernels",
     "7.1": "reserving a forward", "7.2": "a tree step", "7.3": "ragged acceptance",
-    "8.1": "capture rules", "8.2": "static buffers", "8.3": "buckets and padding", "8.4": "choosing buckets",
+    "7.4": "paged attention equals contiguous",
+    "8.1": "capture rules", "8.2": "static buffers", "8.3": "capture and replay", "8.4": "choosing buckets",
     "9.1": "on the meta device", "9.2": "the roofline of a decode step", "9.3": "the oracle draft",
     "9.4": "where speculation stops paying",
 }
@@ -50,16 +52,17 @@ TAUGHT_IN = {
 # of the same name as the exercise is always included (minispec.verify shares the names).
 ANSWERS = {
     "2.1": ["_mss_replacement", "verify_candidates"],
-    "2.2": ["_mss_no_replacement", "verify_candidates"],
+    "2.2": ["_mss_no_replacement", "_mss_replacement", "verify_candidates"],
     "2.3": ["_mss_onehot", "verify_candidates"],
     "3.1": ["forward"], "3.2": ["build_vocab_map"], "3.3": ["to_target_logits"], "3.4": ["eagle_loss"], "3.5": ["_chain", "_extend", "_start"],
+    "3.6": ["unroll", "level_attention", "ttt_loss"],
     "4.1": ["parse_choices"], "4.2": ["mask"], "4.3": ["positions"], "4.4": ["retrieve_indices"], "4.5": ["verify_tree"],
     "5.3": ["_dynamic"],
     "6.1": ["merge"], "6.2": ["_merge_kernel", "merge"], "6.3": ["attention_with_lse", "suffix_attention"],
     "6.4": ["prefix_attention", "_online_softmax_step", "_prefix_kernel"],
     "6.5": ["_prefix_kernel", "_online_softmax_step", "prefix_attention"], "6.6": ["split_attention"],
-    "8.1": ["find_hazards", "record_ops"], "8.2": ["static_forward"], "8.3": ["pad_inputs", "pick_bucket"],
-    "8.4": ["best_buckets"],
+    "8.1": ["find_hazards", "record_ops"], "8.2": ["static_forward"], "8.3": ["capture", "_capture", "_replay"],
+    "7.4": ["read", "gather", "read_rows", "_slots"], "8.4": ["best_buckets"],
     "9.1": ["weight_bytes", "kv_bytes", "linear_params"], "9.2": ["flops_per_row", "ridge_rows"],
     "9.4": ["roofline_speedup"],
 }
@@ -181,14 +184,18 @@ def test_the_check_can_fail():
 
 # Chapters whose real-model TV check runs on SmolLM2 (minispec.lab.joint_law) with a wrong control.
 TV_CHAPTERS = ["01", "02", "03", "04", "05", "07"]
+LOOP_CHAPTERS = ["03", "04", "05", "07"]  # the decode loop's check: one call of decode_loop_exactness each
 
 
 def tv_problems(text: str) -> list[str]:
-    """Every cell that runs a joint-law TV check (``... = joint_tv_check(...)`` / ``loop_tv_check``)
-    names the models that ran (a "TV check — target: ..." line in that cell or an earlier cell of
-    its section), and a check on SmolLM2 asserts in the same cell that its wrong verifier or lying
-    drafter is flagged (``assert ...["tv"] > bound`` or ``assert_loop_check``). The optional GPT-2 checks (when a local cache has
-    GPT-2) must name their models too."""
+    """Every cell that runs a joint-law TV check names the models that ran and asserts that its wrong
+    controls are flagged.
+
+    Chapters 1-2 (``... = joint_tv_check(...)``): a "TV check — target: ..." line in that cell or an earlier
+    cell of its section, and, on SmolLM2, ``assert ...["tv"] > bound`` in the same cell (the optional GPT-2
+    checks name their models too). Chapters 3-5 and 7 check the decode loop with ONE call of
+    ``minispec.lab.joint_law.decode_loop_exactness``, which asserts the verdict itself and must be given
+    ``models="target: ..."``; a cell that runs ``loop_tv_check`` itself copies the section back."""
     problems, named, runs = [], None, 0
     for cell in jupytext.reads(text, fmt="py:percent").cells:
         if cell.cell_type == "markdown":
@@ -196,20 +203,25 @@ def tv_problems(text: str) -> list[str]:
                 named = None  # a new section: its checks must name their models again
             continue
         c = code(cell)
+        first = c.strip().splitlines()[0] if c.strip() else ""
+        if re.search(r"\bdecode_loop_exactness\(", c):
+            runs += 1
+            if not re.search(r"""models\s*=\s*f?["']target: """, cell.source):
+                problems.append(f"decode_loop_exactness is not told its models (models=\"target: ...\"): {first!r}")
+            continue
+        if re.search(r"\bloop_tv_check\(", c):
+            problems.append(f"a cell runs loop_tv_check itself (the section copied back): call "
+                            f"minispec.lab.joint_law.decode_loop_exactness: {first!r}")
+            continue
         m = re.search(r"\*\*TV check — target: ([^*]*)", c)
         named = m.group(1) if m else named
-        if not re.search(r"=\s*(joint_tv_check|loop_tv_check)\(", c):
+        if not re.search(r"=\s*joint_tv_check\(", c):
             continue
         runs += 1
-        first = c.strip().splitlines()[0]
         if named is None:
             problems.append(f"a TV check does not name its models: {first!r}")
-        elif "GPT-2" not in named:
-            loops = re.findall(r"(\w+),\s*(\w+),[^=\n]*=\s*loop_tv_check\(", c)  # each result must be judged
-            unjudged = [f"{r}, {b}" for r, b in loops if not re.search(rf"assert_loop_check\(\s*{r}\s*,\s*{b}\s*\)", c)]
-            if unjudged or not (loops or re.search(r'assert [^\n]*\["tv"\] > bound', c)):
-                problems.append(f"the TV check on {named!r} does not assert that its wrong controls are flagged "
-                                f"({', '.join(unjudged) or 'no assert'}): {first!r}")
+        elif "GPT-2" not in named and not re.search(r'assert [^\n]*\["tv"\] > bound', c):
+            problems.append(f"the TV check on {named!r} does not assert that its wrong controls are flagged: {first!r}")
     return problems + ([] if runs else ["no cell runs a joint-law TV check"])
 
 
@@ -218,11 +230,20 @@ def test_tv_checks_name_their_model_and_flag_a_wrong_control(chapter):
     assert tv_problems(notebook_source(chapter).read_text()) == []
 
 
+@pytest.mark.parametrize("chapter", LOOP_CHAPTERS)
+def test_the_decode_loop_check_is_one_call_into_the_lab(chapter):
+    text = notebook_source(chapter).read_text()
+    assert len(re.findall(r"\bdecode_loop_exactness\(", text)) == 1
+
+
 def test_the_tv_rule_can_fail():
     text = notebook_source("03").read_text()
-    assert tv_problems(text.replace("TV check — target:", "TV check:"))
-    assert tv_problems(text.replace("assert_loop_check(res, bound)", "print(res, bound)"))
-    assert tv_problems(text.replace("assert_loop_check(res_s, bound_s)", "print(res_s, bound_s)"))
+    assert tv_problems(text.replace('models="target:', 'models="'))
+    copied = text.replace("tv3 = decode_loop_exactness(", "res, bound, support, exact = loop_tv_check(")
+    assert any("copied back" in p for p in tv_problems(copied))
+    text1 = notebook_source("01").read_text()
+    assert tv_problems(text1.replace("TV check — target:", "TV check:"))
+    assert tv_problems(text1.replace('assert tv["WRONG: resample from p"]["tv"] > bound', "pass"))
 
 
 # ------------------------------------------------- no function shown above an exercise passes it
@@ -321,6 +342,136 @@ def naive_mask(parents):
     assert anchor in text
     problems = helpers_that_pass("04", text.replace(anchor, naive + anchor))
     assert any("naive_mask passes exercise 4.2" in p for p in problems), problems
+
+
+# ------------------------------------------------- no give-away above an exercise, none in its docstring
+_NAIVE_ONE_DRAFT = """def naive_one_draft(x, p, q, chooser):
+    p, q = [float(v) for v in p], [float(v) for v in q]
+    if chooser.bernoulli(min(1.0, p[x] / q[x])):
+        return 1, x
+    r = [max(0.0, pi - qi) for pi, qi in zip(p, q)]
+    return 0, chooser.categorical(torch.tensor([ri / sum(r) for ri in r], dtype=torch.float64))
+"""
+_EXPAND_RERANK = """def naive_dynamic_tree(q_of, depth, top_k, total_tokens):
+    cands, frontier = [], [-1]
+    best = sorted(range(len(cands)), key=lambda c: -cands[c]["score"])[:total_tokens]
+    return best
+"""
+
+# (exercise, where it may not stand: "code" / "markdown" above the check cell, or "doc" in the exercise's docstring,
+#  a pattern of the give-away, what it gives away, a sample that puts it back)
+GIVEAWAYS = [
+    ("1.1", "doc", r"min\(1, ?p\(x\) ?/ ?q\(x\)\)|accept with probability 1 if p\(x\) > 0", "the acceptance rule",
+     "Probability of accepting a drafted token x: min(1, p(x) / q(x))."),
+    ("1.1", "markdown", r"q\(x\) = 0\$?[^.]*accepts iff", "the rule for q(x) = 0",
+     "# (If $q(x) = 0$ for a proposed $x$ — impossible when $x \\sim q$ — minispec accepts iff $p(x) > 0$.)"),
+    ("1.3", "code", r"(?s)def \w+\([^)]*chooser[^)]*\):\n(?:[ \t]+.*\n|\n)*?[ \t]+.*chooser\.bernoulli\(",
+     "a complete accept/reject step with a chooser (exercise 1.3 for one draft)", _NAIVE_ONE_DRAFT),
+    ("1.5", "code", r"(?s)speedup\(.*\.argmax\(|\.argmax\(.*speedup\(", "the best k, computed",
+     "s = an.speedup(0.8, np.arange(13), 0.05)\nprint(np.arange(13)[s.argmax()])\n"),
+    ("2.2", "markdown", r"q_\{i\s*\+\s*1\}\s*=", "the without-replacement update",
+     "# $$ p_{i+1} = \\mathrm{norm}(\\max(0, p_i - q_i)), \\quad q_{i+1} = \\mathrm{norm}(q_i \\text{ without } x_i) $$"),
+    ("3.1", "doc", r"cat\[\s*e(mbedding)?[\[(]x_\{?j", "the input rows' formula", "row j = cat[embedding[x_{j+1}], f_j]."),
+    *[(ex, "code", r"def \w+\([^)]*\btotal_tokens\b", "a complete expand-and-rerank (exercises 5.1-5.3)", _EXPAND_RERANK)
+      for ex in ("5.1", "5.2", "5.3")],
+    *[(ex, "code", rf"\b{name}\b", f"minispec's own {name}, imported or called (the answer to delegate to)",
+       f"from minispec.lab.scale import {name}\n") for ex, name in
+      (("9.1", "step_bytes"), ("9.2", "roofline_step_s"), ("9.3", "corruption_for_tau"), ("9.4", "crossover_batch"))],
+    ("9.1", "doc", r"fused q/k/v projection and the output projection", "the list of weights to add up",
+     "Every weight is read once: the fused q/k/v projection and the output projection of each layer."),
+    ("9.2", "doc", r"one multiply and one add for every weight|a dot product of head_dim", "the FLOPs of a row",
+     "Its arithmetic, per row: one multiply and one add for every weight of the linear layers."),
+    ("9.4", "doc", r"tokens per second of one over the other", "the speedup's formula",
+     "speculation's speedup at batch B is the tokens per second of one over the other."),
+]
+
+
+def exercise_doc(ex_id: str) -> str:
+    """The docstring of exercise ``ex_id``'s function (the same in solutions/ and exercises/)."""
+    ex = next(e for e in chapter_module(int(ex_id.split(".")[0])).EXERCISES if e.id == ex_id)
+    fn = getattr(_solutions(ex_id.split(".")[0].zfill(2)), ex.name)
+    return getattr(fn, "fn", fn).__doc__ or ""
+
+
+def giveaway_problems(chapter: str, text: str, docs: dict[str, str] | None = None) -> list[str]:
+    """Every GIVEAWAYS entry of ``chapter`` found: in a code or markdown cell above the exercise's check cell, or
+    in its docstring (``docs`` overrides the docstrings, to test the rule)."""
+    cells = jupytext.reads(text, fmt="py:percent").cells
+    out = []
+    for ex_id, where, pattern, what, _ in GIVEAWAYS:
+        if ex_id.split(".")[0].zfill(2) != chapter:
+            continue
+        if where == "doc":
+            doc = (docs or {}).get(ex_id, exercise_doc(ex_id))
+            if re.search(pattern, doc):
+                out.append(f"exercise {ex_id}: its docstring gives away {what}")
+            continue
+        check_re = re.compile(r"""\bcheck\(\s*["']""" + re.escape(ex_id) + r"""["']""")
+        ci = next((i for i, c in enumerate(cells) if check_re.search(code(c))), len(cells))
+        for i, c in enumerate(cells[:ci]):
+            body = code(c) if where == "code" else (c.source if c.cell_type == "markdown" else "")
+            if re.search(pattern, body):
+                out.append(f"exercise {ex_id}: cell {i} gives away {what} above its check cell (cell {ci})")
+    return out
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS_CHECKED)
+def test_no_giveaway_above_an_exercise_or_in_its_docstring(chapter):
+    problems = giveaway_problems(chapter, notebook_source(chapter).read_text())
+    assert not problems, f"notebooks/{notebook_source(chapter).name}:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("ex_id, where, pattern, what, sample", GIVEAWAYS,
+                         ids=[f"{g[0]}-{g[1]}-{i}" for i, g in enumerate(GIVEAWAYS)])
+def test_each_giveaway_is_caught_when_put_back(ex_id, where, pattern, what, sample):
+    chapter = ex_id.split(".")[0].zfill(2)
+    text = notebook_source(chapter).read_text()
+    if where == "doc":
+        problems = giveaway_problems(chapter, text, {ex_id: exercise_doc(ex_id) + "\n" + sample})
+    else:
+        anchor = re.search(rf"(?m)^# %% \[markdown\]\n# ### Exercise {re.escape(ex_id)}\b", text)
+        assert anchor, ex_id
+        cell = ("# %% [markdown]\n" + sample if where == "markdown" else "# %%\n" + sample) + "\n\n"
+        problems = giveaway_problems(chapter, text[:anchor.start()] + cell + text[anchor.start():])
+    assert any(f"exercise {ex_id}" in p and what in p for p in problems), problems
+
+
+# ------------------------------------------------- near misses the graders refuse
+def _one_shot_attention(q, k, v, block):  # the right numbers, but every key at once: not tiled
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    lse = torch.logsumexp(s, -1)
+    return torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None]) @ v, lse
+
+
+def _delegate(module: str, name: str):
+    import importlib
+
+    return lambda *args, **kwargs: getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+
+NEAR_MISSES = [
+    ("6.4", _one_shot_attention, "at once"),
+    ("9.1", _delegate("minispec.lab.scale", "step_bytes"), "calls minispec.lab.scale.step_bytes"),
+    ("9.2", _delegate("minispec.lab.scale", "roofline_step_s"), "calls minispec.lab.scale.roofline_step_s"),
+    ("9.3", _delegate("minispec.drafters.oracle", "corruption_for_tau"), "calls minispec.drafters.oracle.corruption_for_tau"),
+    ("9.4", _delegate("minispec.lab.scale", "crossover_batch"), "calls minispec.lab.scale.crossover_batch"),
+]
+
+
+@pytest.mark.parametrize("ex_id, answer, needle", NEAR_MISSES, ids=[m[0] for m in NEAR_MISSES])
+def test_a_near_miss_fails_its_exercise(ex_id, answer, needle):
+    """6.4 answered without tiling, and 9.x answered by minispec's own function, fail: the right numbers are not
+    the exercise."""
+    from types import SimpleNamespace
+
+    from minispec.grading import find_exercise
+
+    ex = find_exercise(ex_id)
+    impl = SimpleNamespace(**{k: v for k, v in vars(_solutions(ex_id.split(".")[0].zfill(2))).items()
+                              if not k.startswith("__")})
+    setattr(impl, ex.name, answer)
+    passed, msg = ex.run(impl)
+    assert not passed and needle in msg, msg
 
 
 # ------------------------------------------------- one structure for every chapter

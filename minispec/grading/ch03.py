@@ -5,12 +5,15 @@
     3.3 to_target_logits  draft-vocabulary logits scattered into the target vocabulary, -inf elsewhere
     3.4 eagle_loss        SmoothL1(features) + w_cls x soft cross-entropy against the target's top-K
     3.5 draft_chain       a greedy chain drafted at the feature level (the head's own feature fed back)
+    3.6 ttt_loss          EAGLE-3's training-time test: each level's tokens, inputs, positions, attention mask
+                          and targets, the decay-weighted loss
 
 References are minispec's own code: 3.1 the input that ``EagleDrafter`` feeds its head's ``fc``
 (captured with a forward pre-hook while it drafts), 3.2 ``minispec.drafters.eagle3.build_vocab_map``,
 3.3 ``Eagle3Head.to_target_logits``, 3.4 ``minispec.train.eagle.eagle_loss`` (the loss that
 trained the shipped head, value and gradient), 3.5 the tokens ``EagleDrafter`` drafts as a greedy
-chain (float64 heads, so no near-tie decides); all on seeded random tensors.
+chain (float64 heads, so no near-tie decides), 3.6 ``minispec.train.eagle.unroll`` (the training-time
+test's levels) on a float64 head over minispec's tiny Llama target; all on seeded random tensors.
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ def library():
     return SimpleNamespace(__name__="minispec.drafters.eagle / eagle3, minispec.train.eagle (chapter 3 adapter)",
                            eagle_input=library_eagle_input, eagle_loss=library_loss,
                            build_vocab_map=lib_build_vocab_map, to_target_logits=library_to_target_logits,
-                           draft_chain=library_draft_chain)
+                           draft_chain=library_draft_chain, ttt_loss=library_ttt_loss, minispec_library=True)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -294,3 +297,143 @@ def check_draft_chain(impl):
             first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
             raise AssertionError(f"draft_chain(k={k}) on a context of {n} tokens returned {got}; EagleDrafter drafts "
                                  f"{want} (first difference at draft {first + 1})")
+
+
+# --------------------------------------------------------------------------- 3.6: the training-time test
+class HeadLevels:
+    """Exercise 3.6's ``level``: runs an EAGLE-1/2 head one level of a training-time-test unroll at a time, each
+    level's rows attending, as the caller's mask allows, to the keys of every level run so far and their own.
+
+    ``level(tokens [B, Tp], inputs [B, Tp, H], positions [B, Tp], mask [Tp, (j + 1) Tp])`` -> [B, Tp, H]: the
+    head's ``fc`` on cat[embedding(tokens), inputs], then its layers with attention over all keys under ``mask``
+    (key i * Tp + s: level i's key at anchor s). ``calls`` records every call (detached copies), for the check's
+    diagnosis; ``train.eagle.unroll`` computes the same levels with the right masks built in."""
+
+    def __init__(self, head: EagleHead, embed):
+        self.head, self.embed, self.calls = head, embed, []
+        self.keys = [([], []) for _ in head.layers]  # per layer: each level's keys / values [B, Hq, Tp, hd]
+
+    def __call__(self, tokens, inputs, positions, mask):
+        from minispec.model import rope_cos_sin
+
+        j = len(self.calls)
+        tokens, inputs, positions, mask = (_tensor(x, f"level's {name}") for x, name in
+                                           ((tokens, "tokens"), (inputs, "inputs"), (positions, "positions"),
+                                            (mask, "mask")))
+        self.calls.append(dict(tokens=tokens.detach().clone(), inputs=inputs.detach().clone(),
+                               positions=positions.detach().clone(), mask=mask.detach().clone()))
+        B, Tp = tokens.shape
+        if mask.dtype != torch.bool or tuple(mask.shape) != (Tp, (j + 1) * Tp):
+            raise AssertionError(f"level {j}'s mask must be a bool tensor [Tp, (j + 1) * Tp] = [{Tp}, {(j + 1) * Tp}] "
+                                 f"(a column per key of levels 0..{j}), got {mask.dtype} {tuple(mask.shape)}")
+        c = self.head.cfg
+        rep, scale = c.num_attention_heads // c.num_key_value_heads, c.head_dim ** -0.5
+        x = self.head.fc(torch.cat([self.embed(tokens).to(inputs.dtype), inputs], dim=-1))  # [B, Tp, H]
+        rope = rope_cos_sin(positions, c.head_dim, c.rope_theta)
+        for layer, (ks, vs) in zip(self.head.layers, self.keys):
+            h = x if layer.input_layernorm is None else layer.input_layernorm(x)
+            q, k, v = layer.self_attn.qkv(h, rope)  # q [B, Hq, Tp, hd], k / v [B, Hkv, Tp, hd]
+            ks.append(k.repeat_interleave(rep, 1)), vs.append(v.repeat_interleave(rep, 1))
+            s = (q @ torch.cat(ks, 2).transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))  # [B, Hq, Tp, K]
+            a = torch.softmax(s.float(), -1).to(q.dtype)  # in float32, as train.eagle.level_attention does
+            x = x + layer.self_attn.out(a @ torch.cat(vs, 2))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return x
+
+
+def _ttt_case(seed: int, layers: int):
+    """(head, embedding module, tokens [B, T], features [B, T, H], valid [B, T-1]): a random float64 EAGLE-1/2
+    head on minispec's tiny Llama target, its features of random token sequences (response positions: the
+    second half)."""
+    from minispec.models import load
+
+    target, _ = load("tiny-llama")
+    g = torch.Generator().manual_seed(360 + seed)
+    B, T = 2, 7 + 2 * seed
+    tokens = torch.randint(1, target.cfg.vocab_size, (B, T), generator=g)
+    with torch.no_grad():
+        feats = target(tokens).hidden.double()  # [B, T, H] the tiny target's features
+    cfg = EagleConfig.for_target(target.cfg)
+    head = EagleHead(EagleConfig(**{**vars(cfg), "num_hidden_layers": layers})).to(torch.float64)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.2)
+    embed = nn.Embedding.from_pretrained(target.tok_emb.weight.detach().double())
+    valid = torch.zeros(B, T - 1, dtype=torch.bool)
+    valid[:, (T - 1) // 2:] = True
+    valid[1, -1] = False  # a position that is not trained
+    return head, embed, tokens, feats, valid
+
+
+def reference_ttt(head, embed, tokens, feats, valid, steps: int, decay: float):
+    """(the loss, each level's predictions) from ``minispec.train.eagle.unroll`` and 3.6's loss."""
+    import torch.nn.functional as F
+
+    outs = train_eagle.unroll(head, embed, tokens, feats[:, :-1], steps)
+    Tp = tokens.shape[1] - 1
+    total, weights = 0.0, 0.0
+    for j, out in enumerate(outs):
+        trained = F.pad(valid[:, j:], (0, j))
+        target = F.pad(feats[:, 1 + j:], (0, 0, 0, j))[:, :Tp]
+        if trained.any():
+            total, weights = total + decay ** j * F.smooth_l1_loss(out[trained], target[trained]), weights + decay ** j
+    return total / weights, outs
+
+
+def library_ttt_loss(level, tokens, features, valid, steps, decay=0.8):
+    """``minispec.train.eagle.unroll`` on the head behind ``level`` (a ``HeadLevels``), with 3.6's loss."""
+    return reference_ttt(level.head, level.embed, tokens, features, valid, steps, decay)[0]
+
+
+def _diagnose(calls, tokens, feats, outs, steps) -> str:
+    """Where the learner's calls of ``level`` part from the right ones: the first wrong tokens, inputs, positions
+    or mask entry."""
+    import torch.nn.functional as F
+
+    if len(calls) != steps:
+        return f"; `level` was called {len(calls)} times, once per level expected ({steps})"
+    B, T = tokens.shape
+    Tp = T - 1
+    for j, c in enumerate(calls):
+        want_tok = F.pad(tokens[:, 1 + j:], (0, j))[:, :Tp]
+        if tuple(c["tokens"].shape) != (B, Tp) or not torch.equal(c["tokens"].long(), want_tok):
+            return f"; level {j} read other tokens than x_(t+1+{j}) at anchor t (0 past the end)"
+        want_in = feats[:, :-1] if j == 0 else outs[j - 1]
+        if tuple(c["inputs"].shape) != tuple(want_in.shape) or not torch.allclose(c["inputs"].double(), want_in.double(),
+                                                                                  atol=1e-9):
+            return (f"; level {j}'s input features are not " + ("the target's f_t" if j == 0 else
+                                                                 f"the head's own level {j - 1} output at the same anchor"))
+        if not torch.equal(c["positions"].long(), torch.arange(Tp)[None].expand(B, Tp) + j):
+            return f"; level {j}'s positions are not t + {j} at anchor t"
+        want_mask = torch.cat([torch.ones(Tp, Tp, dtype=torch.bool).tril()] + [torch.eye(Tp, dtype=torch.bool)] * j, 1)
+        bad = (c["mask"] != want_mask).nonzero()
+        if len(bad):
+            t, key = (int(x) for x in bad[0])
+            i, s = divmod(key, Tp)
+            return (f"; level {j}'s mask[{t}, {key}] is {bool(c['mask'][t, key])}: anchor {t} "
+                    f"{'must' if want_mask[t, key] else 'must not'} see level {i}'s key at anchor {s}")
+    return ""
+
+
+@exercise(EXERCISES, "3.6", "ttt_loss")
+def check_ttt_loss(impl):
+    fn = get(impl, "ttt_loss")
+    for seed, (layers, steps, decay) in enumerate([(1, 1, 0.8), (1, 3, 0.8), (2, 4, 0.5), (1, 6, 0.9)]):
+        head, embed, tokens, feats, valid = _ttt_case(seed, layers)
+        want, outs = reference_ttt(head, embed, tokens, feats, valid, steps, decay)
+        level = HeadLevels(head, embed)
+        where = (f"for B={tokens.shape[0]}, T={tokens.shape[1]}, steps={steps}, decay={decay}, a {layers}-layer head"
+                 + (" (the last levels have no trained position: skip them)" if steps > tokens.shape[1] // 2 else ""))
+        got = _tensor(fn(level, tokens.clone(), feats.clone(), valid.clone(), steps, decay), "ttt_loss")
+        want = want.detach()
+        if got.dim() != 0:
+            raise AssertionError(f"ttt_loss must return a scalar tensor, got shape {tuple(got.shape)} {where}")
+        if not getattr(impl, "minispec_library", False) and len(level.calls) != steps:
+            raise AssertionError(f"`level` was called {len(level.calls)} times {where}: run every level through it, "
+                                 f"once per level ({steps})")
+        if not torch.isclose(got.detach().double(), want.detach(), rtol=1e-6, atol=1e-12):  # softmax in float32
+            raise AssertionError(f"loss = {got.item():.10g} {where}, expected {want.item():.10g} (minispec.train.eagle."
+                                 f"unroll's levels){_diagnose(level.calls, tokens, feats, outs, steps)}")
+        if not got.requires_grad:
+            raise AssertionError(f"the loss does not depend differentiably on the head {where} (.item(), .detach() or "
+                                 "a float): nothing to train")

@@ -9,7 +9,9 @@
 
 Checks 6.1, 6.3, 6.4 and 6.6 run the learner's function on random float64 inputs and compare
 with softmax attention computed directly over all keys (and with minispec.attention's own
-functions), to 1e-9: the split is exact, so only float64 rounding separates correct answers.
+functions), to 1e-9: the split is exact, so only float64 rounding separates correct answers. Check 6.4
+also passes keys and values that log how many keys each operation reads (``KeyReads``): an answer that
+reads K or V whole (a one-shot softmax and its logsumexp) fails, however right its numbers.
 Checks 6.2 and 6.5 launch the learner's kernel on float32 inputs (CPU tensors under
 TRITON_INTERPRET=1 when there is no GPU): 6.2 against ``minispec.attention.reference.merge`` in
 float64, 6.5 split by split against float64 softmax attention over the split's keys, to 1e-5
@@ -21,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 from types import SimpleNamespace
 
 import torch
@@ -41,7 +44,7 @@ def library():
         __name__="minispec.attention.reference (chapter 6 adapter)",
         merge_partials=lambda out_a, lse_a, out_b, lse_b: ref.merge(out_a, lse_a, out_b, lse_b, return_lse=True),
         masked_attention_lse=ref.attention_with_lse,
-        tiled_attention=lambda q, k, v, block: ref.attention_with_lse(q, k, v),
+        tiled_attention=_library_tiled,
         split_tree_attention=lambda q, k, v, prefix_len, tree_mask, block=16: ref.split_attention(q, k, v, prefix_len,
                                                                                                  tree_mask),
         merge_kernel=_LibraryMergeKernel(),
@@ -49,10 +52,42 @@ def library():
     )
 
 
+def _library_tiled(q, k, v, block):
+    """minispec's attention_with_lse over each tile of ``block`` keys, merged tile by tile with its ``merge``."""
+    out, lse = ref.attention_with_lse(q, k[..., :0, :], v[..., :0, :])  # no key yet: out 0, lse -inf
+    for j in range(0, k.shape[-2], block):
+        tile = ref.attention_with_lse(q, k[..., j:j + block, :], v[..., j:j + block, :])
+        out, lse = ref.merge(out, lse, *tile, return_lse=True)
+    return out, lse
+
+
+def kernel_device() -> str:
+    """Where the graded kernels run: "cuda" on a GPU, "cpu" under Triton's interpreter.
+
+    ``import minispec`` switches the interpreter on where there is no CUDA (``TRITON_INTERPRET=1``), before
+    triton is imported. Raises AssertionError naming the problem when the kernels cannot run: no GPU and the
+    interpreter off, or triton imported before the interpreter was switched on (then triton's own functions,
+    ``tl.sum`` and ``tl.max``, are compiled while the learner's kernel is interpreted, and a correct kernel
+    would fail with "Cannot call @triton.jit'd outside of the scope of a kernel").
+    """
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    if not interpret and torch.cuda.is_available():
+        return "cuda"
+    if not interpret:
+        raise AssertionError(f"no CUDA GPU here and TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r}: Triton "
+                             "kernels run on a CPU only in Triton's interpreter; unset TRITON_INTERPRET (importing "
+                             "minispec sets it) or set it to 1 before triton is imported")
+    tl = sys.modules.get("triton.language")
+    if tl is not None and type(getattr(tl.standard, "sum", None)).__name__ == "JITFunction":
+        raise AssertionError("triton was imported before TRITON_INTERPRET=1 was set, so its own functions "
+                             "(tl.sum, tl.max) are compiled, not interpreted, and no kernel can call them: restart "
+                             "Python (the notebook's kernel) and import minispec before anything imports triton")
+    return "cpu"
+
+
 def _triton_split():
-    """minispec.attention.triton_split, with the interpreter switched on first when there is no GPU."""
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when @triton.jit decorates the kernels
+    """minispec.attention.triton_split (the interpreter was chosen when minispec was imported)."""
+    kernel_device()
     from minispec.attention import triton_split
     return triton_split
 
@@ -183,8 +218,7 @@ def _launch(kernel, out_p, lse_p, out_s, lse_s, block_r: int) -> torch.Tensor:
 @exercise(EXERCISES, "6.2", "merge_kernel")
 def check_merge_kernel(impl):
     kernel = get(impl, "merge_kernel")
-    interp = os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available()
-    dev = "cpu" if interp else "cuda"
+    dev = kernel_device()
     g = torch.Generator().manual_seed(65)
     cases = [(1, 16, 16, ""), (37, 16, 16, ""), (50, 64, 32, ""), (12, 64, 4, ""), (9, 24, 8, ""),
              (21, 64, 8, "empty"), (16, 16, 16, "shift")]  # (R, D, BLOCK_R, what)
@@ -240,6 +274,46 @@ def check_masked_attention_lse(impl):
     _close(lse, want[1], "lse", "with a tree's ancestor mask")
 
 
+# Operations that only pick, reshape or convert keys (a tile is sliced out of K through them), and those that
+# read no data at all; any other operation that takes keys is a read of every key it holds.
+_LAYOUT = {"__getitem__", "narrow", "split", "split_with_sizes", "tensor_split", "chunk", "unbind", "select",
+           "transpose", "swapaxes", "swapdims", "permute", "movedim", "t", "T", "mT", "view", "view_as", "reshape",
+           "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze", "expand", "expand_as", "contiguous", "clone",
+           "detach", "to", "double", "float", "type", "type_as"}
+_NO_DATA = {"shape", "dtype", "device", "size", "dim", "ndim", "numel", "stride", "is_contiguous", "__len__",
+            "element_size", "storage_offset", "is_floating_point", "requires_grad", "layout", "is_cuda", "new_zeros",
+            "new_ones", "new_full", "new_empty", "zeros_like", "ones_like", "empty_like", "full_like", "names"}
+
+
+class KeyReads(torch.Tensor):
+    """Keys or values that log how many keys each operation reads at once (exercise 6.4's check).
+
+    Slicing, views and conversions give ``KeyReads`` again; any other operation on one logs
+    (operation, keys it holds) in ``KeyReads.log`` and returns a plain tensor, so the scores and
+    partial results computed from a tile are not watched. ``per_key`` is the number of elements one
+    key holds (the product of the other dimensions)."""
+
+    log: list | None = None
+    per_key = 1
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        name = getattr(func, "__name__", str(func))
+        if name == "__get__":  # a property: .shape, .mT, ...
+            name = getattr(getattr(func, "__self__", None), "__name__", name)
+        if name in _NO_DATA:
+            return out
+        if name in _LAYOUT:
+            return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.as_subclass(cls), out)
+        if cls.log is not None:
+            watched = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, KeyReads)]
+            cls.log += [(name, a.numel() // cls.per_key) for a in watched]
+        return out
+
+
 @exercise(EXERCISES, "6.4", "tiled_attention")
 def check_tiled_attention(impl):
     fn = get(impl, "tiled_attention")
@@ -248,10 +322,21 @@ def check_tiled_attention(impl):
         q, k, v = _rand(2, 5, 8, g=g), _rand(2, N, 8, g=g) * 3, _rand(2, N, 8, g=g)  # * 3: sharp softmax
         want = _attention64(q, k, v)
         for block in (1, 4, 16, 64):
-            out, lse = _pair(fn(q, k, v, block), "tiled_attention")
+            KeyReads.log, KeyReads.per_key = [], (k.numel() // N if N else 1)
+            try:  # K and V log the keys each operation reads: a tile holds at most `block`
+                out, lse = _pair(fn(q, k.as_subclass(KeyReads), v.as_subclass(KeyReads), block), "tiled_attention")
+            finally:
+                reads, KeyReads.log = KeyReads.log, None
+            out, lse = (x.as_subclass(torch.Tensor) for x in (out, lse))
             where = f"for N={N} keys in tiles of {block}" + (" (no keys: out 0, lse -inf)" if N == 0 else "")
             _close(out, want[0], "out", where)
             _close(lse, want[1], "lse", where)
+            whole = [(op, n) for op, n in reads if n > block]
+            if whole:
+                op, n = max(whole, key=lambda r: r[1])
+                raise AssertionError(f"the right answer, but `{op}` read {n} keys of K or V at once {where}: read "
+                                     f"them a tile of at most {block} keys at a time (slice k[..., j:j + block, :]), "
+                                     "so that no step holds more than a tile of scores")
 
 
 def _kernel_call(kernel, grid, *args, **meta) -> None:
@@ -296,8 +381,7 @@ def _prefix_inputs(lens, N, R, D, what, g):
 @exercise(EXERCISES, "6.5", "prefix_split_kernel")
 def check_prefix_split_kernel(impl):
     kernel = get(impl, "prefix_split_kernel")
-    interp = os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available()
-    dev = "cpu" if interp else "cuda"
+    dev = kernel_device()
     g = torch.Generator().manual_seed(655)
     for lens, N, R, D, ns, chunk, block_n, what in PREFIX_CASES:
         B = len(lens)

@@ -7,10 +7,14 @@
                            prefix, across block boundaries, on shuffled block tables
     7.3 ragged_commit      per-sequence lengths after a ragged commit and the whole blocks each
                            sequence returns (finished sequences return all of theirs)
+    7.4 gather_kv          one sequence's keys and values read out of the pool through its block
+                           table, the pending tree's tokens included (``PagedKVCache.read``)
 
 Each check runs a list of hand-picked edge cases, then a few hundred random ones, against a
 reference written here; ``--impl minispec`` answers with ``minispec.kv.PagedKVCache`` objects,
-so the reference and the library are checked against each other. A failure names the case.
+so the reference and the library are checked against each other. 7.4 is graded against a real
+``PagedKVCache`` after ragged prefills, a freed and reused sequence (shuffled tables) and a tree
+step's pending tokens, with every slot no token was written to holding NaN. A failure names the case.
 """
 
 from __future__ import annotations
@@ -111,7 +115,17 @@ def _lib_ragged(lengths, pendings, accepted, finished, block_size):
 def library():
     """minispec's PagedKVCache behind the exercises' signatures (``--impl minispec``)."""
     return SimpleNamespace(__name__="minispec.kv.PagedKVCache (chapter 7 adapter)", reserve_blocks=_lib_reserve,
-                           compaction_moves=_lib_moves, ragged_commit=_lib_ragged)
+                           compaction_moves=_lib_moves, ragged_commit=_lib_ragged, gather_kv=_lib_gather)
+
+
+def _lib_gather(k_pool, v_pool, table, length, pending):
+    """PagedKVCache.read on a one-layer, one-sequence cache holding the given pool and table."""
+    N, Hkv, bs, hd = k_pool.shape
+    kv = PagedKVCache(1, Hkv, hd, N, bs, 1, k_pool.dtype)
+    kv.k_pool, kv.v_pool = k_pool[None], v_pool[None]  # [1, N, Hkv, bs, hd]
+    kv.tables, kv.lengths, kv.pendings = [list(table)], [length], [pending]
+    k, v = kv.read(0, 0)  # [1, Hkv, n, hd]
+    return k[0], v[0]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -290,3 +304,65 @@ def check_ragged_commit(impl):
             raise AssertionError(f"blocks_freed={got_freed} {case}, expected {want_freed} (sequence {b} owned "
                                  f"{_cdiv(lengths[b] + pendings[b], bs)} blocks with its tree padding and keeps "
                                  f"{_cdiv(want_len[b], bs)})")
+
+
+# --------------------------------------------------------------------------- 7.4
+def _filled_cache(seed: int, block_size: int):
+    """A 2-layer PagedKVCache after a ragged prefill, a freed and refilled sequence (its new blocks out of
+    order) and a tree step's pending tokens (reserved and written, not committed). Every slot no token
+    was written to holds NaN."""
+    g = torch.Generator().manual_seed(740 + seed)
+    B, Hkv, hd = 3, 2, 4
+    kv = PagedKVCache(2, Hkv, hd, n_blocks=40, block_size=block_size, batch_size=B, dtype=torch.float64)
+    kv.k_pool.fill_(float("nan")), kv.v_pool.fill_(float("nan"))
+
+    def forward(n_new):
+        kv.begin(B, n_new)
+        T = max(n_new)
+        for layer in range(2):
+            kv.store(layer, torch.randn(B, Hkv, T, hd, generator=g, dtype=torch.float64),
+                     torch.randn(B, Hkv, T, hd, generator=g, dtype=torch.float64))
+
+    lens = [int(x) for x in torch.randint(0, 3 * block_size, (B,), generator=g)]
+    lens[seed % B] = 0  # an empty sequence
+    forward(lens)
+    kv.commit()
+    kv.free(1)  # its blocks go back to the pool (a stack): the refill takes them in another order
+    forward([0, 2 * block_size + 1, 0])
+    kv.commit()
+    tree = [int(x) for x in torch.randint(1, 2 * block_size + 2, (B,), generator=g)]  # a tree step's T per row
+    forward(tree)  # pending: reserved (tree padding) and written, not committed
+    return kv
+
+
+@exercise(EXERCISES, "7.4", "gather_kv")
+def check_gather_kv(impl):
+    fn = get(impl, "gather_kv")
+    for seed, bs in enumerate((4, 1, 16, 5, 8)):
+        kv = _filled_cache(seed, bs)
+        for layer in range(2):
+            for b in range(kv.batch_size):
+                L, p, table = kv.lengths[b], kv.pendings[b], list(kv.tables[b])
+                case = f"for sequence {b} of {L} committed + {p} pending tokens, blocks of {bs}, table {table}"
+                want_k, want_v = (x[0] for x in kv.read(layer, b))  # [Hkv, n, hd]
+                out = fn(kv.k_pool[layer].clone(), kv.v_pool[layer].clone(), list(table), L, p)
+                try:
+                    k, v = out
+                except (TypeError, ValueError):
+                    raise AssertionError(f"gather_kv must return (k, v), got {type(out).__name__} {case}") from None
+                for name, got, want in (("k", k, want_k), ("v", v, want_v)):
+                    if not isinstance(got, torch.Tensor):
+                        raise AssertionError(f"{name} must be a tensor, got {type(got).__name__} {case}")
+                    if tuple(got.shape) != tuple(want.shape):
+                        hint = (" (the pending tree's tokens are missing: its queries attend to them too)"
+                                if got.dim() == 3 and got.shape[1] == L and p else "")
+                        raise AssertionError(f"{name} has shape {tuple(got.shape)}, expected {tuple(want.shape)} "
+                                             f"[Hkv, length + pending, hd] {case}{hint}")
+                    if torch.isnan(got).any():
+                        t = int(torch.isnan(got).any(-1).any(0).nonzero()[0])
+                        raise AssertionError(f"{name} token {t} was read from a slot no token was written to {case} "
+                                             f"(token {t} lives in block table[{t // bs}], offset {t % bs})")
+                    if not torch.equal(got, want):
+                        t = int((got != want).any(-1).any(0).nonzero()[0])
+                        raise AssertionError(f"{name} token {t} differs from the cache's {case}: token {t} lives in "
+                                             f"block table[{t // bs}] = {table[t // bs]}, offset {t % bs}")

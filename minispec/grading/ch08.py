@@ -6,15 +6,18 @@
     8.2 static_mask       the [B, T, C] mask of a step over a static KV cache: exact, for chains,
                           trees, ragged lengths, a full cache; built without a host sync (its
                           operators are recorded and checked with ``graph_rules.find_hazards``)
-    8.3 pad_to_bucket     tokens, positions and tree mask padded to the smallest bucket: exact,
-                          unsorted buckets, exact fits, ValueError past the largest bucket
+    8.3 capture_replay    warm-up on a side stream, capture (thread-local error mode, a shared pool),
+                          copy_ into the static inputs, replay: graded on the CPU against
+                          ``StandInCUDA``, a stand-in for torch.cuda that records the calls and their
+                          order and replays into the captured outputs; for real where CUDA is present
     8.4 choose_buckets    k buckets of least total padding, compared with a brute force over every
                           subset of the sizes
 
 Each check runs hand-picked edge cases, then a few hundred random ones, against a reference
 written here; ``--impl minispec`` answers with the library (``graph_rules.find_hazards``' own
-recorder, ``cuda_graphs.static_plan``'s mask, ``pad_inputs`` + ``pick_bucket``,
-``graph_rules.best_buckets``), so the reference and the library are checked against each other.
+recorder, ``cuda_graphs.static_plan``'s mask, ``graph_rules.best_buckets``), so the reference and
+the library are checked against each other; 8.3's adapter runs ``cuda_graphs.capture`` itself with its
+``torch.cuda`` swapped for the stand-in.
 A failure names the case.
 """
 
@@ -23,12 +26,13 @@ from __future__ import annotations
 import copy
 import itertools
 import random
+from contextlib import contextmanager
 from types import SimpleNamespace
 from unittest import mock
 
 import torch
 
-from minispec.cuda_graphs import pad_inputs, pick_bucket, static_plan
+from minispec.cuda_graphs import static_plan
 from minispec.lab import graph_rules
 from minispec.tree import Tree
 from minispec.lab.graph_rules import SYNC_OPS, best_buckets, find_hazards, padding_waste, record_ops
@@ -64,9 +68,25 @@ def reference_mask(lengths, tree_mask, capacity):
     return out
 
 
-def reference_pad(tokens, positions, tree_mask, batch_buckets, token_buckets):
-    B, T = tokens.shape
-    return pad_inputs(tokens, positions, tree_mask, pick_bucket(B, batch_buckets), pick_bucket(T, token_buckets))
+def library_capture_replay(step, static_inputs, cuda, warmup=2, pool=None):
+    """``minispec.cuda_graphs.capture`` behind 8.3's signature: the library's capture run against ``cuda`` (the
+    stand-in, or torch.cuda on a GPU), its replay wrapped in the copy of the inputs into their static tensors."""
+    from types import ModuleType
+
+    from minispec import cuda_graphs
+
+    proxy = ModuleType("torch")  # torch, with its cuda replaced by the given API while capture runs
+    proxy.__dict__.update(vars(torch))
+    proxy.cuda = cuda
+    with mock.patch.object(cuda_graphs, "torch", proxy):
+        replay, pool = cuda_graphs.capture(step, torch.device("cuda"), pool, warmup)
+
+    def run(**inputs):
+        for name, x in inputs.items():
+            static_inputs[name].copy_(x)
+        return replay()
+
+    return run, pool
 
 
 def brute_force_waste(sizes, k):
@@ -125,7 +145,7 @@ def _lib_mask(lengths, tree_mask, capacity):
 def library():
     """minispec's own functions behind the exercises' signatures (``--impl minispec``)."""
     return SimpleNamespace(__name__="minispec.lab.graph_rules / minispec.cuda_graphs (chapter 8 adapter)",
-                           capture_hazards=_lib_hazards, static_mask=_lib_mask, pad_to_bucket=reference_pad,
+                           capture_hazards=_lib_hazards, static_mask=_lib_mask, capture_replay=library_capture_replay,
                            choose_buckets=best_buckets)
 
 
@@ -269,53 +289,211 @@ def check_static_mask(impl):
 
 
 # --------------------------------------------------------------------------- 8.3
-def _pad_cases(rng: random.Random):
-    def inputs(B, T):
-        tok = torch.randint(1, 100, (B, T), generator=torch.Generator().manual_seed(B * 31 + T))
-        pos = torch.arange(T).expand(B, T) + torch.randint(1, 50, (B, 1), generator=torch.Generator().manual_seed(T))
-        return tok, pos.clone(), _tree_masks(rng, B, T)
-    yield (*inputs(1, 1), (1, 2, 4), (1, 2, 4))  # fits exactly: nothing to pad
-    yield (*inputs(1, 3), (1, 2, 4), (1, 2, 4, 8))  # tokens padded, batch exact
-    yield (*inputs(3, 5), (1, 2, 4, 8), (1, 2, 4, 8))  # both padded
-    yield (*inputs(2, 5), (8, 2, 4), (16, 8, 6))  # unsorted buckets: the smallest that fits, not the first
-    yield (*inputs(5, 61), (1, 2, 4, 8), (1, 2, 4, 8, 16, 32, 64))  # an EAGLE-2 tree of 60 nodes
-    yield (*inputs(2, 4), (2,), (4,))  # one bucket each, exact
-    for _ in range(N_RANDOM // 4):
-        B, T = rng.randint(1, 6), rng.randint(1, 12)
-        bb = rng.sample(range(1, 9), rng.randint(1, 4)) + [rng.randint(B, 8)]
-        tb = rng.sample(range(1, 17), rng.randint(1, 5)) + [rng.randint(T, 16)]
-        yield (*inputs(B, T), bb, tb)
+class _Stream:
+    def __init__(self, api: "StandInCUDA", name: str):
+        self.api, self.name = api, name
+
+    def wait_stream(self, other: "_Stream") -> None:
+        self.api.events.append(("wait", self.name, other.name))
+
+    def __repr__(self):
+        return f"<stream {self.name}>"
 
 
-@exercise(EXERCISES, "8.3", "pad_to_bucket")
-def check_pad_to_bucket(impl):
-    fn = get(impl, "pad_to_bucket")
-    for tok, pos, tm, bb, tb in _pad_cases(random.Random(83)):
-        case = f"for tokens of shape {list(tok.shape)}, batch_buckets={list(bb)}, token_buckets={list(tb)}"
-        want = reference_pad(tok, pos, tm, bb, tb)
-        got = _frozen(fn, (tok, pos, tm, bb, tb), case)
+class _Graph:
+    def __init__(self, api: "StandInCUDA", n: int):
+        self.api, self.n, self.steps, self._pool = api, n, [], None
+
+    def replay(self) -> None:
+        """Run the captured steps again, each writing its outputs into the tensors its capture returned."""
+        self.api.events.append(("replay", self.n))
+        for fn, out in self.steps:
+            with torch.no_grad():
+                new = fn()
+                for o, x in zip(_tensors(out), _tensors(new)):
+                    o.copy_(x)
+
+    def pool(self):
+        return self._pool
+
+
+def _tensors(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+class StandInCUDA:
+    """The part of ``torch.cuda`` a capture uses, on a CPU (exercise 8.3's grader, and chapter 8's live demo).
+
+    It records every call in order in ``events`` and keeps the semantics a learner must get right: a step is
+    only *recorded* inside ``graph(...)`` (``capturable`` steps know whether they run eagerly, on which stream,
+    or under capture), a replay re-runs the captured steps into the very output tensors the capture returned
+    (as a CUDA graph overwrites its static outputs), and ``g.pool()`` is the pool the graph allocated from
+    (the one passed in, or its own).
+
+        cuda = StandInCUDA()
+        step = cuda.capturable(lambda: x * 2)  # the function to capture; x a static input
+    """
+
+    def __init__(self):
+        self.events: list[tuple] = []
+        self.default = _Stream(self, "default")
+        self._active = self.default
+        self._capturing: _Graph | None = None
+        self._counts = dict(stream=0, graph=0, pool=0)
+
+    # the names of torch.cuda
+    def Stream(self) -> _Stream:  # noqa: N802 (torch.cuda's name)
+        self._counts["stream"] += 1
+        s = _Stream(self, f"side-{self._counts['stream']}")
+        self.events.append(("Stream", s.name))
+        return s
+
+    def current_stream(self) -> _Stream:
+        return self._active
+
+    @contextmanager
+    def stream(self, s: _Stream):
+        before, self._active = self._active, s
+        self.events.append(("enter stream", s.name))
         try:
-            got = tuple(got)
-            assert len(got) == 3 and all(isinstance(x, torch.Tensor) for x in got)
-        except (TypeError, AssertionError):
-            raise AssertionError(f"must return (tokens, positions, tree_mask) tensors, got {got!r} {case}") from None
-        for name, g_, w in zip(("tokens", "positions", "tree_mask"), got, want):
-            if tuple(g_.shape) != tuple(w.shape):
-                raise AssertionError(f"{name} has shape {list(g_.shape)} {case}, expected {list(w.shape)} (the "
-                                     f"smallest bucket that holds [{tok.shape[0]}, {tok.shape[1]}])")
-            if g_.dtype != w.dtype:
-                raise AssertionError(f"{name} has dtype {g_.dtype} {case}, expected {w.dtype}")
-            if not torch.equal(g_, w):
-                idx = tuple(x.item() for x in (g_ != w).nonzero()[0])
-                raise AssertionError(f"{name}{list(idx)} = {g_[idx].item()} {case}, expected {w[idx].item()}")
-    tok, pos, tm = torch.ones(3, 2, dtype=torch.long), torch.zeros(3, 2, dtype=torch.long), _tree_masks(random.Random(0), 3, 2)
-    for bb, tb in (((1, 2), (2, 4)), ((4,), (1,))):
+            yield
+        finally:
+            self._active = before
+            self.events.append(("exit stream", s.name))
+
+    def CUDAGraph(self) -> _Graph:  # noqa: N802 (torch.cuda's name)
+        self._counts["graph"] += 1
+        self.events.append(("CUDAGraph", self._counts["graph"]))
+        return _Graph(self, self._counts["graph"])
+
+    @contextmanager
+    def graph(self, g: _Graph, pool=None, stream=None, capture_error_mode: str = "global"):
+        if not isinstance(g, _Graph):
+            raise TypeError(f"graph() takes the CUDAGraph to capture into, got {type(g).__name__}")
+        if pool is None:
+            self._counts["pool"] += 1
+            pool = ("pool", self._counts["pool"])
+        g._pool = pool
+        self.events.append(("capture", g.n, pool, capture_error_mode, self._active.name))
+        self._capturing = g
         try:
-            fn(tok, pos, tm, bb, tb)
-        except ValueError:
-            continue
-        raise AssertionError(f"returned for tokens of shape [3, 2] with batch_buckets={list(bb)}, token_buckets="
-                             f"{list(tb)} instead of raising ValueError (they exceed every bucket)")
+            yield
+        finally:
+            self._capturing = None
+            self.events.append(("end capture", g.n))
+
+    # the step under test
+    def capturable(self, fn):
+        """``fn`` as a step: eagerly it runs and records the stream it ran on; under capture it runs once to
+        make the static outputs and is recorded in the graph, which replays it into them."""
+        def step():
+            if self._capturing is not None:
+                out = fn()
+                self._capturing.steps.append((fn, out))
+                self.events.append(("step", "captured", self._capturing.n))
+                return out
+            self.events.append(("step", "eager", self._active.name))
+            return fn()
+        return step
+
+
+def _capture_problem(events: list[tuple], warmup: int, pool) -> str | None:
+    """What the learner's calls (``StandInCUDA.events`` of ``capture_replay``, before any ``run``) get wrong."""
+    names = [e[0] for e in events]
+    if "Stream" not in names:
+        return "no side stream: warm up on a new cuda.Stream(), not on the stream that captures"
+    side = next(e[1] for e in events if e[0] == "Stream")
+    eager = [i for i, e in enumerate(events) if e[:2] == ("step", "eager")]
+    if len(eager) != warmup:
+        return f"step ran eagerly {len(eager)} times before the capture: the warm-up is {warmup} calls"
+    if any(events[i][2] != side for i in eager):
+        return "a warm-up call ran on the capturing (current) stream: run the warm-up inside `with cuda.stream(side):`"
+    waits = [(i, e) for i, e in enumerate(events) if e[0] == "wait"]
+    first = eager[0] if eager else next((i for i, e in enumerate(events) if e[0] == "capture"), len(events))
+    if not any(e[1] == side and e[2] == "default" and i < first for i, e in waits):
+        return ("the side stream does not wait for the current stream before the warm-up "
+                "(side.wait_stream(cuda.current_stream())): it could run ahead of work queued before it")
+    cap = [i for i, e in enumerate(events) if e[0] == "capture"]
+    if len(cap) != 1:
+        return f"{len(cap)} captures: capture the step once, in one `with cuda.graph(...)` block"
+    c = events[cap[0]]
+    last = eager[-1] if eager else -1
+    if not any(e[1] == "default" and e[2] == side and last < i < cap[0] for i, e in waits):
+        return ("the current stream does not wait for the side stream between the warm-up and the capture "
+                "(cuda.current_stream().wait_stream(side)): the capture could start before the warm-up finished")
+    if c[4] != "default":
+        return "the capture ran inside the side stream's block: capture on the current stream, after the warm-up"
+    if c[3] != "thread_local":
+        return (f"capture_error_mode={c[3]!r}: capture with capture_error_mode='thread_local', so that only this "
+                "thread's forbidden calls break the capture (in the default 'global' mode an unsafe CUDA call from "
+                "any other thread, another decoder or a logger, fails it)")
+    if pool is not None and c[2] is not pool:
+        return "the graph did not allocate from the pool it was given: pass pool=pool to cuda.graph(...)"
+    captured = [e for e in events if e[:2] == ("step", "captured")]
+    if len(captured) != 1:
+        return f"step ran {len(captured)} times under capture: once records it"
+    if not any(e[0] == "end capture" for e in events):
+        return "the capture block was not closed"
+    return None
+
+
+@exercise(EXERCISES, "8.3", "capture_replay")
+def check_capture_replay(impl):
+    fn = get(impl, "capture_replay")
+    for warmup, shared in ((2, False), (1, True), (3, False)):
+        cuda = StandInCUDA()
+        x, w = torch.zeros(3), torch.tensor([1.0, 2.0, 3.0])
+        static = {"x": x, "w": w}
+        step = cuda.capturable(lambda: (static["x"] * static["w"], static["x"].sum()))
+        pool = ("pool", "shared") if shared else None
+        case = f"(warmup={warmup}, pool {'shared with an earlier graph' if shared else 'None'})"
+        out = fn(step, static, cuda, warmup=warmup, pool=pool)
+        try:
+            run, got_pool = out
+        except (TypeError, ValueError):
+            raise AssertionError(f"capture_replay must return (run, pool), got {type(out).__name__} {case}") from None
+        problem = _capture_problem(cuda.events, warmup, pool)
+        if problem:
+            raise AssertionError(f"{problem} {case}")
+        graph = next(e[1] for e in cuda.events if e[0] == "capture")
+        want_pool = next(e[2] for e in cuda.events if e[0] == "capture")
+        if got_pool is not want_pool:
+            raise AssertionError(f"returned pool {got_pool!r}, not the graph's g.pool() {case}")
+        held = None
+        for value in (torch.tensor([1.0, -1.0, 0.5]), torch.tensor([2.0, 0.0, 4.0])):
+            n = len(cuda.events)
+            res = run(x=value.clone())
+            new = cuda.events[n:]
+            if not (static["x"] is x and torch.equal(x, value)):
+                raise AssertionError(f"run(x=...) did not copy the input into the static tensor the graph reads "
+                                     f"(static_inputs['x'].copy_(value)); rebinding the name or a new tensor leaves the "
+                                     f"captured address unchanged {case}")
+            if [e for e in new if e[0] == "step"]:
+                raise AssertionError(f"run() called step() again: replay the graph (g.replay()) {case}")
+            if [e for e in new if e[0] == "replay"] != [("replay", graph)]:
+                raise AssertionError(f"run() must replay the captured graph once, got {[e for e in new]} {case}")
+            try:
+                prod, total = res
+            except (TypeError, ValueError):
+                raise AssertionError(f"run() must return the step's outputs (a tuple here), got {res!r} {case}") from None
+            if not (torch.equal(prod, value * w) and torch.equal(total, value.sum())):
+                raise AssertionError(f"run(x={value.tolist()}) returned {prod.tolist()}, {total.item()}; the step "
+                                     f"gives {(value * w).tolist()}, {value.sum().item()} {case}")
+            if held is not None and not (prod is held[0] and total is held[1]):
+                raise AssertionError(f"run() returned new tensors: a replay writes into the outputs the capture "
+                                     f"returned; return those {case}")
+            held = (prod, total)
+    if torch.cuda.is_available():  # and for real
+        dev = torch.device("cuda")
+        x = torch.zeros(1024, device=dev)
+        w = torch.linspace(0, 1, 1024, device=dev)
+        static = {"x": x}
+        run, _ = fn(lambda: (static["x"] * w).cumsum(0), static, torch.cuda, warmup=2, pool=None)
+        for v in (torch.ones(1024, device=dev), torch.arange(1024.0, device=dev)):
+            got = run(x=v).clone()
+            if not torch.allclose(got, (v * w).cumsum(0)):
+                raise AssertionError("on this GPU, a replay of the captured step did not compute the step on the new "
+                                     "input")
 
 
 # --------------------------------------------------------------------------- 8.4

@@ -12,7 +12,8 @@ tiny presets, a few hand-made ones (multi-head, head_dim not d_model / n_head) a
 Llama-family configurations, in fp32, bf16, fp16 and fp8. The references are written here from
 the shapes; ``--impl minispec`` answers with ``minispec.lab.scale`` (which counts the weights of a
 model built on the meta device) and ``minispec.drafters.oracle``, so the two are checked against
-each other. A failure names the case and, for the usual slips, what was missed.
+each other. A failure names the case and, for the usual slips, what was missed. An answer that calls
+minispec's function of the same name (``forbidden``: the library's answer) fails, whatever it returns.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 
 from minispec.model import ModelConfig
 
-from .checks import exercise, get
+from .checks import exercise, refusing
 
 TITLE = "Scaling to Llama: step bytes, the roofline, the oracle's tau, the crossover batch"
 MODULE = "ch09_scaling"
@@ -88,9 +89,20 @@ def library():
     from minispec.lab import scale
     from minispec.drafters.oracle import corruption_for_tau
 
-    return SimpleNamespace(__name__="minispec.lab.scale (chapter 9)", step_bytes=scale.step_bytes,
-                           roofline_step_s=scale.roofline_step_s, corruption_for_tau=corruption_for_tau,
-                           crossover_batch=scale.crossover_batch)
+    return SimpleNamespace(__name__="minispec.lab.scale (chapter 9)", minispec_library=True,
+                           step_bytes=scale.step_bytes, roofline_step_s=scale.roofline_step_s,
+                           corruption_for_tau=corruption_for_tau, crossover_batch=scale.crossover_batch)
+
+
+def forbidden(ex_id: str) -> dict:
+    """The library functions whose answer is exercise ``ex_id``'s: its check refuses a call into them."""
+    from minispec.drafters import oracle
+    from minispec.lab import scale
+
+    names = {"9.1": [(scale, "step_bytes")], "9.2": [(scale, "roofline_step_s")],
+             "9.3": [(oracle, "corruption_for_tau")],
+             "9.4": [(scale, "crossover_batch"), (scale, "roofline_speedup")]}[ex_id]
+    return {f"{m.__name__}.{n}": getattr(m, n) for m, n in names}
 
 
 # --------------------------------------------------------------------------- cases
@@ -164,7 +176,7 @@ def _bytes_hint(got, cfg, batch, context, dtype) -> str:
 
 @exercise(EXERCISES, "9.1", "step_bytes")
 def check_step_bytes(impl):
-    fn = get(impl, "step_bytes")
+    fn = refusing(impl, "step_bytes", forbidden("9.1"))
     for cfg, batch, context, dtype in _bytes_cases(random.Random(91)):
         case = f"for {_describe(cfg)}, batch={batch}, context={context}, dtype={dtype}"
         want = reference_step_bytes(cfg, batch, context, dtype)
@@ -209,7 +221,7 @@ def _roof_hint(got, cfg, batch, new, context, dtype, bw, peak) -> str:
 
 @exercise(EXERCISES, "9.2", "roofline_step_s")
 def check_roofline_step_s(impl):
-    fn = get(impl, "roofline_step_s")
+    fn = refusing(impl, "roofline_step_s", forbidden("9.2"))
     for cfg, batch, new, context, dtype, bw, peak in _roof_cases(random.Random(92)):
         case = (f"for {_describe(cfg)}, batch={batch}, new_tokens={new}, context={context}, dtype={dtype}, "
                 f"bandwidth={bw:.3g}, peak={peak:.3g}")
@@ -237,7 +249,7 @@ def _tau_cases(rng: random.Random):
 
 @exercise(EXERCISES, "9.3", "corruption_for_tau")
 def check_corruption_for_tau(impl):
-    fn = get(impl, "corruption_for_tau")
+    fn = refusing(impl, "corruption_for_tau", forbidden("9.3"))
     for tau, k in _tau_cases(random.Random(93)):
         case = f"for tau={tau!r}, k={k}"
         p = _number(fn(tau, k), "corruption_for_tau", case)
@@ -287,7 +299,7 @@ def _ambiguous(cfg, nodes, tau, context, dtype, bw, peak, want, max_batch) -> bo
 
 @exercise(EXERCISES, "9.4", "crossover_batch")
 def check_crossover_batch(impl):
-    fn = get(impl, "crossover_batch")
+    fn = refusing(impl, "crossover_batch", forbidden("9.4"))
     for cfg, nodes, tau, context, dtype, bw, peak, max_batch in _cross_cases(random.Random(94)):
         want = reference_crossover(cfg, nodes, tau, context, dtype, bw, peak, max_batch)
         if _ambiguous(cfg, nodes, tau, context, dtype, bw, peak, want, max_batch):

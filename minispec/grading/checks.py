@@ -15,6 +15,7 @@ minispec's own implementation on the same inputs.
 
 from __future__ import annotations
 
+import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,3 +122,39 @@ def as_int(x, what: str) -> int:
         return int(x)
     except (TypeError, ValueError):
         raise AssertionError(f"{what} must be an integer token id or index, got {x!r}") from None
+
+
+def refusing(impl, name: str, forbidden: dict[str, Callable]) -> Callable:
+    """The implementation's function ``name``, wrapped so that a call into one of ``forbidden`` during it fails.
+
+    ``forbidden`` maps a name ("minispec.lab.scale.step_bytes") to a library function whose answer is the
+    exercise's: calling it (under any alias, imported or not, from any depth of the learner's code) is
+    delegating, not answering; so is the learner's function being that very function. Watched with
+    ``sys.setprofile``: every Python-level call made while the function runs is compared with the forbidden
+    functions' code objects. Only ``--impl minispec`` (a chapter's ``library()`` namespace, marked
+    ``minispec_library=True``) may answer with them.
+    """
+    fn = get(impl, name)
+    if getattr(impl, "minispec_library", False):
+        return fn
+    codes = {f.__code__: where for where, f in forbidden.items()}
+
+    def watched(*args, **kwargs):
+        hits: list[str] = []
+
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code in codes:
+                hits.append(codes[frame.f_code])
+
+        before = sys.getprofile()
+        sys.setprofile(profile)
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            sys.setprofile(before)
+        if hits:
+            raise AssertionError(f"it calls {hits[0]}, minispec's own answer to this exercise: write the computation "
+                                 "yourself (the check compares it with minispec's)")
+        return out
+
+    return watched

@@ -344,3 +344,79 @@ def assert_loop_check(res, bound) -> None:
             assert flagged(r, bound), f"{name}: the wrong control must be flagged: {what}"
         else:
             assert not flagged(r, bound) and r["counts"][-1] == 0, f"{name}: an exact sampler must pass: {what}"
+
+
+def packed_law(target, draft, prompt_ids, params, length: int):
+    """(TableLM, exact law of the first ``length`` tokens) of ``target`` after ``prompt_ids`` (chapters 1-2): the
+    next-token laws of every context the loop can ask for, from packed forwards (``table_lm``), checked once:
+    the deepest context's row equals a plain forward of prompt + context (to 1e-4)."""
+    lm = table_lm(target, draft, prompt_ids, params, depth=length - 1)
+    law = ex.target_distribution(lm, length)  # {(x1, .., x_length): p(x1) p(x2 | x1) ...}
+    deepest = max(lm.P, key=len)
+    with torch.inference_mode():
+        plain = probs(target(torch.tensor([list(prompt_ids) + [lm.vocab[t] for t in deepest]])).logits[0, -1].double(),
+                      params)
+    err = float((plain[lm.vocab] - lm.p(deepest)).abs().max())
+    assert err <= 1e-4, f"the packed forward differs from a plain forward by {err:.2g}"
+    return lm, law
+
+
+def decode_loop_exactness(target, tok, runs: dict[str, Callable], subtle: dict[str, Callable], *, models: str,
+                          fast: bool, prompt: str = "The best way to", company: Sequence[str] = (),
+                          n: tuple[int, int] = (64, 2048), length: int = 3, top_k: int = 3) -> dict:
+    """The exactness check of the real decode loop that chapters 3, 4, 5 and 7 run, in one call.
+
+    The target samples at temperature 1, top-k ``top_k``, after ``prompt`` (no chat template); the exact law
+    of its first ``length`` tokens (``first_tokens_law``) is set against ``loop_tv_check`` of every factory in
+    ``runs`` (the honest drafters and the blatant "WRONG" controls: N runs, the controls sequentially up to 8N)
+    and, in full mode only, of ``subtle`` (controls whose deviation only the chi-square tests see at these
+    sizes: N runs, up to 4N; they take minutes of decoding). N is ``n[0]`` in fast mode, ``n[1]`` otherwise.
+    ``company``: prompts decoded beside the checked rows in every batch (chapter 7's ragged batches).
+    Prints the heading "TV check — ``models``", every run's TV, p-value and verdict, draws the figures, and
+    asserts the verdict (``assert_loop_check``): every honest run passes, every "WRONG" control is flagged.
+
+    Returns:
+        dict(res, bound, support, exact, subtle=(res, bound) or None).
+    """
+    import matplotlib.pyplot as plt
+
+    from ..sampling import SamplingParams
+    from ..tokenizer import encode_prompt
+
+    params = SamplingParams(temperature=1.0, top_k=top_k)
+    ids = encode_prompt(tok, prompt, chat=False)
+    others = [encode_prompt(tok, p, chat=False) for p in company]
+    law = first_tokens_law(target, ids, params, length=length)  # {(t1, .., t_length): probability}
+    top = max(law, key=law.get)
+    print(f"the target's first {length} tokens after {prompt!r}: {len(law)} outcomes, the most likely "
+          f"{tok.decode(list(top))!r} with {law[top]:.1%}")
+    N = n[0] if fast else n[1]
+    res, bound, support, exact = loop_tv_check(target, tok, ids, runs, params, N, length=length, law=law,
+                                               batch=64, company=others, control_max=8 * N)
+    heading = f"TV check — {models}"
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+    except ImportError:
+        get_ipython = lambda: None  # noqa: E731
+    if get_ipython() is not None:  # a notebook: the heading as Markdown
+        display(Markdown(f"**{heading}**"))
+    else:
+        print(heading)
+    where = f"first {length} tokens after {prompt!r}, T = 1, top-k {top_k}" + (
+        f", in batches with {len(company)} other prompt(s)" if company else "")
+    show_loop_check(tok, support, exact, res, bound, where)
+    plt.show()
+    assert_loop_check(res, bound)  # every honest run passes, every "WRONG" run is flagged
+    out = dict(res=res, bound=bound, support=support, exact=exact, subtle=None)
+    if fast or not subtle:
+        print("the subtle control: full mode only (MINISPEC_FAST unset; minutes of decoding); in fast mode (CI) "
+              "tests/test_joint_law.py flags the same kind of control on tiny models")
+        return out
+    res_s, bound_s, _, _ = loop_tv_check(target, tok, ids, subtle, params, N, length=length, law=law, batch=64,
+                                         company=others, control_max=4 * N)
+    show_loop_check(tok, support, exact, res_s, bound_s, "the subtle control: " + where)
+    plt.show()
+    assert_loop_check(res_s, bound_s)
+    out["subtle"] = (res_s, bound_s)
+    return out
