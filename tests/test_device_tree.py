@@ -1,0 +1,125 @@
+"""The tree built on the device with fixed shapes (``minispec.drafters.device_tree``) is ``TreeDrafter``'s tree:
+same tokens, parents and order, on random heads whose logits tie often; its verify inputs are ``Tree``'s."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minispec.drafters import device_tree
+from minispec.drafters.tree_drafter import GrowingTree, TreeDrafter, TreeSpec
+from minispec.sampling import GREEDY
+from minispec.tree import Tree
+
+pytestmark = pytest.mark.ch05
+
+LEVELS = (-3.0, -1.0, 0.0, 0.0, 1.0, 2.5)  # logits drawn from few values: ties in top-k and in the rerank are common
+
+
+def path_logits(seed: int, V: int):
+    """A random 'head': the logits of a node's children are a function of the node's path from the root."""
+    def logits_of(path: tuple) -> torch.Tensor:
+        rng = random.Random(f"{seed}:{path}")
+        return torch.tensor([rng.choice(LEVELS) for _ in range(V)])
+    return logits_of
+
+
+class PathDrafter(TreeDrafter):
+    """``TreeDrafter`` on a path-logits head (hooks on host lists)."""
+
+    def __init__(self, tree, logits_of):
+        super().__init__(tree)
+        self.logits_of, self.context = logits_of, [0, 0]
+
+    def _start(self):
+        self.paths = []
+        return self.logits_of(())
+
+    def _extend(self, tokens, parents):
+        for t, p in zip(tokens, parents):
+            self.paths.append((self.paths[p] if p >= 0 else ()) + (t,))
+        return torch.stack([self.logits_of(path) for path in self.paths[-len(tokens):]])
+
+
+def device_extend(logits_of, calls: list):
+    """The same head as the device hook takes it: tensors in, logits [n, V] out (read on the host: a test)."""
+    paths = []
+
+    def extend(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        calls.append(tuple(tokens.shape))
+        for t, p in zip(tokens.tolist(), parents.tolist()):
+            paths.append((paths[p] if p >= 0 else ()) + (t,))
+        return torch.stack([logits_of(path) for path in paths[-len(tokens):]])
+    return extend
+
+
+@st.composite
+def dynamic_trees(draw):
+    depth, K = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    V = draw(st.integers(K, 7))
+    N = draw(st.integers(1, K + (depth - 1) * K * K))
+    return depth, K, N, V, draw(st.integers(0, 10 ** 6))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(dynamic_trees(), st.integers(1, 4))
+def test_device_dynamic_tree_is_tree_drafters(case, budget):
+    """EAGLE-2's expand / rerank on fixed shapes: the very tree ``TreeDrafter._dynamic`` builds (tokens,
+    parents, order), ties broken as ``rerank`` breaks them (-score, depth, id), also when a budget cuts depth."""
+    depth, K, N, V, seed = case
+    logits_of = path_logits(seed, V)
+    want = PathDrafter(TreeSpec.dynamic(depth, K, N), logits_of).propose(GREEDY, budget)
+    D = min(depth, budget)
+    calls = []
+    tokens, parents = device_tree.dynamic(logits_of(()), device_extend(logits_of, calls), D, K, N)
+    assert (tokens.tolist(), parents.tolist()) == (want.tokens, want.parents)
+    assert calls == [(K,)] * (D - 1)  # fixed shapes: every level after the first extends K nodes
+    assert tokens.shape == (min(N, K + (D - 1) * K * K),)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.integers(1, 6), st.integers(2, 6), st.integers(0, 10 ** 6))
+def test_device_chain_is_tree_drafters(depth, V, seed):
+    logits_of = path_logits(seed, V)
+    want = PathDrafter(TreeSpec.chain(depth), logits_of).propose(GREEDY, depth)
+    tokens, parents = device_tree.chain(logits_of(()), device_extend(logits_of, []), depth)
+    assert (tokens.tolist(), parents.tolist()) == (want.tokens, want.parents)
+
+
+def test_ties_are_broken_by_depth_then_id():
+    """A hand-made tie: every logit equal, so every candidate of a level scores the same; the rerank must keep
+    the shallower ones first, then the lower ids (an unstable sort, or one by score alone, would not)."""
+    flat = lambda path: torch.zeros(3)  # noqa: E731
+    want = PathDrafter(TreeSpec.dynamic(3, 2, 5), flat).propose(GREEDY, 3)
+    tokens, parents = device_tree.dynamic(flat(()), device_extend(flat, []), 3, 2, 5)
+    assert (tokens.tolist(), parents.tolist()) == (want.tokens, want.parents)
+    assert Tree(want.tokens, want.parents).depths() == [1, 1, 2, 2, 2]
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(st.lists(st.integers(-1, 30), min_size=1, max_size=24), st.integers(0, 10 ** 6))
+def test_verify_inputs_are_trees(raw, seed):
+    """``verify_inputs`` (ancestor mask, depths) equals ``Tree.mask`` and ``Tree.positions`` on random trees;
+    ``Ancestry`` equals ``GrowingTree`` level by level."""
+    parents = [min(p, i - 1) if p >= 0 else -1 for i, p in enumerate(raw)]  # topological: a parent before its child
+    tree = Tree(list(range(len(parents))), parents)
+    t = device_tree.verify_inputs(torch.tensor([7]), torch.tensor(tree.tokens), torch.tensor(parents), tree.depth)
+    assert torch.equal(t.mask, tree.mask())
+    assert torch.equal(t.depths, tree.positions(0))
+    assert t.tokens.tolist() == [7] + tree.tokens and t.parents.tolist() == parents
+    # too few ancestor steps miss the deepest ancestors (the loop count matters)
+    if tree.depth > 1:
+        short = device_tree.verify_inputs(torch.tensor([7]), torch.tensor(tree.tokens), torch.tensor(parents), 1)
+        assert not torch.equal(short.mask, tree.mask())
+    anc, grow = device_tree.Ancestry(len(parents), "cpu"), GrowingTree()
+    rng, i = random.Random(seed), 0
+    while i < len(parents):  # add the nodes in random-size levels (a level's parents were added before it)
+        room = next((j for j in range(i, len(parents)) if parents[j] >= i), len(parents)) - i
+        n = rng.randint(1, room)
+        depth, rows = anc.add(torch.tensor(parents[i:i + n]))
+        pos, mask = grow.add(parents[i:i + n], committed=3)
+        assert torch.equal(depth + 2, pos) and torch.equal(rows[:, :i + n], mask[:, 3:])
+        assert not rows[:, i + n:].any()
+        i += n
