@@ -123,3 +123,55 @@ def test_verify_inputs_are_trees(raw, seed):
         assert torch.equal(depth + 2, pos) and torch.equal(rows[:, :i + n], mask[:, 3:])
         assert not rows[:, i + n:].any()
         i += n
+
+
+# --------------------------------------------------------------------------- an EAGLE head's whole draft, graphed
+def _head_drafter(kind: str, model, tree: str):
+    from minispec.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
+    from minispec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
+
+    torch.manual_seed(0)
+    if kind == "eagle3":
+        return Eagle3Drafter(model, Eagle3Head(Eagle3Config.for_target(model, 96)).eval(), tree=tree)
+    layers = 2 if kind == "eagle-2layers" else 1
+    return EagleDrafter(model, EagleHead(EagleConfig.for_target(model.cfg, num_hidden_layers=layers)).eval(), tree=tree)
+
+
+def _drafts(drafter, model, seq: list[int], graphs: bool, steps: int = 9) -> list[tuple]:
+    """Prefill 20 tokens of ``seq``, then draft and commit 1..depth + 1 of the next tokens of ``seq`` (with the
+    target's features) ``steps`` times: every draft's (tokens, parents)."""
+    from minispec.drafters.base import Features
+
+    assert drafter.use_graphs(graphs) == graphs
+    with torch.no_grad():
+        out = model(torch.tensor([seq]), hidden_layers=drafter.target_layers)
+    feats = Features(out.hidden[0], {i: h[0] for i, h in out.layer_inputs.items()})
+    rng, n = random.Random(1), 20
+    drafter.prefill(seq[:n], feats.rows(slice(0, n - 1)))
+    trees = []
+    for _ in range(steps):
+        depth = drafter.spec.depth
+        t = drafter.propose(GREEDY, budget=depth)
+        assert (t.tensors is not None) == graphs  # graphed: the tree came from the device
+        trees.append((t.tokens, t.parents))
+        e = rng.randint(1, depth + 1)  # accepted drafts + the target's token
+        drafter.commit(seq[n:n + e], feats.rows(slice(n - 1, n - 1 + e)))
+        n += e
+    return trees
+
+
+@pytest.mark.ch08
+@pytest.mark.parametrize("kind", ["eagle", "eagle-2layers", "eagle3"])
+@pytest.mark.parametrize("tree", ["chain:4", "4,3,10"])
+def test_graphed_head_drafts_are_eager_drafts(kind, tree):
+    """``GraphedDraft`` (on the CPU: its direct call over a static head cache) drafts, step after step, the trees
+    the eager hooks draft: a long first catch-up (the prompt), then catch-ups of 1 to depth + 1 pairs (every
+    bucket), chains and dynamic trees, EAGLE-1/2 heads of one and two layers and an EAGLE-3 head."""
+    from minispec import load
+
+    model, _ = load("tiny-llama")
+    seq = random.Random(0).choices(range(model.cfg.vocab_size), k=80)
+    eager = _drafts(_head_drafter(kind, model, tree), model, seq, graphs=False)
+    d = _head_drafter(kind, model, tree)
+    assert _drafts(d, model, seq, graphs=True) == eager
+    assert len({b for b, _ in d.graph.replays}) >= 2  # several catch-up buckets were replayed
