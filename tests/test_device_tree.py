@@ -132,26 +132,35 @@ def _head_drafter(kind: str, model, tree: str):
 
     torch.manual_seed(0)
     if kind == "eagle3":
-        return Eagle3Drafter(model, Eagle3Head(Eagle3Config.for_target(model, 96)).eval(), tree=tree)
+        return Eagle3Drafter(model, Eagle3Head(Eagle3Config.for_target(model, 96)).to(model.device).eval(), tree=tree)
     layers = 2 if kind == "eagle-2layers" else 1
-    return EagleDrafter(model, EagleHead(EagleConfig.for_target(model.cfg, num_hidden_layers=layers)).eval(), tree=tree)
+    head = EagleHead(EagleConfig.for_target(model.cfg, num_hidden_layers=layers)).to(model.device).eval()
+    return EagleDrafter(model, head, tree=tree)
 
 
-def _drafts(drafter, model, seq: list[int], graphs: bool, steps: int = 9) -> list[tuple]:
+def _drafts(drafter, model, seq: list[int], graphs: bool, steps: int = 9, no_sync: bool = False) -> list[tuple]:
     """Prefill 20 tokens of ``seq``, then draft and commit 1..depth + 1 of the next tokens of ``seq`` (with the
-    target's features) ``steps`` times: every draft's (tokens, parents)."""
+    target's features) ``steps`` times: every draft's (tokens, parents). ``no_sync`` (CUDA): every draft after
+    the first (the prompt's catch-up, eager) runs with host synchronisations made errors."""
     from minispec.drafters.base import Features
 
     assert drafter.use_graphs(graphs) == graphs
     with torch.no_grad():
-        out = model(torch.tensor([seq]), hidden_layers=drafter.target_layers)
+        out = model(torch.tensor([seq], device=model.device), hidden_layers=drafter.target_layers)
     feats = Features(out.hidden[0], {i: h[0] for i, h in out.layer_inputs.items()})
     rng, n = random.Random(1), 20
     drafter.prefill(seq[:n], feats.rows(slice(0, n - 1)))
     trees = []
     for _ in range(steps):
         depth = drafter.spec.depth
-        t = drafter.propose(GREEDY, budget=depth)
+        if no_sync and trees:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            t = drafter.propose(GREEDY, budget=depth)
+        finally:
+            if no_sync:
+                torch.cuda.set_sync_debug_mode("default")
         assert (t.tensors is not None) == graphs  # graphed: the tree came from the device
         trees.append((t.tokens, t.parents))
         e = rng.randint(1, depth + 1)  # accepted drafts + the target's token
@@ -175,3 +184,53 @@ def test_graphed_head_drafts_are_eager_drafts(kind, tree):
     d = _head_drafter(kind, model, tree)
     assert _drafts(d, model, seq, graphs=True) == eager
     assert len({b for b, _ in d.graph.replays}) >= 2  # several catch-up buckets were replayed
+
+
+
+@pytest.mark.ch08
+def test_the_verify_forward_takes_the_tree_from_the_device():
+    """In the decode loop with graphs on, the drafted tree reaches the target's verify forward as device tensors
+    (root + tokens, positions, mask equal to what the host tree gives); the host reads it once, to verify."""
+    from minispec import load
+    from minispec.generate import Decoder
+    from minispec.tree import Tree
+
+    model, _ = load("tiny-llama")
+    dec = Decoder(model, list(range(3, 15)), _head_drafter("eagle", model, "4,3,10"), max_new_tokens=12, graphs=True)
+    dec.prefill()
+    for _ in range(3):
+        tree = dec.propose()
+        assert tree.tensors is not None and tree._host is None
+        out = dec.forward(tree)
+        assert tree._host is None  # the forward read no host list
+        res, rows = dec.verify(tree, out.logits[0])
+        assert tree._host is not None and len(tree) == 10
+        tokens, positions, _ = dec.inputs(tree, dec.kv.length)
+        t = tree.tensors
+        assert t.tokens.tolist() == tokens and torch.equal(t.depths + dec.kv.length, positions)
+        assert torch.equal(t.mask, Tree(tree.tokens, tree.parents).mask())
+        dec.kv.commit(rows)
+        dec.advance(tree, res, out, rows)
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("tree", ["chain:4", "4,3,10"])
+def test_cuda_draft_replays_equal_the_direct_call_without_a_host_sync(kind, tree):
+    """What only a GPU shows: the whole draft is captured (no host synchronisation inside it: a replay under
+    ``set_sync_debug_mode("error")`` raises on any), and a replay drafts, step after step, the trees that the
+    same fixed-shape draft called directly (no graph, the same kernels) drafts."""
+    from minispec import load
+
+    model = load("tiny-llama")[0].cuda()
+    seq = random.Random(0).choices(range(model.cfg.vocab_size), k=80)
+    direct = _head_drafter(kind, model, tree)
+    direct.use_graphs(True)
+    direct.graph.use_graphs = False  # no capture: the direct call on the GPU
+    want = _drafts(direct, model, seq, graphs=True)
+    d = _head_drafter(kind, model, tree)
+    assert _drafts(d, model, seq, graphs=True) == want  # captures every bucket it meets
+    assert d.graph.use_graphs and d.graph.captures >= 2
+    captures = d.graph.captures
+    assert _drafts(d, model, seq, graphs=True, no_sync=True) == want  # replays only
+    assert d.graph.captures == captures

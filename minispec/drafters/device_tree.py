@@ -85,8 +85,8 @@ class Ancestry:
         idx = torch.arange(self.count, self.count + n, device=parents.device)  # [n] the new nodes' indices
         has = parents >= 0  # [n]
         p = parents.clamp(min=0)
-        rows = self.anc[p] & has[:, None]  # [n, E] the parent's row (its ancestors and itself), none for the root
-        rows[torch.arange(n, device=parents.device), idx] = True  # itself
+        own = idx[:, None] == torch.arange(E, device=parents.device)  # [n, E] itself (no host scalar in a graph)
+        rows = (self.anc[p] & has[:, None]) | own  # [n, E] + the parent's row (its ancestors and itself); root: none
         depth = torch.where(has, self.depth[p] + 1, torch.ones_like(p))  # [n]
         self.anc[idx] = rows
         self.depth[idx] = depth
