@@ -234,3 +234,17 @@ def test_cuda_draft_replays_equal_the_direct_call_without_a_host_sync(kind, tree
     captures = d.graph.captures
     assert _drafts(d, model, seq, graphs=True, no_sync=True) == want  # replays only
     assert d.graph.captures == captures
+
+
+@pytest.mark.ch08
+def test_draft_times_compares_like_with_like():
+    """``lab.draft_timing.draft_times`` (what a GPU script calls): both modes draft the same trees and tokens, the
+    graphed one through its runner; times are reported, never asserted."""
+    from minispec import load
+    from minispec.lab.draft_timing import draft_times
+
+    model, _ = load("tiny-llama")
+    r = draft_times(model, _head_drafter("eagle", model, "3,2,4"), _head_drafter("eagle", model, "3,2,4"),
+                    list(range(3, 15)), new_tokens=10, rounds=1)
+    assert r["same_trees"] and r["same_tokens"] and r["steps"] >= 3 and r["captures"] >= 1
+    assert r["cuda_graphs"] is False and r["device"] == "cpu" and r["eager_ms"] > 0 and r["graphed_ms"] > 0

@@ -33,7 +33,7 @@ On a CPU, or with ``enabled=False``, ``capture`` is a direct call, so every step
 tested in CI: the graphed drafters give vanilla's greedy tokens, and their trees are the eager
 drafters' trees. What only a GPU can show: that the capture succeeds (no host synchronisation
 inside a draft), that a replay equals the eager draft, and the launch time it saves
-(``minispec.lab.draft_timing.graphed_draft_times`` measures it side by side).
+(``minispec.lab.draft_timing.draft_times`` measures it side by side).
 
 References: Li et al., "EAGLE-2" (2024); SGLang's EAGLE worker (CUDA graphs for the draft and
 its "draft extend", 2024-2025); Tang et al., "Efficient Speculative Decoding for Llama at Scale"
