@@ -69,7 +69,7 @@ class Ancestry:
 
     def __init__(self, capacity: int, device):
         self.anc = torch.zeros(capacity, capacity, dtype=torch.bool, device=device)  # [E, E] ancestor-or-self
-        self.depth = torch.zeros(capacity, dtype=torch.long, device=device)  # [E] depth of each node (root's children: 1)
+        self.depth = torch.zeros(capacity, dtype=torch.long, device=device)  # [E] each node's depth (root's children: 1)
         self.count = 0
 
     def add(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,7 +107,8 @@ def chain(root_logits: torch.Tensor, extend: Extend, depth: int) -> tuple[torch.
     x = root_logits.argmax().reshape(1)  # [1]
     drafts = [x]
     for i in range(1, depth):
-        x = extend(x, torch.full((1,), i - 2, dtype=torch.long, device=dev))[0].argmax().reshape(1)  # parent: node i - 2
+        parent = torch.full((1,), i - 2, dtype=torch.long, device=dev)  # draft i - 1's parent: draft i - 2
+        x = extend(x, parent)[0].argmax().reshape(1)
         drafts.append(x)
     return torch.cat(drafts), torch.arange(-1, depth - 1, device=dev)
 
@@ -166,7 +167,7 @@ def verify_inputs(root: torch.Tensor, tokens: torch.Tensor, parents: torch.Tenso
     """
     n = tokens.shape[0] + 1
     dev = tokens.device
-    up = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), parents + 1])  # [N + 1] each row's parent row (root: 0)
+    up = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), parents + 1])  # [N + 1] each row's parent's (root: 0)
     mask = torch.eye(n, dtype=torch.bool, device=dev)  # [N + 1, N + 1]
     for _ in range(max_depth):
         mask = mask | mask[up]  # a row gains its parent's row: one more level of ancestors

@@ -220,8 +220,8 @@ class Eagle3Drafter(GraphedHead, TreeDrafter):
     def _head_cache(self, static: bool, capacity: int | None = None) -> KVCache | StaticKVCache:
         """An empty one-layer cache for the head (static: chapter 8's, for graphs)."""
         c, w = self.head.config, self.head.fc.weight
-        return (StaticKVCache if static else KVCache)(1, c.num_key_value_heads, c.head_dim, capacity or self.kv.capacity,
-                                                      dtype=w.dtype, device=w.device)
+        return (StaticKVCache if static else KVCache)(1, c.num_key_value_heads, c.head_dim,
+                                                      capacity or self.kv.capacity, dtype=w.dtype, device=w.device)
 
     def __repr__(self):
         c = self.head.config
@@ -250,7 +250,7 @@ class Eagle3Drafter(GraphedHead, TreeDrafter):
         return self.embed(torch.tensor([tokens], device=self.embed.weight.device)).to(self.head.fc.weight.dtype)
 
     def _new_pairs(self) -> tuple[list[int], torch.Tensor]:
-        """The pairs committed since the last draft: their tokens [T] and fused features [T, 3H] (positions done..n-2)."""
+        """The pairs committed since the last draft: tokens [T], fused features [T, 3H] (positions done..n-2)."""
         context = self.context
         n, done = len(context), self.kv.length
         if self.observed != n - 1 or not self.pending:
