@@ -8,7 +8,10 @@ and timing each step's draft (wall time, the device synchronised before and afte
 a replay saves is host time, so the clock must include the host). Both decode greedily from the
 same prompt, so they draft the same trees step after step (the function checks it, tree by tree)
 and the medians compare like with like. The first round warms up (captures, lazy initialisation)
-and is not timed.
+and is not timed. On a CPU both modes compute the same bits; on a GPU their kernels differ (masked
+attention over the static cache's capacity against SDPA over the prefix), so a near tie may draft
+another tree, and the graphed verify forward may break a near tie of the target's differently:
+``same_trees`` and ``same_tokens`` say whether either happened (reported, not asserted).
 
 ``smollm2_draft_times`` is the call a GPU script makes: SmolLM2-135M and its shipped head for a
 method (``eagle2`` by default) on the device asked for, on one of minispec's own prompts. Timings
