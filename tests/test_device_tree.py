@@ -126,16 +126,17 @@ def test_verify_inputs_are_trees(raw, seed):
 
 
 # --------------------------------------------------------------------------- an EAGLE head's whole draft, graphed
-def _head_drafter(kind: str, model, tree: str):
+def _head_drafter(kind: str, model, tree: str, capacity: int = 1024):
     from minispec.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
     from minispec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
 
     torch.manual_seed(0)
     if kind == "eagle3":
-        return Eagle3Drafter(model, Eagle3Head(Eagle3Config.for_target(model, 96)).to(model.device).eval(), tree=tree)
+        head = Eagle3Head(Eagle3Config.for_target(model, 96)).to(model.device).eval()
+        return Eagle3Drafter(model, head, tree=tree, capacity=capacity)
     layers = 2 if kind == "eagle-2layers" else 1
     head = EagleHead(EagleConfig.for_target(model.cfg, num_hidden_layers=layers)).to(model.device).eval()
-    return EagleDrafter(model, head, tree=tree)
+    return EagleDrafter(model, head, tree=tree, capacity=capacity)
 
 
 def _drafts(drafter, model, seq: list[int], graphs: bool, steps: int = 9, no_sync: bool = False) -> list[tuple]:
@@ -186,6 +187,31 @@ def test_graphed_head_drafts_are_eager_drafts(kind, tree):
     assert len({b for b, _ in d.graph.replays}) >= 2  # several catch-up buckets were replayed
 
 
+
+@pytest.mark.ch08
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("tree", ["chain:4", "4,3,10"])
+def test_a_whole_draft_is_capturable(kind, tree):
+    """The body a graph captures (``GraphedDraft._draft``: catch-up, levels, tree) checked on the CPU by
+    ``lab.graph_rules.find_hazards``: no host synchronisation, and the same operators on the same shapes for
+    another committed count, another number of new pairs in the bucket and other tokens (a head cache of 64
+    slots: the CPU's row-invariant attention reads a mask on the host past 128 keys, a GPU's never)."""
+    from minispec import load
+    from minispec.lab.graph_rules import find_hazards
+
+    model, _ = load("tiny-llama")
+    d = _head_drafter(kind, model, tree, capacity=64)
+    d.use_graphs(True)
+    F, dtype = d.graph.features
+    rng = random.Random(0)
+
+    def call(committed: int, n: int) -> tuple:  # the static inputs of a draft of bucket 4, depth 3
+        ints = torch.tensor([committed, n] + rng.choices(range(model.cfg.vocab_size), k=4))
+        return (ints, torch.randn(4, F, dtype=dtype)), {}
+    with torch.inference_mode():
+        d.graph._draft(*call(3, 2)[0], 4, 3)  # first calls choose CPU kernels (kernel_choice): not a step's work
+        found = find_hazards(lambda ints, f: d.graph._draft(ints, f, 4, 3), call(10, 3), call(17, 4), call(5, 1))
+    assert found == []
 
 @pytest.mark.ch08
 def test_the_verify_forward_takes_the_tree_from_the_device():

@@ -274,11 +274,14 @@ class EagleDrafter(GraphedHead, TreeDrafter):
 
     def _step(self, tokens: torch.Tensor, feat: torch.Tensor, plan) -> torch.Tensor:
         """The head on a static plan: tokens [1, T], features [1, T, H] -> predicted features [1, T, H]."""
-        return self.head(self.target.tok_emb(tokens).to(feat.device, feat.dtype), feat, plan.positions, kv=self.kv,
-                         plan=plan)
+        emb = self.target.tok_emb(tokens)  # [1, T, H]
+        emb = (emb if emb.device == feat.device else emb.to(feat.device)).to(feat.dtype)
+        return self.head(emb, feat, plan.positions, kv=self.kv, plan=plan)
 
     def _graph_logits(self, g: torch.Tensor) -> torch.Tensor:
-        return self._logits(g)
+        """``_logits`` with no device move where none is needed (g [n, H] -> [n, V])."""
+        dev = self.target.device
+        return self.lm_head((g if g.device == dev else g.to(dev)).to(self.head_dtype)).to(self.target.dtype)
 
     def _features(self) -> tuple[int, torch.dtype]:
         return self.head.cfg.hidden_size, self.head_dtype
