@@ -190,6 +190,26 @@ def test_graphed_head_drafts_are_eager_drafts(kind, tree):
 
 @pytest.mark.ch08
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_the_warm_up_runs_of_a_capture_change_nothing(kind, monkeypatch):
+    """On a GPU ``capture`` first runs a draft eagerly ``warmup`` times (lazy initialisation), on the inputs of
+    the draft that asked for the capture: those runs must leave the head cache as one draft leaves it. A stand-in
+    for ``capture`` that runs them on the CPU, then returns the direct call: the drafts stay the eager ones."""
+    from minispec import load
+    from minispec.drafters import graphed_draft
+
+    def capture_with_warm_up(fn, device, pool=None, warmup=2):
+        for _ in range(warmup):
+            fn()
+        return fn, None
+    monkeypatch.setattr(graphed_draft, "capture", capture_with_warm_up)
+    model, _ = load("tiny-llama")
+    seq = random.Random(0).choices(range(model.cfg.vocab_size), k=80)
+    eager = _drafts(_head_drafter(kind, model, "4,3,10"), model, seq, graphs=False)
+    d = _head_drafter(kind, model, "4,3,10")
+    assert _drafts(d, model, seq, graphs=True) == eager and d.graph.captures >= 2
+
+@pytest.mark.ch08
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("tree", ["chain:4", "4,3,10"])
 def test_a_whole_draft_is_capturable(kind, tree):
     """The body a graph captures (``GraphedDraft._draft``: catch-up, levels, tree) checked on the CPU by

@@ -123,6 +123,8 @@ class GraphedDraft:
             committed in the cache; the nodes are not.
         """
         kv, n = self.kv, len(tokens)
+        if kv.pending != (0, 0):
+            raise RuntimeError("the head cache has pending entries: commit() or discard() them before a draft")
         if not 1 <= depth <= self.spec.depth or n < 1 or features.shape[0] != n:
             raise ValueError(f"a draft of depth 1..{self.spec.depth} after 1 or more new pairs with one feature row "
                              f"each, got depth {depth}, {n} tokens, {features.shape[0]} feature rows")
@@ -133,10 +135,12 @@ class GraphedDraft:
         kv.reserve(L + max(T_b, n + self.extended(depth)))  # new buffers: the graphs captured before are stale
         if kv.generation != self._generation:
             self.graphs, self.pool, self._generation = {}, None, kv.generation
-        replay, static = self.graphs.get((T_b, depth)) or self._capture(T_b, depth)
+        replay, static = self.graphs.get((T_b, depth)) or (None, self._buffers(T_b))
         ints = torch.tensor([L, n] + list(tokens) + [0] * (T_b - n))  # [2 + T_b] committed, n, tokens padded
         static["ints"].copy_(ints.pin_memory() if kv.lengths.is_cuda else ints, non_blocking=kv.lengths.is_cuda)
         static["features"][:n] = features
+        if replay is None:  # captured on first use, after the inputs are in: the warm-up runs draft this very step
+            replay = self._capture(T_b, depth, static)
         out = replay()
         kv.host_lengths[0] = L + n  # the graph left the device lengths there
         self.replays[(T_b, depth)] = self.replays.get((T_b, depth), 0) + 1
@@ -151,11 +155,18 @@ class GraphedDraft:
                   step_plan(kv, torch.arange(L, L + len(tokens), device=dev)))
         kv.commit()
 
-    def _capture(self, T_b: int, depth: int):
+    def _buffers(self, T_b: int) -> dict[str, torch.Tensor]:
+        """The static inputs of a bucket: [committed, n, T_b tokens] and the features [T_b, F]."""
         dev = self.kv.lengths.device
         F, dtype = self.features
-        static = dict(ints=torch.zeros(2 + T_b, dtype=torch.long, device=dev),
-                      features=torch.zeros(T_b, F, dtype=dtype, device=dev))
+        return dict(ints=torch.zeros(2 + T_b, dtype=torch.long, device=dev),
+                    features=torch.zeros(T_b, F, dtype=dtype, device=dev))
+
+    def _capture(self, T_b: int, depth: int, static: dict[str, torch.Tensor]):
+        """Record the draft of a bucket on its static inputs, which hold the first draft's already: ``capture``'s
+        warm-up runs write what that draft writes (the committed count, the new pairs' slots, the nodes' slots),
+        nothing else. Returns the replay."""
+        dev = self.kv.lengths.device
 
         def draft() -> TreeTensors:
             return self._draft(static["ints"], static["features"], T_b, depth)
@@ -163,7 +174,7 @@ class GraphedDraft:
             replay, self.pool = capture(draft, dev if self.use_graphs else torch.device("cpu"), self.pool, self.warmup)
         self.graphs[(T_b, depth)] = (replay, static)
         self.captures += 1
-        return self.graphs[(T_b, depth)]
+        return replay
 
     def _draft(self, ints: torch.Tensor, features: torch.Tensor, T_b: int, depth: int) -> TreeTensors:
         """The body a graph captures: no host synchronisation, every shape from (T_b, depth)."""
