@@ -268,7 +268,8 @@ class EagleDrafter(GraphedHead, TreeDrafter):
         context, n = self.context, len(self.context)
         self._check_features()
         keep = min(self.n_pairs, n - 2)
-        self.kv.rollback(self.n_pairs - keep)
+        if keep < self.n_pairs:  # (a second draft of the same context recomputes the root's pair)
+            self.kv.rollback(self.n_pairs - keep)
         self.n_pairs = n - 1
         return context[keep + 1:], self.feats[keep:n - 1]
 
