@@ -196,6 +196,24 @@ def test_graphed_head_drafts_are_eager_drafts(kind, tree):
 
 
 @pytest.mark.ch08
+def test_which_drafts_are_graphed_and_back_to_eager():
+    """With graphs on, an EAGLE head graphs chains and dynamic trees; a static tree drafts eagerly (on its own
+    eager cache); a later generation without graphs drafts eagerly again, on an eager cache."""
+    from minispec import load
+    from minispec.generate import Decoder
+    from minispec.kv import KVCache
+
+    model, _ = load("tiny-llama")
+    for tree, graphed in (("eagle", False), ("chain:3", True), ("3,2,4", True)):
+        d = _head_drafter("eagle", model, tree)
+        dec = Decoder(model, list(range(3, 15)), d, max_new_tokens=6, graphs=True)
+        assert dec.drafter_graphs == graphed and (d.graph is not None) == graphed
+        dec.prefill()
+        assert (dec.propose().tensors is not None) == graphed
+        Decoder(model, list(range(3, 15)), d, max_new_tokens=6)
+        assert d.graph is None and isinstance(d.kv, KVCache)
+
+@pytest.mark.ch08
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_the_warm_up_runs_of_a_capture_change_nothing(kind, monkeypatch):
     """On a GPU ``capture`` first runs a draft eagerly ``warmup`` times (lazy initialisation), on the inputs of
