@@ -48,7 +48,9 @@ counterpart (``benchmarks/compiled_forward.py`` times it against eager).
 
 The decode loop runs on it with ``generate(..., cuda_graphs=True)`` / ``Decoder(graphs=True)``:
 the target's verify forwards (vanilla, chain, tree) go through one ``GraphedForward`` over a
-``StaticKVCache``, and a draft model's (``DraftModel(graphs=True)``) draft steps through another.
+``StaticKVCache``, and a draft model's (``DraftModel(graphs=True)``) draft steps through another; an
+EAGLE head's whole draft (catch-up, levels, the tree built on the device) is one graph per bucket
+(``minispec.drafters.graphed_draft``).
 
 References: NVIDIA, "CUDA Graphs" (CUDA C++ Programming Guide); PyTorch ``torch.cuda.graph``
 ("Accelerating PyTorch with CUDA Graphs", 2021); gpt-fast (PyTorch team, 2023: a static KV cache

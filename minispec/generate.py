@@ -164,12 +164,14 @@ class Decoder:
         self.layers = tuple(drafter.target_layers) if self.reads_features else ()
         capacity = len(ids) + max_new_tokens + self.max_nodes
         self.runner = None  # chapter 8: the target's forwards through CUDA graphs (GraphedForward)
-        self.drafter_graphs = False  # the drafter's own steps too (a draft model)
+        self.drafter_graphs = False  # the drafter's own steps too (a draft model, an EAGLE head)
         if graphs:
             if kv is not None or kv_block_size is not None:
                 raise ValueError("graphs=True decodes on its own static KV cache (minispec.cuda_graphs): it takes "
                                  "neither a shared cache nor kv_block_size")
             kv = self._graphed(capacity)
+        else:
+            drafter.use_graphs(False)  # a drafter graphed by an earlier generation drafts eagerly again
         if kv is None:
             kv = KVCache.for_model(target, capacity) if kv_block_size is None else \
                 PagedKVCache.for_model(target, capacity, block_size=kv_block_size)  # chapter 7: same interface
@@ -253,7 +255,15 @@ class Decoder:
         return [self.new[-1]] + tree.tokens, tree.positions(length), None if tree.is_chain else tree.mask()
 
     def forward(self, tree: Tree):
-        """The target's forward over root + the tree's nodes ([1, N + 1] rows), eager or replayed."""
+        """The target's forward over root + the tree's nodes ([1, N + 1] rows), eager or replayed. A tree
+        drafted on the device (``tree.tensors``, chapter 8) goes in as it is: no host round trip."""
+        if tree.tensors is not None:
+            t = tree.tensors  # root + nodes [N + 1], depths [N + 1], mask [N + 1, N + 1], on the device
+            positions = (t.depths + self.kv.length)[None]  # [1, N + 1]
+            if self.runner is not None:
+                return self.runner(t.tokens[None], positions, t.mask)
+            return self.target(t.tokens[None], positions=positions[0], mask=t.mask, kv=self.kv,
+                               hidden_layers=self.layers)
         dev = self.target.device
         tokens, positions, mask = self.inputs(tree, self.kv.length)
         tokens = torch.tensor([tokens], device=dev)  # [1, N + 1]: root + nodes
@@ -347,8 +357,11 @@ def generate(target, tokenizer, prompt: str | Sequence[int], drafter=None, tempe
             blocks of that size (``minispec.kv.PagedKVCache``, chapter 7). The output is the same.
         cuda_graphs: run the target's verify forwards, and a draft model's draft steps, through one
             captured graph per token bucket over a static KV cache (chapter 8,
-            ``minispec.cuda_graphs``). Without CUDA the same runner calls the forward directly on
-            its static buffers. The output is the same.
+            ``minispec.cuda_graphs``); an EAGLE head (eagle, eagle2, eagle3, copy's fallback) drafts
+            a greedy chain or a dynamic tree as one graph per bucket, the tree built on the device
+            and handed to the verify forward there (``minispec.drafters.graphed_draft``; sampled
+            chains and static trees draft eagerly). Without CUDA the same runners call the
+            forward directly on their static buffers. The output is the same.
         params: a ``SamplingParams`` built once by the caller, instead of temperature/top_k/top_p.
     Returns:
         GenerationResult(text, tokens, prompt_tokens, stats).

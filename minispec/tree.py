@@ -156,6 +156,7 @@ class Tree:
     tokens: list[int]
     parents: list[int]
     q: torch.Tensor | None = None
+    tensors = None  # a tree drafted on the device carries its verify inputs there too (``DraftedTree``)
 
     def __post_init__(self):
         self.tokens, self.parents = [int(t) for t in self.tokens], [int(j) for j in self.parents]
@@ -298,3 +299,43 @@ class Tree:
             m[i + 1] = m[j + 1]  # ancestors of the parent (root row when j = -1) ...
             m[i + 1, i + 1] = True  # ... and itself
         return m
+
+
+class DraftedTree(Tree):
+    """A tree drafted on the device (chapter 8, ``minispec.drafters.device_tree``): ``tensors`` holds
+    root + tokens, depths and the ancestor mask there, which the decode loop hands to the target's
+    verify forward as they are; ``tokens`` and ``parents`` are read back to the host once, on first
+    use (the acceptance walk, after the target's forward): one device-to-host copy a step.
+
+    Args:
+        tensors: ``device_tree.TreeTensors`` (cloned: the draft's graph overwrites its outputs).
+        max_depth: no node is deeper (the draft's levels), so ``check_depth`` needs no host read.
+        q: as ``Tree.q`` (None: deterministic drafts).
+    """
+
+    def __init__(self, tensors, max_depth: int, q: torch.Tensor | None = None):
+        self.tensors = type(tensors)(*(t.clone() for t in tensors))
+        self.max_depth, self.q, self._host = max_depth, q, None
+
+    def _lists(self) -> tuple[list[int], list[int]]:
+        if self._host is None:
+            t = self.tensors
+            tokens, parents = torch.stack([t.tokens[1:], t.parents]).tolist()  # [2, N]: the one device-to-host copy
+            Tree(tokens, parents)  # checks the shape once, as a host-built tree is checked
+            self._host = tokens, parents
+        return self._host
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._lists()[0]
+
+    @property
+    def parents(self) -> list[int]:
+        return self._lists()[1]
+
+    def __len__(self) -> int:
+        return self.tensors.parents.shape[0]  # a shape: no host read
+
+    def check_depth(self, limit: int) -> None:
+        if self.max_depth > limit:  # only then are the nodes' depths read
+            super().check_depth(limit)

@@ -875,14 +875,21 @@ for method in ("vanilla", "sps@chain:4", "eagle2"):
     if getattr(drafter, "runner", None) is not None:
         print(f"{'':<12} draft model's runner: {drafter.runner.captures} captures, replays "
               f"{dict(sorted(drafter.runner.replays.items()))}")
+    if getattr(drafter, "graph", None) is not None:
+        print(f"{'':<12} EAGLE head's whole drafts: {drafter.graph.captures} captures, replays per (T_b, depth) "
+              f"{dict(sorted(drafter.graph.replays.items()))}")
     assert ok
 
 # %% [markdown]
 # Every verify forward is a replay of one of two or three graphs, whatever the drafter. The chain
 # of 4 ($T = 5$) and the draft model's steps pad to bucket 8 and 1 (and a longer first draft
-# step after the prefill); the EAGLE-2 tree of 60 nodes ($T = 61$) to 64. The EAGLE head drafts
-# eagerly here (`EagleDrafter.use_graphs` is the base class's: no): its per-level forward is the
-# next thing to capture, and section 1 says it is the most launch-bound step of all.
+# step after the prefill); the EAGLE-2 tree of 60 nodes ($T = 61$) to 64. The EAGLE head's whole
+# draft is one more graph per (catch-up bucket $T_b$, depth) (`minispec.drafters.graphed_draft`):
+# its catch-up on the newly committed tokens, the six levels of the tree, expanded and reranked on
+# the device with fixed shapes (`minispec.drafters.device_tree`), and the tree's mask and positions,
+# which go to the verify forward without leaving the device (the host reads the tree once, for the
+# acceptance walk). Its trees are the eager drafter's, step for step; section 1 says the head's
+# per-level forward is the most launch-bound step of all.
 
 # %% [markdown]
 # ### On a CPU, compiling is capture's counterpart

@@ -594,3 +594,41 @@ def test_two_layer_kv_rollback_redrafts_what_a_fresh_head_drafts(target, head2):
     d.commit(ctx[n:], Features(f[n - 1:len(ctx) - 1]))
     t = d.propose(GREEDY, budget=10)
     assert (t.tokens, t.parents) == fresh(len(ctx)) and d.kv.length == len(ctx) - 1
+
+
+@pytest.mark.parametrize("tree", ["chain:4", "4,3,10"])
+def test_graphed_drafts_are_the_eager_drafts(target, heads, tree):
+    """Chapter 8: with graphs on (on the CPU: ``GraphedDraft``'s direct call over a static head cache, the tree
+    built on the device) the head drafts the trees it drafts eagerly: the same tokens (vanilla's), the same
+    tokens committed at every step, the same nodes; the drafts went through the graph runner."""
+    model, tok = target
+    for prompt in PROMPTS[:2]:
+        want = generate(model, tok, prompt, max_new_tokens=40, chat=False, stop_at_eos=False)
+        eager = generate(model, tok, prompt, drafter=EagleDrafter(model, heads, tree=tree), max_new_tokens=40,
+                         chat=False, stop_at_eos=False)
+        d = EagleDrafter(model, heads, tree=tree)
+        graphed = generate(model, tok, prompt, drafter=d, max_new_tokens=40, chat=False, stop_at_eos=False,
+                           cuda_graphs=True)
+        assert graphed.tokens == eager.tokens == want.tokens
+        assert graphed.stats.tokens_per_step == eager.stats.tokens_per_step and max(eager.stats.tokens_per_step) > 2
+        assert graphed.stats.nodes == eager.stats.nodes and graphed.stats.draft_forwards == eager.stats.draft_forwards
+        assert d.graph.captures >= 2 and sum(d.graph.replays.values()) == sum(n > 0 for n in graphed.stats.nodes)
+
+
+@pytest.mark.parametrize("tree", ["chain:2", "2,2,3"])
+def test_graphed_sampling_draws_what_eager_sampling_draws(target, head, tree):
+    """Sampled decoding with graphs on: a dynamic tree is still one graph (its drafts are deterministic, verified
+    as one-hot q); a sampled chain drafts eagerly over the static head cache (q is drawn on the decode loop's CPU
+    generator). Seed for seed the tokens are eager sampling's, whose law
+    ``test_sampled_eagle_decoding_has_the_target_law`` checks: graphs keep the target's law."""
+    model, tok = target
+    d = EagleDrafter(model, head, tree=tree)
+    longer = 0
+    for seed in range(4):
+        kw = dict(max_new_tokens=16, chat=False, temperature=0.7, top_k=3, seed=seed)
+        eager = generate(model, tok, "aaaa", drafter=EagleDrafter(model, head, tree=tree), **kw)
+        graphed = generate(model, tok, "aaaa", drafter=d, cuda_graphs=True, **kw)
+        assert graphed.tokens == eager.tokens and graphed.stats.tokens_per_step == eager.stats.tokens_per_step
+        longer += sum(n > 1 for n in eager.stats.tokens_per_step)
+    assert longer > 4  # drafts were accepted: the verification of what the graphs drafted mattered
+    assert (sum(d.graph.replays.values()) > 0) == (TreeSpec.parse(tree).kind == "dynamic")

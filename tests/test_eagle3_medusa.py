@@ -271,3 +271,24 @@ def test_drafters_refuse_a_target_of_another_size(target, heads):
     with pytest.raises(RuntimeError, match="prefill and commit"):
         d.propose(GREEDY, budget=2)
 
+
+
+@pytest.mark.parametrize("tree", ["chain:4", "4,4,12"])
+def test_graphed_eagle3_drafts_are_the_eager_drafts(target, heads, tree):
+    """Chapter 8: with graphs on (on the CPU: ``GraphedDraft``'s direct call over a static head cache, the tree
+    built on the device) the EAGLE-3 head drafts what it drafts eagerly: vanilla's tokens, the same tokens
+    committed at every step, the same nodes; the drafts went through the graph runner."""
+    model, tok = target
+    accepted = 0
+    for prompt in PROMPTS[:2]:
+        want = generate(model, tok, prompt, max_new_tokens=40, chat=False, stop_at_eos=False)
+        eager = generate(model, tok, prompt, drafter=drafter("eagle3", model, heads["eagle3"], tree), max_new_tokens=40,
+                         chat=False, stop_at_eos=False)
+        d = drafter("eagle3", model, heads["eagle3"], tree)
+        graphed = generate(model, tok, prompt, drafter=d, max_new_tokens=40, chat=False, stop_at_eos=False,
+                           cuda_graphs=True)
+        assert graphed.tokens == eager.tokens == want.tokens
+        assert graphed.stats.tokens_per_step == eager.stats.tokens_per_step and graphed.stats.nodes == eager.stats.nodes
+        assert d.graph.captures >= 2 and sum(d.graph.replays.values()) == sum(n > 0 for n in graphed.stats.nodes)
+        accepted += sum(eager.stats.accepted_at_depth)
+    assert accepted > 5  # drafts were accepted: the trees' steps committed more than one token

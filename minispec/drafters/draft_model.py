@@ -55,6 +55,9 @@ class DraftModel(TreeDrafter):
         """Draft steps (the new committed tokens, then one forward per chain token or tree level)
         through ``GraphedForward`` over a static cache, one graph per token bucket; a context longer
         than every bucket (the prompt) runs as one eager forward. Returns ``enabled``."""
+        enabled = bool(enabled)
+        if enabled == (self.runner is not None):  # already so
+            return enabled
         if enabled:
             self.kv = StaticKVCache.for_model(self.model, self.kv.capacity)
             self.runner = GraphedForward(self.model, self.kv, batch_buckets=(1,), pad=True, slot_masks=True,

@@ -48,10 +48,12 @@ import torch
 import torch.nn as nn
 
 from ..attention.plan import Plan, prepare
+from ..cuda_graphs import StaticKVCache
 from ..kv import KVCache
 from ..linear import Linear, prepack
 from ..model import MLP, Attention, RMSNorm, hf_names, rope_cos_sin
 from .base import Features
+from .graphed_draft import GraphedHead, step_plan
 from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
 from .layouts import check_embed, fit, load_strict, read_checkpoint
 from .registry import default_tree, shipped
@@ -130,7 +132,7 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList(_Layer(cfg, i) for i in range(cfg.num_hidden_layers))
 
     def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
-                mask: torch.Tensor | None = None, kv: KVCache | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None = None, kv: KVCache | None = None, plan: Plan | None = None) -> torch.Tensor:
         """Predict the next features.
 
         Args:
@@ -139,11 +141,14 @@ class EagleHead(nn.Module):
             positions: [T] or [B, T] RoPE positions.
             mask: None (causal after the cached prefix) or boolean [T, S] / [B, T, S], True = may attend.
             kv: optional KVCache with one layer per decoder layer; new entries are left pending (commit / discard).
+            plan: the attention plan when the caller built it (a static cache's, ``cuda_graphs.static_plan``:
+                then positions and mask are the plan's); None: ``prepare`` builds it.
         Returns:
             [B, T, H] predicted features g_{t+1}.
         """
         B, T, _ = emb.shape
-        plan = prepare(B, T, emb.device, kv, positions, mask)  # the target's plan: dense attention, slots reserved
+        if plan is None:
+            plan = prepare(B, T, emb.device, kv, positions, mask)  # the target's plan: dense attention, slots reserved
         rope = rope_cos_sin(plan.positions, self.cfg.head_dim, self.cfg.rope_theta)  # [B, 1, T, hd] each
         try:
             x = self.fc(torch.cat([emb, feat], dim=-1))  # [B, T, 2H] -> [B, T, H]
@@ -156,7 +161,7 @@ class EagleHead(nn.Module):
             raise
 
 
-class EagleDrafter(TreeDrafter):
+class EagleDrafter(GraphedHead, TreeDrafter):
     """Args:
         target: the minispec Transformer whose features the head reads (its tok_emb and lm_head are used).
         head: an ``EagleHead`` trained for this target.
@@ -170,6 +175,8 @@ class EagleDrafter(TreeDrafter):
             only proposes, so its precision changes acceptance, never the output: torch.bfloat16 halves
             the bytes a drafted level reads, which is what a one-row draft on a CPU waits for
             (``benchmarks/draft_dtype.py`` measures both on this machine). The logits come back in float32.
+    ``use_graphs()`` (chapter 8, ``generate(..., cuda_graphs=True)``) drafts chains and dynamic trees as one
+    CUDA graph per bucket (``graphed_draft.GraphedDraft``) over a static cache of the head.
     """
 
     reads_features = True
@@ -201,11 +208,14 @@ class EagleDrafter(TreeDrafter):
                 self.lm_head = Linear(H, V, bias=False, device="meta")
                 self.lm_head.weight = nn.Parameter(target.lm_head.weight.detach().to(self.head_dtype), requires_grad=False)
         prepack(self.head), prepack(self.lm_head)  # not on the first timed draft
-        c = head.cfg
-        p = next(head.parameters())
-        self.kv = KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, capacity, dtype=p.dtype,
-                          device=p.device)
+        self.kv = self._head_cache(False, capacity)
         self.prefill([])
+
+    def _head_cache(self, static: bool, capacity: int | None = None) -> KVCache | StaticKVCache:
+        """An empty cache for the head, one layer per decoder layer (static: chapter 8's, for graphs)."""
+        c, p = self.head.cfg, next(self.head.parameters())
+        return (StaticKVCache if static else KVCache)(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
+                                                      capacity or self.kv.capacity, dtype=p.dtype, device=p.device)
 
     @classmethod
     def from_pretrained(cls, target, path: str | Path | None = None, **kw) -> "EagleDrafter":
@@ -248,17 +258,48 @@ class EagleDrafter(TreeDrafter):
         dev = self.feats.device
         emb = self.target.tok_emb(torch.tensor([tokens], device=self.target.device)).to(dev, feat.dtype)  # [1, T, H]
         self.forwards += 1
-        return self.head(emb, feat[None], positions.to(dev), mask, self.kv)[0]
+        positions = positions.to(dev)
+        plan = step_plan(self.kv, positions, mask) if self.graph is not None else None  # a static cache: its plan
+        return self.head(emb, feat[None], positions, mask, self.kv, plan=plan)[0]
+
+    # --- chapter 8: the draft as one CUDA graph (``GraphedHead``, ``graphed_draft.GraphedDraft``) ----------
+    def _new_pairs(self) -> tuple[list[int], torch.Tensor]:
+        """The pairs committed since the last draft (``_start``'s catch-up): their tokens and target features."""
+        context, n = self.context, len(self.context)
+        self._check_features()
+        keep = min(self.n_pairs, n - 2)
+        if keep < self.n_pairs:  # (a second draft of the same context recomputes the root's pair)
+            self.kv.rollback(self.n_pairs - keep)
+        self.n_pairs = n - 1
+        return context[keep + 1:], self.feats[keep:n - 1]
+
+    def _step(self, tokens: torch.Tensor, feat: torch.Tensor, plan) -> torch.Tensor:
+        """The head on a static plan: tokens [1, T], features [1, T, H] -> predicted features [1, T, H]."""
+        emb = self.target.tok_emb(tokens)  # [1, T, H]
+        emb = (emb if emb.device == feat.device else emb.to(feat.device)).to(feat.dtype)
+        return self.head(emb, feat, plan.positions, kv=self.kv, plan=plan)
+
+    def _graph_logits(self, g: torch.Tensor) -> torch.Tensor:
+        """``_logits`` with no device move where none is needed (g [n, H] -> [n, V])."""
+        dev = self.target.device
+        return self.lm_head((g if g.device == dev else g.to(dev)).to(self.head_dtype)).to(self.target.dtype)
+
+    def _features(self) -> tuple[int, torch.dtype]:
+        return self.head.cfg.hidden_size, self.head_dtype
 
     def _logits(self, g: torch.Tensor) -> torch.Tensor:
         z = self.lm_head(g.to(self.target.device, self.head_dtype))  # [.., V] (-inf outside a reduced vocab)
         return z.to(self.target.dtype)
 
-    def _start(self) -> torch.Tensor:
-        context, n = self.context, len(self.context)
+    def _check_features(self) -> None:
+        n = len(self.context)
         if n < 2 or self.n_feats != n - 1:
             raise RuntimeError(f"EagleDrafter has target features of {self.n_feats} tokens but needs {n - 1} for a "
                                f"context of {n}: hand them over with prefill and commit (minispec.generate does)")
+
+    def _start(self) -> torch.Tensor:
+        context, n = self.context, len(self.context)
+        self._check_features()
         keep = min(self.n_pairs, n - 2)  # committed pairs stay; the last (the root's) is recomputed for its g
         self.kv.rollback(self.n_pairs - keep)
         new = context[keep + 1:]  # tokens x_{j+1} of pairs j = keep .. n-2

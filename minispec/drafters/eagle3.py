@@ -38,11 +38,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ..attention.plan import prepare
+from ..attention.plan import Plan, prepare
+from ..cuda_graphs import StaticKVCache
 from ..kv import KVCache
 from ..linear import Linear
 from ..model import MLP, Attention, RMSNorm, hf_names, rope_cos_sin
 from .base import Features
+from .graphed_draft import GraphedHead, step_plan
 from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
 from .registry import default_tree
 
@@ -142,7 +144,8 @@ class Eagle3Head(nn.Module):
         ids = torch.arange(self.config.draft_vocab_size, device=logits.device) + self.d2t  # [Vd] target ids
         return full.index_copy_(-1, ids, logits)
 
-    def forward(self, emb, h, positions, kv: KVCache, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, emb, h, positions, kv: KVCache, mask: torch.Tensor | None = None,
+                plan: Plan | None = None) -> torch.Tensor:
         """One step over T new positions with a KV cache (inference).
 
         Args:
@@ -151,13 +154,16 @@ class Eagle3Head(nn.Module):
             positions: [1, T] RoPE positions.
             kv: the head's cache (one layer); the new keys/values are left pending.
             mask: None (causal over the new tokens) or boolean [T, S] over cached + new keys.
+            plan: the attention plan when the caller built it (a static cache's, ``cuda_graphs.static_plan``:
+                then positions and mask are the plan's); None: ``prepare`` builds it.
         Returns:
             [1, T, H] pre-norm output hidden states.
         """
         if h.shape[-1] == 3 * self.config.hidden_size:
             h = self.fc(h)
         B, T, _ = emb.shape
-        plan = prepare(B, T, emb.device, kv, positions, mask)  # the target's plan: prefix + causal or the tree's mask
+        if plan is None:
+            plan = prepare(B, T, emb.device, kv, positions, mask)  # the target's plan: prefix + causal or the tree's mask
         try:
             attn = self.midlayer.self_attn
             q, k, v = self.attn_input(emb, h, plan.positions)
@@ -187,7 +193,7 @@ def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int) -> tuple[
     return d2t, t2d
 
 
-class Eagle3Drafter(TreeDrafter):
+class Eagle3Drafter(GraphedHead, TreeDrafter):
     """EAGLE-3 drafting through ``TreeDrafter``: chains, static trees, EAGLE-2 dynamic trees.
 
     Args:
@@ -197,6 +203,8 @@ class Eagle3Drafter(TreeDrafter):
         tree: a ``TreeSpec`` or its string form ('chain:5', 'eagle', '5,8,32', ...); default
             ``registry.DEFAULT_TREES['eagle3']``.
         capacity: the head's KV cache size in tokens (grown on demand).
+    ``use_graphs()`` (chapter 8, ``generate(..., cuda_graphs=True)``) drafts chains and dynamic trees as one
+    CUDA graph per bucket (``graphed_draft.GraphedDraft``) over a static cache of the head.
     """
 
     reads_features = True
@@ -205,11 +213,15 @@ class Eagle3Drafter(TreeDrafter):
         super().__init__(tree if tree is not None else default_tree("eagle3"))
         self.head, self.embed = head, target.tok_emb
         self.target_layers = eagle3_layers(target.cfg.n_layer)
-        c = head.config
-        self.kv = KVCache(1, c.num_key_value_heads, c.head_dim, capacity, dtype=head.fc.weight.dtype,
-                          device=head.fc.weight.device)
+        self.kv = self._head_cache(False, capacity)
         self.check_target(target)
         self.prefill([])
+
+    def _head_cache(self, static: bool, capacity: int | None = None) -> KVCache | StaticKVCache:
+        """An empty one-layer cache for the head (static: chapter 8's, for graphs)."""
+        c, w = self.head.config, self.head.fc.weight
+        return (StaticKVCache if static else KVCache)(1, c.num_key_value_heads, c.head_dim,
+                                                      capacity or self.kv.capacity, dtype=w.dtype, device=w.device)
 
     def __repr__(self):
         c = self.head.config
@@ -237,17 +249,39 @@ class Eagle3Drafter(TreeDrafter):
     def _emb(self, tokens: list[int]) -> torch.Tensor:
         return self.embed(torch.tensor([tokens], device=self.embed.weight.device)).to(self.head.fc.weight.dtype)
 
-    def _start(self) -> torch.Tensor:
+    def _new_pairs(self) -> tuple[list[int], torch.Tensor]:
+        """The pairs committed since the last draft: tokens [T], fused features [T, 3H] (positions done..n-2)."""
         context = self.context
         n, done = len(context), self.kv.length
         if self.observed != n - 1 or not self.pending:
             raise RuntimeError(f"EAGLE-3 drafter has features of {self.observed} tokens and {done} cached; a context of "
                                f"{n} needs {n - 1} (hand them over with prefill and commit)")
-        feats = torch.cat(self.pending)[None]  # [1, T, 3H] positions done..n-2
+        feats = torch.cat(self.pending)  # [T, 3H]
         self.pending = []
+        return context[done + 1:], feats
+
+    def _step(self, tokens: torch.Tensor, h: torch.Tensor, plan) -> torch.Tensor:
+        """The head on a static plan: tokens [1, T], h [1, T, 3H or H] -> output hidden [1, T, H]."""
+        return self.head(self.embed(tokens).to(h.dtype), h, plan.positions, self.kv, plan=plan)
+
+    def _graph_logits(self, out: torch.Tensor) -> torch.Tensor:
+        return self.head.to_target_logits(self.head.draft_logits(out))
+
+    def _features(self) -> tuple[int, torch.dtype]:
+        return 3 * self.head.config.hidden_size, self.head.fc.weight.dtype
+
+    def _plan(self, positions: torch.Tensor, mask: torch.Tensor | None):
+        """A static cache's plan for an eager head forward (graphs on), else None (the head prepares its own)."""
+        return step_plan(self.kv, positions[0], mask) if self.graph is not None else None
+
+    def _start(self) -> torch.Tensor:
+        context = self.context
+        n, done = len(context), self.kv.length
+        tokens, feats = self._new_pairs()
+        feats = feats[None]  # [1, T, 3H] positions done..n-2
         self.kv.reserve(n + self.max_nodes + 1)
         positions = torch.arange(done, n - 1, device=feats.device)[None]
-        out = self.head(self._emb(context[done + 1:]), feats, positions, self.kv)  # [1, T, H]
+        out = self.head(self._emb(tokens), feats, positions, self.kv, plan=self._plan(positions, None))  # [1, T, H]
         self.kv.commit()
         self.forwards += 1
         self._root_hidden = out[0, -1]  # [H] the root's output: the hidden input of depth-1 nodes
@@ -259,7 +293,7 @@ class Eagle3Drafter(TreeDrafter):
         h = torch.stack([self._root_hidden if p < 0 else self._hidden[p] for p in parents])[None]  # [1, n, H]
         positions, mask = self._tree.add(parents, L, h.device)  # [n], [n, S]
         positions = positions[None]  # [1, n]
-        out = self.head(self._emb(tokens), h, positions, self.kv, mask)  # [1, n, H]
+        out = self.head(self._emb(tokens), h, positions, self.kv, mask, plan=self._plan(positions, mask))  # [1, n, H]
         self.kv.commit()
         self.forwards += 1
         self._hidden += list(out[0])

@@ -269,7 +269,7 @@ def expand_level(frontier_scores: torch.Tensor, child_logp: torch.Tensor, top_k:
     top = torch.topk(child_logp, top_k, dim=-1)  # [F, top_k]
     base = torch.as_tensor(frontier_scores).to(child_logp)[:, None]  # [F, 1], on the logits' device (a GPU's)
     child = (base + top.values).flatten()  # [F * top_k] path scores
-    parent = torch.arange(F).repeat_interleave(top_k)  # child j's frontier node: j // top_k
+    parent = torch.arange(F * top_k, device=child_logp.device) // top_k  # [F * top_k] child j's frontier node
     return child, top.indices.flatten(), parent, torch.topk(child, min(top_k, child.numel())).indices
 
 
