@@ -161,8 +161,8 @@ def _check_env(args) -> int:
 THREADS_HELP = ("torch CPU threads, at least 1 (default: one per core idle now, measured over a quarter second from "
                 "/proc/stat, else cores minus the load average: a thread more than the free cores makes decoding several "
                 "times slower)")
-DRAFT_VOCAB_HELP = ("eagle/eagle2 draft over the K most frequent tokens (FR-Spec; default: minispec.methods.DRAFT_VOCAB, "
-                    "0: the full vocabulary); verification always uses the full vocabulary")
+DRAFT_VOCAB_HELP = ("eagle/eagle2/copy/medusa draft over the K most frequent tokens (FR-Spec; default: "
+                    "minispec.methods.DRAFT_VOCAB, 0: the full vocabulary); verification always uses the full vocabulary")
 
 
 def _demo_flags(d) -> None:
