@@ -20,6 +20,7 @@ import torch
 
 from minispec.lab.bench import format_table, run_bench
 from minispec.lab.benchinfo import save_json
+from minispec.lab.env import thread_count
 from minispec.prompts import spec_bench
 
 
@@ -29,7 +30,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--methods", default="hf,vanilla,eagle2")
     ap.add_argument("--limit", type=int, default=16, help="Spec-Bench questions (a multiple of every batch size)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

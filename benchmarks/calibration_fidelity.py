@@ -22,6 +22,7 @@ import torch
 from minispec import dispatch, generate, load
 from minispec.cli import compare_prompts
 from minispec.lab.benchinfo import save_json
+from minispec.lab.env import thread_count
 from minispec.linear import prepack
 from minispec.methods import Methods
 from minispec.sampling import GREEDY, SamplingParams
@@ -49,7 +50,7 @@ def reference(model, tok, methods, candidates, max_new_tokens: int, params: Samp
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--runs", type=int, default=3, help="quick calibrations per budget")
     ap.add_argument("--budgets", default=f"{dispatch.QUICK_BUDGET_S:g},15", help="comma list of seconds")
     ap.add_argument("--max-new-tokens", type=int, default=128, help="per reference prompt, as the demo")

@@ -18,6 +18,7 @@ import minispec
 from minispec import generate
 from minispec.lab.benchinfo import device_info, versions
 from minispec.drafters.loader import load_drafter
+from minispec.lab.env import thread_count
 from minispec.prompts import own_prompts
 
 
@@ -27,7 +28,7 @@ def main(argv=None):
     ap.add_argument("--trees", default="chain:5;5,8,32", help="trees separated by ';'")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     heads = dict(h.split("=", 1) for h in args.heads)

@@ -31,6 +31,7 @@ import torch
 from minispec import load
 from minispec.cuda_graphs import StaticKVCache, static_forward, static_plan, static_prefill
 from minispec.lab.benchinfo import save_json
+from minispec.lab.env import thread_count
 
 PROMPT = "Explain, step by step, how a bicycle's gears let a rider climb a steep hill with less effort."
 
@@ -88,7 +89,7 @@ def chain_rows(model, forward, prompt: torch.Tensor, capacity: int, T: int = 4) 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--steps", type=int, default=40, help="decode steps per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--capacity", type=int, default=384, help="the static cache's slots (attended every step)")

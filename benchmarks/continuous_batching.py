@@ -22,7 +22,7 @@ import torch
 def main(argv=None) -> int:
     from minispec.batch import generate_batch
     from minispec.lab.benchinfo import save_json
-    from minispec.lab.env import at_least
+    from minispec.lab.env import at_least, thread_count
     from minispec.models import load
     from minispec.train import selfdistill as sd
 
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-prompt-tokens", type=at_least(1), default=192)
     ap.add_argument("--offset", type=at_least(0), default=5000, help="where in self-distillation's prompt order")
     ap.add_argument("--rounds", type=at_least(1), default=1)
-    ap.add_argument("--threads", type=at_least(1), default=1)
+    ap.add_argument("--threads", type=thread_count, default=1)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

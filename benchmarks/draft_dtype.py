@@ -20,6 +20,7 @@ import torch
 from minispec import generate, load
 from minispec.drafters.eagle import EagleDrafter
 from minispec.lab.benchinfo import save_json
+from minispec.lab.env import thread_count
 from minispec.methods import Methods
 from minispec.prompts import own_prompts
 
@@ -31,7 +32,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--method", default="eagle@chain:2", help="an EAGLE-1/2 method of minispec.methods")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

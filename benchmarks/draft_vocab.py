@@ -25,6 +25,7 @@ from minispec import generate, load
 from minispec.lab.benchinfo import save_json
 from minispec.drafters.base import Features
 from minispec.kv import KVCache
+from minispec.lab.env import thread_count
 from minispec.methods import Methods
 from minispec.prompts import own_prompts
 from minispec.tokenizer import encode_prompt
@@ -68,7 +69,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -23,6 +23,7 @@ from minispec import load
 from minispec.lab.benchinfo import device_info, versions
 from minispec.drafters.eagle import EagleConfig, EagleHead
 from minispec.drafters.vocab import load_counts, top_tokens
+from minispec.lab.env import thread_count
 from minispec.train.eagle import selfdistill_data, train_step
 
 
@@ -30,7 +31,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps per variant (after 3 warm-up steps)")
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=thread_count, default=1)
     ap.add_argument("--max-len", type=int, default=320)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)

@@ -56,11 +56,11 @@ def one_process(threads: int, offset: int) -> dict:
 
 def main(argv=None) -> int:
     from minispec.lab.benchinfo import save_json
-    from minispec.lab.env import at_least
+    from minispec.lab.env import at_least, thread_count
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=at_least(1), default=8)
-    ap.add_argument("--threads", type=at_least(1), default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--offset", type=at_least(0), default=40000, help="where in self-distillation's prompt order")
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

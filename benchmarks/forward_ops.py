@@ -41,14 +41,14 @@ def count_ops(model, context: int = 300, forwards: int = 3) -> dict:
 
 
 def main(argv=None) -> int:
+    from minispec.lab.env import thread_count
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--forwards", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=thread_count, default=1)
     ap.add_argument("--json")
     a = ap.parse_args(argv)
-    if a.threads < 1:
-        ap.error(f"--threads must be at least 1, got {a.threads}")
     torch.set_num_threads(a.threads)
     from minispec import load
 

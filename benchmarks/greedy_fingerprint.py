@@ -38,16 +38,16 @@ def fingerprint(methods, n_prompts: int, max_new_tokens: int) -> dict:
 
 
 def main(argv=None) -> int:
+    from minispec.lab.env import thread_count
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--out", help="save the fingerprint here")
     ap.add_argument("--compare", help="compare with this saved fingerprint (exit 1 on any difference)")
     a = ap.parse_args(argv)
-    if a.threads < 1:
-        ap.error(f"--threads must be at least 1, got {a.threads}")
     torch.set_num_threads(a.threads)
     ref = json.load(open(a.compare)) if a.compare else None
     methods = a.methods.split(",") if ref is None else list(ref["tokens"])

@@ -44,6 +44,7 @@ from minispec.drafters.base import Features
 from minispec.drafters.layouts import read_checkpoint
 from minispec.drafters.loader import load_drafter
 from minispec.drafters.registry import TABLE
+from minispec.lab.env import thread_count
 from minispec.sampling import GREEDY
 from minispec.train.data import training_sequences
 from minispec.train.measure import measure, measure_prompts
@@ -113,7 +114,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--context", type=int, default=256, help="cached tokens before the timed verify forward")
     ap.add_argument("--draft-vocab", type=int, default=TABLE["eagle"].draft_vocab,
                     help="EAGLE-1/2 heads' draft vocabulary (0: the full vocabulary)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     heads = dict(h.split("=", 1) for h in args.heads)

@@ -19,6 +19,7 @@ import torch
 import minispec
 from minispec.drafters.eagle import load_eagle
 from minispec.lab.benchinfo import device_info, versions
+from minispec.lab.env import thread_count
 from minispec.train.data import feature_data
 from minispec.train.eagle import evaluate
 
@@ -27,7 +28,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", nargs="+", required=True, help="NAME=PATH.safetensors (EAGLE-1/2 heads of SmolLM2-135M)")
     ap.add_argument("--depth", type=int, default=5, help="chain length of the tau walk")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     heads = [h.split("=", 1) for h in args.heads]

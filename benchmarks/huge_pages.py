@@ -23,6 +23,7 @@ from minispec import linear, load
 from minispec.config import thp_mode
 from minispec.kernel_choice import chosen_kernel
 from minispec.lab.benchinfo import save_json
+from minispec.lab.env import thread_count
 from minispec.lab.profile import _decode_forward
 from minispec.linear import Linear, huge_page_empty, panels, prepack
 
@@ -57,7 +58,7 @@ def median_ms(fn, n: int) -> float:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

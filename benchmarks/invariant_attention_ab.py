@@ -51,11 +51,13 @@ def binary_tree_mask(T: int) -> torch.Tensor:
 
 
 def main() -> None:
+    from minispec.lab.env import thread_count
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", required=True, help="git revision whose invariant attention is the baseline")
     ap.add_argument("--prefix", type=int, default=300, help="tokens in the KV cache before the steps")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 

@@ -23,6 +23,7 @@ import torch
 
 from minispec import generate, load
 from minispec.lab.benchinfo import save_json
+from minispec.lab.env import thread_count
 from minispec.linear import CPU_KERNELS, Linear, onednn_available, prepack
 from minispec.methods import Methods
 from minispec.prompts import own_prompts
@@ -32,7 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=8, help="minispec's own prompts (never Spec-Bench)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--method", default="eagle@chain:2", help="the speculative method timed beside vanilla")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

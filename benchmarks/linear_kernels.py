@@ -63,6 +63,8 @@ def numpy_blas(threads: int):
 
 
 def main(argv=None) -> int:
+    from minispec.lab.env import thread_count
+
     from minispec.lab.benchinfo import save_json
     from minispec.invariance import varying_rows
     from minispec.linear import Linear
@@ -70,7 +72,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--rows", default="1,2,5,9,17", help="row counts M to time")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds (the median is reported)")
     ap.add_argument("--passes", type=int, default=3, help="untimed then timed passes per candidate and round")

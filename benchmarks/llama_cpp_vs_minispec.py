@@ -56,6 +56,7 @@ import torch
 from minispec import generate, load
 from minispec.lab.benchinfo import device_info, versions
 from minispec.config import cache_dir
+from minispec.lab.env import thread_count
 from minispec.models import SMOLLM2_GGUF, SMOLLM2_WHEEL, ensure_smollm2
 from minispec.tokenizer import encode_prompt
 
@@ -200,7 +201,7 @@ def main():
     ap.add_argument("--questions", default=None, help="Spec-Bench JSONL (default: minispec's own prompts)")
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2, help="torch threads and llama.cpp n_threads")
+    ap.add_argument("--threads", type=thread_count, default=2, help="torch threads and llama.cpp n_threads")
     ap.add_argument("--gguf-f32", default=None, help=f"f32 GGUF, made if absent (default cache/gguf/{F32_GGUF})")
     ap.add_argument("--gguf-q41", default=None,
                     help=f"Q4_1 GGUF, extracted from the wheel if absent (default cache/gguf/{SMOLLM2_GGUF})")

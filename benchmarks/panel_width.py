@@ -15,6 +15,7 @@ import torch
 
 from minispec import load
 from minispec.lab.benchinfo import save_json
+from minispec.lab.env import thread_count
 from minispec.linear import PANEL, Linear, panels
 
 WIDTHS = (16, 32, 64, 128)
@@ -22,7 +23,7 @@ WIDTHS = (16, 32, 64, 128)
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

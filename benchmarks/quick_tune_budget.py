@@ -14,6 +14,7 @@ import time
 import torch
 
 from minispec import dispatch, load
+from minispec.lab.env import thread_count
 from minispec.lab.tune_report import format_tune
 from minispec.linear import prepack
 from minispec.methods import Methods
@@ -21,7 +22,7 @@ from minispec.methods import Methods
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, tok = load("smollm2-135m")

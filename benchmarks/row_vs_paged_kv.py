@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     from minispec.attention import plan
     from minispec.batch import BatchDecoder, generate_batch
     from minispec.lab.benchinfo import save_json
-    from minispec.lab.env import at_least
+    from minispec.lab.env import at_least, thread_count
     from minispec.models import load
     from minispec.train import selfdistill as sd
 
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-prompt-tokens", type=at_least(1), default=192)
     ap.add_argument("--offset", type=at_least(0), default=5000, help="where in self-distillation's prompt order")
     ap.add_argument("--rounds", type=at_least(1), default=2)
-    ap.add_argument("--threads", type=at_least(1), default=1)
+    ap.add_argument("--threads", type=thread_count, default=1)
     ap.add_argument("--row-call-scores", default=None,
                     help="comma-separated values of plan.ROW_CALL_SCORES to alternate (default: the shipped one)")
     ap.add_argument("--stop-at-eos", action="store_true", help="sequences finish at their end-of-sequence token")

@@ -23,6 +23,7 @@ import minispec
 from minispec.drafters.eagle import load_eagle
 from minispec.drafters.vocab import load_counts, top_tokens
 from minispec.lab.benchinfo import device_info, versions
+from minispec.lab.env import thread_count
 from minispec.methods import DRAFT_VOCAB
 from minispec.train.data import feature_data
 from minispec.train.eagle import teacher_forced
@@ -52,7 +53,7 @@ def main(argv=None):
     ap.add_argument("--heads", nargs="+", required=True, help="NAME=PATH.safetensors (EAGLE-1/2 heads of SmolLM2-135M)")
     ap.add_argument("--temperatures", default="0,0.7,1", help="comma list; 0 is greedy")
     ap.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB["eagle"], help="draft over the K most frequent tokens")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     temps = [float(t) for t in args.temperatures.split(",")]

@@ -18,6 +18,7 @@ import torch
 
 import minispec
 from minispec.lab.benchinfo import device_info, versions
+from minispec.lab.env import thread_count
 from minispec.train.selfdistill import ids_dir, part_path, read_ids
 
 
@@ -43,7 +44,7 @@ def part_agreement(target, seqs: list[dict]) -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", type=int, nargs="+", required=True)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -20,6 +20,7 @@ from minispec import generate, load  # noqa: E402
 from minispec.drafters import DraftModel, PromptLookup  # noqa: E402
 from minispec.drafters.draft_checkpoint import load_draft_model  # noqa: E402
 from minispec.drafters.eagle import EagleDrafter  # noqa: E402
+from minispec.lab.env import thread_count  # noqa: E402
 from minispec.methods import Methods  # noqa: E402
 from minispec.tokenizer import encode_prompt  # noqa: E402
 from minispec.train.distill_draft import build_draft  # noqa: E402
@@ -51,7 +52,7 @@ def agreement(draft, tok, refs) -> tuple[float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, tok = load("smollm2-135m")

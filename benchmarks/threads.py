@@ -20,7 +20,7 @@ import torch
 
 from minispec import generate, load
 from minispec.lab.benchinfo import save_json
-from minispec.lab.env import default_threads
+from minispec.lab.env import default_threads, thread_counts
 from minispec.prompts import own_prompts
 
 
@@ -40,7 +40,7 @@ def tokens_per_s(model, tok, prompts, threads: int, max_new_tokens: int) -> floa
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--threads", type=thread_counts, default="1,2")
     ap.add_argument("--busy", type=int, default=1, help="busy processes beside the run in the loaded case")
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -49,7 +49,7 @@ def main(argv=None) -> dict:
     load_at_start, chosen = os.getloadavg()[0], default_threads()
     model, tok = load("smollm2-135m")
     prompts = [p["prompt"] for p in own_prompts()][: args.prompts]
-    counts = [int(t) for t in args.threads.split(",")]
+    counts = args.threads
     rows = []
     for busy in (0, args.busy):
         stop = mp.Event()

@@ -23,6 +23,7 @@ from minispec import load
 from minispec.lab.bench import format_table, run_bench
 from minispec.lab.benchinfo import save_json
 from minispec.dispatch import DEFAULT_CANDIDATES, save_choice, tune
+from minispec.lab.env import thread_count
 from minispec.lab.tune_report import format_tune
 from minispec.methods import Methods
 from minispec.prompts import spec_bench
@@ -38,7 +39,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calibration-tokens", type=int, default=64, help="max_new_tokens of tune's calibration runs")
     ap.add_argument("--max-new-tokens", type=int, default=128, help="max_new_tokens of the sweep")
     ap.add_argument("--candidates", default=",".join(DEFAULT_CANDIDATES))
-    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--threads", type=thread_count, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.threads:

@@ -17,6 +17,7 @@ import torch
 
 from minispec.lab.bench import run_bench
 from minispec.lab.benchinfo import save_json
+from minispec.lab.env import thread_count
 from minispec.prompts import spec_bench
 
 
@@ -26,7 +27,7 @@ def main():
     ap.add_argument("--questions", default=None, help="Spec-Bench JSONL (default: ../shared/data/spec_bench.jsonl)")
     ap.add_argument("--prompts", type=int, default=8, help="number of questions, spread over categories")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--json", default=None, help="write results here")
     args = ap.parse_args()
 

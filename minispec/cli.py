@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .lab.env import at_least
+from .lab.env import thread_count
 
 
 def _threads(args) -> int:
@@ -27,7 +27,7 @@ def _threads(args) -> int:
 
     from .lab.env import default_threads
 
-    n = args.threads or default_threads()
+    n = args.threads if args.threads is not None else default_threads()
     torch.set_num_threads(n)
     return n
 
@@ -158,11 +158,11 @@ def _check_env(args) -> int:
     return check_env()
 
 
-THREADS_HELP = ("torch CPU threads (default, or 0: one per core idle now, measured over a quarter second from /proc/stat, "
-                "else cores minus the load average: a thread more than the free cores makes decoding several times "
-                "slower)")
-DRAFT_VOCAB_HELP = ("eagle/eagle2 draft over the K most frequent tokens (FR-Spec; default: minispec.methods.DRAFT_VOCAB, "
-                    "0: the full vocabulary); verification always uses the full vocabulary")
+THREADS_HELP = ("torch CPU threads, at least 1 (default: one per core idle now, measured over a quarter second from "
+                "/proc/stat, else cores minus the load average: a thread more than the free cores makes decoding several "
+                "times slower)")
+DRAFT_VOCAB_HELP = ("eagle/eagle2/copy/medusa draft over the K most frequent tokens (FR-Spec; default: "
+                    "minispec.methods.DRAFT_VOCAB, 0: the full vocabulary); verification always uses the full vocabulary")
 
 
 def _demo_flags(d) -> None:
@@ -173,7 +173,7 @@ def _demo_flags(d) -> None:
     d.add_argument("--top-k", type=int, default=0)
     d.add_argument("--top-p", type=float, default=1.0)
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--threads", type=at_least(0), default=0, help=THREADS_HELP)
+    d.add_argument("--threads", type=thread_count, default=None, help=THREADS_HELP)
     d.add_argument("--no-compare", action="store_true", help="skip the vanilla run that the speedup is measured against")
     d.add_argument("--compare-prompts", type=int, default=3,
                    help="minispec's own prompts timed beside yours for the comparison (interleaved, warm; one in "
@@ -194,7 +194,7 @@ def _tune_flags(t) -> None:
     t.add_argument("--candidates", default=None, help="comma list of methods (default: minispec.dispatch.DEFAULT_CANDIDATES)")
     t.add_argument("--head-dtype", default="auto", choices=["auto", "target", "f32", "bf16"],
                    help="the dtype the EAGLE-1/2 candidates draft in (auto: the faster on this machine, timed first)")
-    t.add_argument("--threads", type=at_least(0), default=0, help=THREADS_HELP)
+    t.add_argument("--threads", type=thread_count, default=None, help=THREADS_HELP)
     t.add_argument("--temperature", type=float, default=0.0,
                    help="choose for sampled decoding at this temperature (default 0: greedy); saved apart "
                         "from greedy's choice")
@@ -224,7 +224,7 @@ def _bench_flags(b) -> None:
     b.add_argument("--pld-k", type=int, default=8, help="draft length of pld / hf_pld")
     b.add_argument("--draft", default=None, help="draft checkpoint for sps / hf_assisted (default: the shipped one)")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--threads", type=at_least(0), default=0, help=THREADS_HELP)
+    b.add_argument("--threads", type=thread_count, default=None, help=THREADS_HELP)
     b.add_argument("--json", default=None, help="write the results (with device and versions) here")
 
 

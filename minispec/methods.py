@@ -5,13 +5,14 @@
     sps          the distilled draft model: chain of k (or a tree, see below)
     eagle        EAGLE-1/2 head, chain of 5
     eagle2       EAGLE-1/2 head, dynamic tree 6,10,60 (EAGLE-2's depth, top_k, total_tokens)
-                 (both draft over the 8192 most frequent tokens, ``DRAFT_VOCAB``; verification is
-                 over the full vocabulary)
     eagle3       EAGLE-3 head, chain of 5 (a dynamic tree when one is given)
     medusa       Medusa heads, Medusa's static mc_sim_7b_63 tree
     copy         the context's own continuation where its last tokens occurred before (prompt lookup),
                  else the EAGLE-1/2 head as ``eagle`` (``drafters.copying.CopyingDrafter``)
     auto         the method ``python -m minispec tune`` saved for this machine, else ``DEFAULT_AUTO``
+
+eagle, eagle2, copy and medusa draft over the 8192 most frequent tokens (FR-Spec, ``DRAFT_VOCAB``);
+verification is over the full vocabulary, so decoding stays lossless.
 
 A branching method takes another tree as ``NAME@TREE``: ``sps@eagle`` (the EAGLE static tree),
 ``eagle2@5/8/32`` (a dynamic tree; '/' keeps commas free for method lists), ``eagle@chain:4``.
@@ -116,8 +117,8 @@ class Methods:
         draft_path: draft model checkpoint for ``sps`` (default: the shipped one).
         draft_model: a loaded draft Transformer for ``sps`` instead (e.g. the tiny presets in tests).
         drafter_path: a head checkpoint (file, directory or hub id) for eagle / eagle2 / eagle3 / medusa.
-        draft_vocab: draft vocabulary of eagle / eagle2: None for ``DRAFT_VOCAB``'s default, 0 for the
-            full vocabulary, K for the K most frequent tokens.
+        draft_vocab: draft vocabulary of the methods in ``DRAFT_VOCAB`` (eagle, eagle2, copy, medusa): None
+            for ``DRAFT_VOCAB``'s default, 0 for the full vocabulary, K for the K most frequent tokens.
     """
 
     def __init__(self, target, model_name: str = "smollm2-135m", k: int = 4, pld_k: int = 8, tree=None,

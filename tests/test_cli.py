@@ -1,7 +1,15 @@
+import argparse
+import ast
+import importlib
+import importlib.util
 import subprocess
 import sys
+from pathlib import Path
+from unittest.mock import patch
 
 import pytest
+
+from minispec.cli import main as cli_main
 
 
 def _run(*args):
@@ -143,7 +151,7 @@ def test_idle_cores_are_measured_now_not_averaged_over_the_last_minute(tmp_path)
 
 
 @pytest.mark.parametrize("args, message", [
-    (("demo", "--model", "tiny-llama", "--threads", "-3"), "argument --threads: must be at least 0, got -3"),
+    (("demo", "--model", "tiny-llama", "--threads", "-3"), "argument --threads: must be at least 1, got -3"),
     (("bench", "--threads", "x"), "argument --threads: must be a whole number, got 'x'"),
     (("train", "eagle", "--threads", "0"), "argument --threads: must be at least 1, got 0"),
     (("profile", "--methods", "vanilla,zzz"), "unknown method 'zzz'"),
@@ -155,3 +163,78 @@ def test_bad_counts_and_methods_are_refused_by_name_before_anything_loads(args, 
     not a traceback from torch.set_num_threads or int() once the model has loaded."""
     r = _run(*args)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _benchmark(name: str):
+    """``benchmarks/NAME.py``'s main, called with argv (a main that reads ``sys.argv`` gets it there)."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def main(argv):
+        if module.main.__code__.co_argcount:
+            return module.main(argv)
+        with patch.object(sys, "argv", [spec.origin, *argv]):
+            return module.main()
+    return main
+
+
+def _module(name: str, func: str = "main"):
+    return lambda argv: getattr(importlib.import_module(name), func)(argv)
+
+
+THREADS_COMMANDS = {  # a file that declares --threads -> how each of its commands parses argv
+    "minispec/cli.py": [lambda argv, c=c: cli_main([c, *argv]) for c in ("demo", "tune", "bench")],
+    "minispec/lab/profile.py": [_module("minispec.lab.profile")],
+    "minispec/lab/gpu_suite.py": [_module("minispec.lab.gpu_suite")],
+    "minispec/train/data.py": [_module("minispec.train.data")],
+    **{f"minispec/train/{m}.py": [_module(f"minispec.train.{m}", "parse_args")]
+       for m in ("distill_draft", "eagle", "eagle3", "medusa", "selfdistill")},
+    **{f"benchmarks/{p.name}": [lambda argv, n=p.stem: _benchmark(n)(argv)]
+       for p in sorted((ROOT / "benchmarks").glob("*.py")) if '"--threads"' in p.read_text()},
+}
+
+
+def test_every_threads_flag_takes_the_shared_thread_count_type():
+    """Every ``--threads`` of minispec, its lab, its trainers and the benchmarks is parsed by
+    ``minispec.lab.env.thread_count`` (or ``thread_counts`` for a list), and is in ``THREADS_COMMANDS`` below."""
+    declared = {}
+    for path in [*(ROOT / "minispec").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "tools").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument" and node.args
+                    and isinstance(node.args[0], ast.Constant) and node.args[0].value == "--threads"):
+                kind = {k.arg: k.value for k in node.keywords}.get("type")
+                declared.setdefault(str(path.relative_to(ROOT)), []).append(getattr(kind, "id", ast.dump(kind) if kind else None))
+    assert declared and all(t in ("thread_count", "thread_counts") for ts in declared.values() for t in ts), declared
+    assert set(declared) == set(THREADS_COMMANDS), set(declared) ^ set(THREADS_COMMANDS)
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+@pytest.mark.parametrize("path", sorted(THREADS_COMMANDS))
+def test_every_command_refuses_threads_below_one_by_name(path, value, capsys):
+    """``--threads 0`` (once "one per idle core", now the flag left out) and negatives: every command exits 2 with
+    argparse's message naming the flag, before it loads anything."""
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_only(self, args=None, namespace=None):  # a command that accepts the value stops here, having run nothing
+        raise AssertionError(f"{path} accepted --threads {value}: {parse(self, args, namespace)}")
+
+    for command in THREADS_COMMANDS[path]:
+        with patch.object(argparse.ArgumentParser, "parse_args", parse_only), pytest.raises(SystemExit) as e:
+            command(["--threads", value])
+        assert e.value.code == 2
+        assert f"argument --threads: must be at least 1, got {value}" in capsys.readouterr().err
+
+
+def test_thread_count_parses_counts_and_lists():
+    from minispec.lab.env import thread_count, thread_counts
+
+    assert thread_count("3") == 3 and thread_counts("1, 2") == [1, 2]
+    for bad in ("0", "-1", "x", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            thread_count(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="at least 1, got 0"):
+        thread_counts("1,0")

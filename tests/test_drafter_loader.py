@@ -200,17 +200,40 @@ def test_unknown_layouts_and_missing_checkpoints(tmp_path, target, monkeypatch):
         load_drafter("someone/EAGLE3-model", model)
 
 
-def test_draft_vocab_applies_to_eagle1_heads_only(tmp_path, target):
+def test_draft_vocab_applies_to_eagle1_and_medusa_heads_only(tmp_path, target):
     model, _ = target
     e1 = _write_dir(tmp_path / "e1", _eagle1(model).cfg.to_dict(), _eagle1(model).state_dict(), "safetensors")
     e3 = _eagle3(model)
     e3 = _write_dir(tmp_path / "e3", e3.config.to_dict(), e3.state_dict(), "safetensors")
-    with pytest.raises(ValueError, match="draft_vocab applies to EAGLE-1/2 heads"):
+    m = tmp_path / "m.safetensors"
+    save_file({k: v.contiguous() for k, v in _randomize(MedusaHeads(model.cfg.d_model, 2, 256)).state_dict().items()}, str(m))
+    with pytest.raises(ValueError, match="draft_vocab applies to EAGLE-1/2 and Medusa heads, not to a eagle3 checkpoint"):
         load_drafter(e3, model, verbose=False, draft_vocab=16)
-    with pytest.raises(ValueError, match="token counts cover 49152 tokens but the target's vocabulary has 256"):
-        load_drafter(e1, model, verbose=False, draft_vocab=16)  # the shipped counts are SmolLM2's
-    d = load_drafter(e1, model, verbose=False)
-    assert d.draft_vocab is None and d.lm_head is model.lm_head
+    with pytest.raises(ValueError, match="head_dtype applies to EAGLE-1/2 heads, not to a medusa checkpoint"):
+        load_drafter(m, model, verbose=False, head_dtype=torch.bfloat16)
+    for path in (e1, m):
+        with pytest.raises(ValueError, match="token counts cover 49152 tokens but the target's vocabulary has 256"):
+            load_drafter(path, model, verbose=False, draft_vocab=16)  # the shipped counts are SmolLM2's
+        d = load_drafter(path, model, verbose=False)
+        assert d.draft_vocab is None and d.lm_head is model.lm_head
+
+
+def test_medusa_heads_with_their_own_lm_heads_draft_over_the_draft_vocabulary(target):
+    """Medusa-1 heads with an LM head each: a draft vocabulary restricts every one of them to its rows."""
+    from minispec.drafters.vocab import top_tokens
+
+    model, _ = target
+    heads = _randomize(MedusaHeads(model.cfg.d_model, 4, model.cfg.vocab_size, own_lm_head=True))
+    counts = torch.randperm(model.cfg.vocab_size, generator=torch.Generator().manual_seed(0))
+    d = MedusaDrafter(model, heads, draft_vocab=24, token_counts=counts)
+    keep = torch.zeros(model.cfg.vocab_size, dtype=torch.bool)
+    keep[top_tokens(counts, 24)] = True
+    f = torch.randn(3, model.cfg.d_model)
+    with torch.inference_mode():
+        full, small = heads(f), heads(f, d.lm_head)  # [4, 3, V] each head's own LM head, over all tokens / the 24
+    assert [tuple(lm.head.weight.shape) for lm in d.lm_head] == [(24, model.cfg.d_model)] * 4
+    torch.testing.assert_close(small[..., keep], full[..., keep])
+    assert torch.isinf(small[..., ~keep]).all() and (small[..., ~keep] < 0).all()
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])

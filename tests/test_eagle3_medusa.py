@@ -16,6 +16,7 @@ from minispec.drafters.base import Features
 from minispec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
 from minispec.drafters.medusa import MedusaDrafter, MedusaHeads
 from minispec.drafters.tree_drafter import TreeSpec
+from minispec.drafters.vocab import top_tokens
 from minispec.sampling import GREEDY
 from minispec.train.data import Sequence, target_features
 
@@ -97,7 +98,8 @@ def trained(target, shared_torch):
     def compute():
         model, tok = target
         seqs, feats = _data(model, tok)
-        out = {"context": seqs[3].tokens[:seqs[3].prompt_len + 2]}  # an odd index: a sampled continuation
+        out = {"context": seqs[3].tokens[:seqs[3].prompt_len + 2],  # an odd index: a sampled continuation
+               "counts": torch.bincount(torch.cat([s.tokens for s in seqs]), minlength=model.cfg.vocab_size)}
         for kind, train in (("eagle3", _train_eagle3), ("medusa", _train_medusa)):
             head, before, after = train(model, seqs, feats)
             out[kind] = dict(state=head.state_dict(), before=torch.tensor(before), after=torch.tensor(after))
@@ -210,23 +212,62 @@ def test_eagle3_tree_node_logits_equal_an_unrolled_recomputation(target, eagle3_
     assert d.kv.length == n - 1  # the tree was rolled back; the committed positions stay
 
 
+MEDUSA_VOCAB = 24  # the tiny heads' draft vocabulary in the tests below: 24 of the 256 tokens
+
+
+def _medusa(model, heads, tree, trained, vocab):
+    """A Medusa drafter over the full vocabulary (vocab None) or the ``vocab`` most frequent tokens of the heads'
+    training text."""
+    return MedusaDrafter(model, heads, tree=tree, draft_vocab=vocab, token_counts=trained["counts"] if vocab else None)
+
+
+@pytest.mark.parametrize("vocab", [None, MEDUSA_VOCAB], ids=["full-vocab", "draft-vocab"])
 @pytest.mark.parametrize("tree", MEDUSA_TREES)
-def test_medusa_children_of_depth_d_take_head_d(target, medusa_heads, tree):
+def test_medusa_children_of_depth_d_take_head_d(target, trained, medusa_heads, tree, vocab):
+    """Every child of a depth-d node takes head d's logits on f_{n-2}: over the full vocabulary the target's LM
+    head, over a draft vocabulary its rows of those tokens (-inf elsewhere, so no other token is drafted)."""
     model, tok = target
     heads = medusa_heads[0]
     ctx = tok.encode("Medusa heads see only f_{n-2}")
     o = _features(model, ctx[:-1])
-    d = MedusaDrafter(model, heads, tree=tree)
+    d = _medusa(model, heads, tree, trained, vocab)
     d.prefill(ctx, Features(o.hidden[0]))
     seen = _spy(d)
     t = d.propose(GREEDY, budget=10)
+    keep = torch.zeros(model.cfg.vocab_size, dtype=torch.bool)
+    keep[top_tokens(trained["counts"], vocab) if vocab else slice(None)] = True  # [V] the draft vocabulary
     with torch.no_grad():
         ref = [heads.heads[i][0](o.hidden[0, -1]) @ model.lm_head.weight.t() for i in range(4)]  # head i on f_{n-2}
+    ref = [r.masked_fill(~keep, float("-inf")) for r in ref]
     assert seen
     for path, logits in seen.items():
         torch.testing.assert_close(logits, ref[len(path)])
     first = [i for i, p in enumerate(t.parents) if p < 0]
     assert t.tokens[first[0]] == int(ref[0].argmax())
+    assert keep[t.tokens].all()
+
+
+@pytest.mark.parametrize("vocab", [None, MEDUSA_VOCAB], ids=["full-vocab", "draft-vocab"])
+def test_a_medusa_step_reads_the_lm_head_rows_once_for_all_heads(target, trained, medusa_heads, vocab):
+    """One proposal runs each head's residual block once and ONE LM-head product for all four heads: over a draft
+    vocabulary that product reads its rows only ([Vd, H]), not the target's [V, H] once per head."""
+    model, tok = target
+    heads = medusa_heads[0]
+    ctx = tok.encode("Medusa reads the LM head once")
+    o = _features(model, ctx[:-1])
+    d = _medusa(model, heads, "medusa", trained, vocab)
+    d.prefill(ctx, Features(o.hidden[0]))
+    calls = []  # (weight shape, rows) of every linear layer a proposal runs
+    hooks = [m.register_forward_hook(lambda m, x, y: calls.append((tuple(m.weight.shape), x[0].numel() // m.in_features)))
+             for m in {*heads.modules(), *model.modules(), *d.lm_head.modules()} if isinstance(m, torch.nn.Linear)]
+    try:
+        d.propose(GREEDY, budget=10)
+    finally:
+        for h in hooks:
+            h.remove()
+    H, V = model.cfg.d_model, model.cfg.vocab_size
+    rows = MEDUSA_VOCAB if vocab else V
+    assert sorted(calls) == sorted([((H, H), 1)] * 4 + [((rows, H), 4)]), calls  # 4 residual blocks, 1 LM-head product
 
 
 @pytest.mark.parametrize("kind, tree", [("eagle3", t) for t in TREES] + [("medusa", t) for t in MEDUSA_TREES])
@@ -236,6 +277,19 @@ def test_greedy_decoding_equals_vanilla(target, heads, kind, tree):
     for prompt in PROMPTS:
         vanilla = generate(model, tok, prompt, max_new_tokens=60)
         spec = generate(model, tok, prompt, drafter=drafter(kind, model, heads[kind], tree), max_new_tokens=60)
+        assert spec.tokens == vanilla.tokens
+        saved += vanilla.stats.target_forwards - spec.stats.target_forwards
+    assert saved > 10  # drafts were accepted: the verification mattered
+
+
+@pytest.mark.parametrize("tree", MEDUSA_TREES)
+def test_medusa_over_a_draft_vocabulary_decodes_vanillas_greedy_tokens(target, trained, heads, tree):
+    model, tok = target
+    saved = 0
+    for prompt in PROMPTS:
+        vanilla = generate(model, tok, prompt, max_new_tokens=60)
+        spec = generate(model, tok, prompt, drafter=_medusa(model, heads["medusa"], tree, trained, MEDUSA_VOCAB),
+                        max_new_tokens=60)
         assert spec.tokens == vanilla.tokens
         saved += vanilla.stats.target_forwards - spec.stats.target_forwards
     assert saved > 10  # drafts were accepted: the verification mattered
@@ -256,6 +310,28 @@ def test_sampled_decoding_has_the_target_law(target, trained, heads, kind, tree)
     law = sample_law(model, tok, ids, lambda: drafter(kind, model, heads[kind], tree), exact, 800, params)
     # drafts were accepted (~10% of runs with these tiny heads): verification mattered
     assert law.accepted > law.n / 25, law.accepted
+    assert_same_law(law, exact)
+
+
+@pytest.mark.parametrize("tree", ["chain:3", "3,3,6"])
+def test_medusa_over_a_draft_vocabulary_has_the_target_law(target, trained, heads, tree):
+    """As above, with the heads drafting over a draft vocabulary that leaves out the least likely first token: a
+    chain's q is 0 there and a tree never drafts it, yet it still comes out (from the residual / the bonus),
+    and the joint law of three tokens is the target's."""
+    model, tok = target
+    params = dict(temperature=0.7, top_k=3)
+    ids = trained["context"].tolist()
+    exact = exact_law(model, ids, params)
+    first = {}
+    for seq, pr in exact.items():
+        first[seq[0]] = first.get(seq[0], 0.0) + pr
+    missing = min(first, key=first.get)  # the least likely first token: drafts can never propose it
+    counts = torch.zeros(model.cfg.vocab_size, dtype=torch.long)
+    counts[sorted({t for seq in exact for t in seq} - {missing})] = 1
+    law = sample_law(model, tok, ids, lambda: MedusaDrafter(model, heads["medusa"], tree=tree, draft_vocab=int(counts.sum()),
+                                                            token_counts=counts), exact, 800, params)
+    assert law.accepted > law.n / 25, law.accepted
+    assert sum(n for seq, n in law.counts.items() if seq[0] == missing) > 0  # the left-out token still comes out
     assert_same_law(law, exact)
 
 

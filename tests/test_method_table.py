@@ -36,7 +36,7 @@ def test_bench_tune_and_auto_draw_on_the_table():
     assert dispatch.QUICK_CANDIDATES is registry.QUICK_CANDIDATES
     for name in (*registry.DEFAULT_CANDIDATES, *registry.QUICK_CANDIDATES, registry.DEFAULT_AUTO):
         assert methods.parse_method(name).base in registry.TABLE
-    assert methods.DRAFT_VOCAB == {"eagle": 8192, "eagle2": 8192, "copy": 8192}
+    assert methods.DRAFT_VOCAB == {"eagle": 8192, "eagle2": 8192, "copy": 8192, "medusa": 8192}
     assert {m: registry.TABLE[m].head for m in methods.HEADS} == methods.HEADS
 
 

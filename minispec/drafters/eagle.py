@@ -57,7 +57,7 @@ from .graphed_draft import GraphedHead, step_plan
 from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
 from .layouts import check_embed, fit, load_strict, read_checkpoint
 from .registry import default_tree, shipped
-from .vocab import ReducedLMHead, load_counts, top_tokens
+from .vocab import ReducedLMHead, draft_ids
 
 DEFAULT_NAME = "smollm2-135m-eagle"
 
@@ -193,12 +193,7 @@ class EagleDrafter(GraphedHead, TreeDrafter):
         self.draft_vocab = draft_vocab
         self.lm_head = target.lm_head
         if draft_vocab is not None:
-            counts = load_counts() if token_counts is None else torch.as_tensor(token_counts)
-            if counts.numel() != target.cfg.vocab_size:
-                raise ValueError(f"token counts cover {counts.numel()} tokens but the target's vocabulary has "
-                                 f"{target.cfg.vocab_size}: count tokens with the target's tokenizer "
-                                 "(python -m minispec.train.token_counts)")
-            self.lm_head = ReducedLMHead(target.lm_head, top_tokens(counts, draft_vocab))
+            self.lm_head = ReducedLMHead(target.lm_head, draft_ids(target.cfg.vocab_size, draft_vocab, token_counts))
         self.head_dtype = next(self.head.parameters()).dtype
         if self.head_dtype != target.dtype:  # the LM-head rows a draft reads, in the head's dtype: a copy
             if isinstance(self.lm_head, ReducedLMHead):  # this drafter's own already

@@ -49,8 +49,9 @@ def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True, draft_
             ``registry.TABLE`` (Medusa: a chain as deep as the heads when they are fewer than the
             'medusa' tree needs, ``registry.default_tree``).
         verbose: print one line with what was inferred.
-        draft_vocab: EAGLE-1/2 heads only: draft over the K most frequent tokens (FR-Spec,
-            ``minispec.drafters.vocab``); None: the full vocabulary.
+        draft_vocab: EAGLE-1/2 and Medusa heads (which draft through an LM head of the target's vocabulary):
+            draft over the K most frequent tokens (FR-Spec, ``minispec.drafters.vocab``); None: the full
+            vocabulary.
         head_dtype: EAGLE-1/2 heads only: draft in this dtype (``EagleDrafter``); None: the target's.
     Returns:
         EagleDrafter | Eagle3Drafter | MedusaDrafter | DraftModel, on the target's device and dtype.
@@ -59,16 +60,13 @@ def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True, draft_
         FileNotFoundError: nothing at the path and no reachable hub.
     """
     weights, state, meta, kind = read_checkpoint(path_or_hub_id)
-    for name, value in (("draft_vocab", draft_vocab), ("head_dtype", head_dtype)):
-        if value is not None and kind != "eagle":
-            raise ValueError(f"{name} applies to EAGLE-1/2 heads (drafting through the target's LM head), not to a "
+    kw = {name: value for name, value in (("draft_vocab", draft_vocab), ("head_dtype", head_dtype)) if value is not None}
+    for name in kw:
+        if kind not in OPTIONS[name]:
+            raise ValueError(f"{name} applies to {' and '.join(HEAD_NAMES[k] for k in OPTIONS[name])} heads, not to a "
                              f"{kind} checkpoint")
     dtype = next((v.dtype for v in state.values() if v.is_floating_point()), None)
-    if kind == "eagle":
-        drafter, info = eagle_from_state(state, meta, target, weights, tree=tree, draft_vocab=draft_vocab,
-                                         head_dtype=head_dtype)
-    else:
-        drafter, info = BUILDERS[kind](state, meta, target, weights, tree)
+    drafter, info = BUILDERS[kind](state, meta, target, weights, tree, **kw)
     if verbose:
         print(f"load_drafter: {info}, dtype {str(dtype).removeprefix('torch.')}) from {weights}")
     return drafter
@@ -97,7 +95,7 @@ def _eagle3(state: dict, meta: dict, target, weights: Path, tree):
                      "no fc bias")
 
 
-def _medusa(state: dict, meta: dict, target, weights: Path, tree):
+def _medusa(state: dict, meta: dict, target, weights: Path, tree, **kw):
     cfg = meta.get("config", meta)
     state = {k.removeprefix("medusa_head."): v for k, v in state.items()}
     K = 1 + max(int(MEDUSA_KEY.match(k).group(1)) for k in state if MEDUSA_KEY.match(k))
@@ -108,10 +106,17 @@ def _medusa(state: dict, meta: dict, target, weights: Path, tree):
     heads = MedusaHeads(H, K, V, own_lm_head=own)
     load_strict(heads, state, weights)
     heads = heads.to(device=target.device, dtype=target.dtype).eval()
-    drafter = MedusaDrafter(target, heads, tree=tree if tree is not None else default_tree("medusa", heads=K))
-    return drafter, f"Medusa heads ({K} heads, hidden {H}, 1 layer each, vocab {V}, {'own' if own else 'shared target'} LM head"
+    drafter = MedusaDrafter(target, heads, tree=tree if tree is not None else default_tree("medusa", heads=K), **kw)
+    vocab = f", draft vocab {drafter.draft_vocab}" if drafter.draft_vocab else ""
+    return drafter, (f"Medusa heads ({K} heads, hidden {H}, 1 layer each, vocab {V}{vocab}, "
+                     f"{'own' if own else 'shared target'} LM head")
 
 
-BUILDERS = {"draft": _draft_model, "eagle3": _eagle3, "medusa": _medusa}
-"""checkpoint kind -> (state, meta, target, weights file, tree) -> (drafter, what was inferred); EAGLE-1/2's
-builder is ``eagle.eagle_from_state`` (it also serves ``load_eagle``)."""
+BUILDERS = {"draft": _draft_model, "eagle": eagle_from_state, "eagle3": _eagle3, "medusa": _medusa}
+"""checkpoint kind -> (state, meta, target, weights file, tree, **OPTIONS) -> (drafter, what was inferred); EAGLE-1/2's
+builder ``eagle.eagle_from_state`` also serves ``load_eagle``."""
+
+OPTIONS = {"draft_vocab": ("eagle", "medusa"), "head_dtype": ("eagle",)}
+"""``load_drafter``'s options -> the checkpoint kinds whose builders take them: a draft vocabulary restricts the LM head
+that EAGLE-1/2 and Medusa heads draft through (EAGLE-3 heads bring their own, d2t); a head dtype casts an EAGLE-1/2 head."""
+HEAD_NAMES = {"eagle": "EAGLE-1/2", "medusa": "Medusa"}

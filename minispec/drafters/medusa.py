@@ -15,12 +15,18 @@ position t predicts x_{t+i+2}. Training (``minispec.train.medusa``) fits exactly
 t against the target's distribution at position t+i+1.
 
 Drafting: Medusa heads never see the drafted tokens, so every child of a node at depth d takes
-the logits of head d, computed once per step from f_{n-2}. Any ``TreeSpec`` works (the static
-'medusa' tree ``mc_sim_7b_63`` is Medusa's own); the trees are verified losslessly by
-minispec's verifiers (greedy / one-hot q / Leviathan-Chen for sampled chains), NOT by Medusa's
-typical acceptance, which changes the output distribution.
+the logits of head d, computed once per step from f_{n-2}: the K residual blocks, then ONE product
+of their K outputs with the LM head they share. The ``medusa`` method (``registry.TABLE``) drafts
+over the 8,192 most frequent tokens (FR-Spec, ``minispec.drafters.vocab``, as the EAGLE-1/2 head
+does): that LM head is the target's rows of those tokens (``ReducedLMHead``), so a step reads about
+a sixth of SmolLM2's 49,152-row LM head once, where one product per head would read all of it K
+times. A token outside the draft vocabulary is never drafted; verification runs over the full
+vocabulary, so only acceptance can change. Any ``TreeSpec`` works (the static 'medusa' tree
+``mc_sim_7b_63`` is Medusa's own); the trees are verified losslessly by minispec's verifiers
+(greedy / one-hot q / Leviathan-Chen for sampled chains), NOT by Medusa's typical acceptance,
+which changes the output distribution.
 
-Shapes: K heads, H hidden, V vocab, n nodes.
+Shapes: K heads, H hidden, V vocab, Vd draft vocab, n nodes.
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..linear import Linear
+from ..linear import Linear, prepack
 from .base import Features
 from .tree_drafter import TreeDrafter, TreeSpec
 from .registry import default_tree
+from .vocab import ReducedLMHead, draft_ids
 
 
 class ResBlock(nn.Module):
@@ -65,13 +72,26 @@ class MedusaHeads(nn.Module):
     def load_state_dict(self, state, strict: bool = True, assign: bool = False):
         return self.heads.load_state_dict(state, strict=strict, assign=assign)
 
-    def forward(self, f: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
-        """f [..., H] target last hidden states (after norm), lm_head [V, H] the target's -> logits [K, ..., V]."""
-        outs = []
-        for head in self.heads:
-            x = head[0](f)
-            outs.append(head[1](x) if self.own_lm_head else x @ lm_head.t())
-        return torch.stack(outs)
+    def forward(self, f: torch.Tensor, lm_head=None) -> torch.Tensor:
+        """Logits of every head.
+
+        Args:
+            f: [..., H] target last hidden states (after its final norm).
+            lm_head: the LM head the heads share, a module [..., H] -> [..., V] (the target's ``lm_head``,
+                or its rows of a draft vocabulary, ``ReducedLMHead``), applied to the K heads' outputs in
+                one product; or a list of K such modules, one per head; None: each head's own LM head
+                (``own_lm_head``).
+        Returns:
+            [K, ..., V] logits; head i's are row i.
+        """
+        x = torch.stack([head[0](f) for head in self.heads])  # [K, ..., H] every head's residual block
+        if isinstance(lm_head, nn.Module):
+            return lm_head(x)  # [K, ..., V]: one product for all heads
+        if lm_head is None:
+            if not self.own_lm_head:
+                raise ValueError("these Medusa heads share the target's LM head: pass it (heads(f, target.lm_head))")
+            lm_head = [head[1] for head in self.heads]
+        return torch.stack([lm(x[i]) for i, lm in enumerate(lm_head)])  # [K, ..., V]
 
 
 class MedusaDrafter(TreeDrafter):
@@ -82,21 +102,34 @@ class MedusaDrafter(TreeDrafter):
             and ``commit``).
         heads: ``MedusaHeads``.
         tree: a ``TreeSpec`` or its string form; default Medusa's static tree.
+        draft_vocab: draft over the K most frequent tokens only (FR-Spec, ``minispec.drafters.vocab``): the
+            heads' LM head (the target's, or each head's own) restricted to those rows; None: the full
+            vocabulary. Verification stays over the full vocabulary (lossless).
+        token_counts: [V] counts that rank the tokens (default: the ones shipped for SmolLM2).
     """
 
     reads_features = True
 
-    def __init__(self, target, heads: MedusaHeads, tree: "TreeSpec | str | int | None" = None):
+    def __init__(self, target, heads: MedusaHeads, tree: "TreeSpec | str | int | None" = None,
+                 draft_vocab: int | None = None, token_counts: torch.Tensor | None = None):
         super().__init__(tree if tree is not None else default_tree("medusa"))
         if self.spec.depth > heads.num_heads:
             raise ValueError(f"a tree of depth {self.spec.depth} needs {self.spec.depth} Medusa heads, "
                              f"these have {heads.num_heads}")
-        self.heads, self.lm_head = heads, target.lm_head
+        self.heads, self.dtype, self.draft_vocab = heads, target.dtype, draft_vocab
         self.check_target(target)
+        ids = None if draft_vocab is None else draft_ids(target.cfg.vocab_size, draft_vocab, token_counts)  # [Vd]
+        if heads.own_lm_head:  # Medusa-1: one LM head per head, each restricted to the draft vocabulary
+            self.lm_head = [h[1] if ids is None else ReducedLMHead(h[1], ids) for h in heads.heads]
+        else:  # the target's, or its rows of the draft vocabulary: one product for all heads
+            self.lm_head = target.lm_head if ids is None else ReducedLMHead(target.lm_head, ids)
+        for m in [heads, *(self.lm_head if heads.own_lm_head else [self.lm_head])]:
+            prepack(m)  # not on the first timed draft
         self.prefill([])
 
     def __repr__(self):
-        return f"MedusaDrafter({self.heads.num_heads} heads, {self.spec.name})"
+        vocab = f", draft vocab {self.draft_vocab}" if self.draft_vocab else ""
+        return f"MedusaDrafter({self.heads.num_heads} heads, {self.spec.name}{vocab})"
 
     def check_target(self, target) -> None:
         h, t = self.heads, target.cfg
@@ -119,8 +152,8 @@ class MedusaDrafter(TreeDrafter):
         if self.last is None or self.observed != n - 1:
             raise RuntimeError(f"Medusa drafter has features of {self.observed} tokens; a context of {n} "
                                f"needs {n - 1} (hand them over with prefill and commit)")
-        w = self.lm_head.weight
-        self._logits = self.heads(self.last.to(w.dtype), w)  # [K, V] head i: depth i + 1
+        # [K, V]: head i drafts depth i + 1 (-inf outside a draft vocabulary)
+        self._logits = self.heads(self.last.to(self.dtype), self.lm_head)
         self._depths = []
         self.forwards += 1
         return self._logits[0]

@@ -24,7 +24,8 @@ class Row:
     head: the checkpoint kind it loads (``loader.detect``: draft, eagle, eagle3, medusa); None: no model.
     tree: the tree it drafts unless given ``NAME@TREE``; None: it does not branch.
     draft_vocab: K: it drafts through the target's LM head over the K most frequent tokens (FR-Spec,
-        ``minispec.drafters.vocab``) unless told otherwise; None: the full vocabulary.
+        ``minispec.drafters.vocab``) unless told otherwise; None: the full vocabulary (EAGLE-3 drafts over
+        the reduced vocabulary its head was trained with, d2t).
     """
 
     head: str | None = None
@@ -39,7 +40,7 @@ TABLE = {
     "eagle": Row("eagle", "chain:5", 8192),
     "eagle2": Row("eagle", "6,10,60", 8192),  # EAGLE-2's dynamic tree: depth, top_k, total_tokens
     "eagle3": Row("eagle3", "chain:5"),  # EAGLE-3 drafts over its own reduced vocabulary (d2t)
-    "medusa": Row("medusa", "medusa"),  # Medusa's static mc_sim_7b_63 tree (see MEDUSA_TREE_HEADS)
+    "medusa": Row("medusa", "medusa", 8192),  # Medusa's static mc_sim_7b_63 tree (see MEDUSA_TREE_HEADS)
     "copy": Row("eagle", "chain:5", 8192),  # the context's continuation where it repeats, else the EAGLE-1/2 head
     "auto": Row(),  # resolved before it runs: see DEFAULT_AUTO below
 }

@@ -1,9 +1,9 @@
 """Frequency-ranked draft vocabulary: draft over the K most frequent tokens only (FR-Spec).
 
 Zhao et al., "FR-Spec: Accelerating Large-Vocabulary Language Models via Frequency-Ranked
-Speculative Sampling" (2025). A feature-level head (EAGLE-1/2) drafts through the target's LM
-head, a [V, H] matrix: for SmolLM2-135M, 49,152 x 576 = 21% of the target's weights, read once
-per drafted level. Most of those rows are tokens a draft almost never proposes, so the head
+Speculative Sampling" (2025). A feature-level head (EAGLE-1/2, Medusa) drafts through the target's
+LM head, a [V, H] matrix: for SmolLM2-135M, 49,152 x 576 = 21% of the target's weights, read once
+per drafted level (EAGLE) or per step (Medusa's heads, in one product). Most of those rows are tokens a draft almost never proposes, so the head
 drafts over the K most frequent tokens only:
 
     logits_draft = W[ids] @ g            # [K] instead of [V]; ids = the K most frequent tokens
@@ -53,6 +53,20 @@ def top_tokens(counts: torch.Tensor, k: int) -> torch.Tensor:
         raise ValueError(f"draft vocabulary size must be an integer in 1..{V}, got {k!r}")
     order = torch.sort(counts.long(), descending=True, stable=True).indices  # [V], most frequent first
     return order[:k].sort().values
+
+
+def draft_ids(vocab_size: int, k: int, token_counts: torch.Tensor | None = None) -> torch.Tensor:
+    """The draft vocabulary of a target with ``vocab_size`` tokens: its ``k`` most frequent tokens by
+    ``token_counts`` [vocab_size] (default: the counts shipped for SmolLM2), [k] long in increasing id order.
+
+    Raises:
+        ValueError: the counts cover another vocabulary, or ``k`` is not in 1..vocab_size.
+    """
+    counts = load_counts() if token_counts is None else torch.as_tensor(token_counts)
+    if counts.numel() != vocab_size:
+        raise ValueError(f"token counts cover {counts.numel()} tokens but the target's vocabulary has {vocab_size}: "
+                         "count tokens with the target's tokenizer (python -m minispec.train.token_counts)")
+    return top_tokens(counts, k)
 
 
 class ReducedLMHead(torch.nn.Module):

@@ -182,7 +182,7 @@ def run_bench(questions: list[dict], methods=("hf", "vanilla", "sps", "pld"), mo
         draft_path: the draft checkpoint for ``sps`` / ``hf_assisted`` (default: the shipped one).
         tree: tree for branching methods listed without ``@TREE`` (default: each method's own).
         drafter_path: head checkpoint for eagle / eagle2 / eagle3 / medusa (default: the shipped ones).
-        draft_vocab: draft vocabulary of eagle / eagle2 (None: ``methods.DRAFT_VOCAB``, 0: the full vocabulary).
+        draft_vocab: draft vocabulary of eagle / eagle2 / copy / medusa (None: ``methods.DRAFT_VOCAB``, 0: the full vocabulary).
         batch_size: B > 1 decodes B questions at a time (``minispec.batch``; ``hf``: transformers'
             batched ``generate``, left-padded); tokens/s is then the batch's throughput, and
             ``identical`` compares each answer with the question decoded alone (vanilla, greedy).

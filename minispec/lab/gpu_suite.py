@@ -320,7 +320,7 @@ class Suite:
 
 
 def main(argv=None) -> int:
-    from .env import at_least
+    from .env import thread_count
 
     ap = argparse.ArgumentParser(prog="python -m minispec gpu-suite", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="directory for the JSON files")
@@ -329,7 +329,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tests-s", type=float, default=TESTS_S,
                     help=f"the GPU tests' own time limit in seconds (default {TESTS_S:.0f})")
     ap.add_argument("--only", default=None, help=f"comma list of sections (default all: {','.join(SECTIONS)})")
-    ap.add_argument("--threads", type=at_least(0), default=0, help="torch CPU threads for --smoke (default, or 0: one per idle core)")
+    ap.add_argument("--threads", type=thread_count, default=None, help="torch CPU threads for --smoke (default: one per idle core)")
     args = ap.parse_args(argv)
     sections = [s.strip() for s in args.only.split(",")] if args.only else list(SECTIONS)
     if unknown := [s for s in sections if s not in SECTIONS]:
@@ -341,7 +341,7 @@ def main(argv=None) -> int:
     if args.smoke:
         from .env import default_threads
 
-        torch.set_num_threads(args.threads or default_threads())
+        torch.set_num_threads(args.threads if args.threads is not None else default_threads())
         if "triton" not in sys.modules:  # run the Triton kernels in the interpreter: the same code path on CPU
             os.environ.setdefault("TRITON_INTERPRET", "1")
     rc = Suite(args.out, args.smoke, args.budget_s, args.tests_s).run(sections)

@@ -335,7 +335,7 @@ def format_profile(r: dict) -> str:
 def main(argv=None) -> int:
     from .benchinfo import save_json
     from ..config import fast
-    from .env import at_least, default_threads
+    from .env import at_least, default_threads, thread_count
     from ..methods import parse_method
     from ..prompts import own_prompts
 
@@ -349,7 +349,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=at_least(1), default=7)
     ap.add_argument("--draft-vocab", type=int, default=None)
     ap.add_argument("--no-prepack", action="store_true", help="F.linear instead of the weight panels (the before figure)")
-    ap.add_argument("--threads", type=at_least(0), default=0, help="torch threads (default, or 0: one per idle core)")
+    ap.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: one per idle core)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); else sampled, seeded")
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
@@ -367,7 +367,7 @@ def main(argv=None) -> int:
         ap.error(f"--sizes: {e}" if isinstance(e, argparse.ArgumentTypeError) else str(e))
     if not methods:
         ap.error("--methods names no method")
-    torch.set_num_threads(args.threads or default_threads())
+    torch.set_num_threads(args.threads if args.threads is not None else default_threads())
     if args.no_prepack:
         from ..linear import Linear
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..lab.env import at_least
+from ..lab.env import at_least, thread_count
 from ..config import cache_dir
 from ..tokenizer import encode_prompt
 from . import TARGET
@@ -323,7 +323,7 @@ def main(argv=None) -> None:
     ap.add_argument("--heldout", type=int, default=32)
     ap.add_argument("--max-len", type=int, default=320)
     ap.add_argument("--topk", type=int, default=32)
-    ap.add_argument("--threads", type=at_least(1), default=1)
+    ap.add_argument("--threads", type=thread_count, default=1)
     ap.add_argument("--count-only", action="store_true", help="only print the number of sequences and tokens")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 
 from . import TARGET, bf16_help, ddp, loop, native_bf16
-from ..lab.env import at_least
+from ..lab.env import thread_count
 from ..config import cache_dir
 from ..drafters.draft_checkpoint import FORMAT, SHARED, check_fits, load_draft_model, own_keys
 from ..drafters.registry import shipped_head
@@ -317,7 +317,7 @@ def parse_args(argv=None):
     ap.add_argument("--ckpt-every", type=int, default=50, help="save a resumable checkpoint every N steps")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=native_bf16(), help=bf16_help())
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=at_least(1), default=1, help="torch CPU threads")
+    ap.add_argument("--threads", type=thread_count, default=1, help="torch CPU threads")
     ap.add_argument("--resume", action="store_true", help="continue from the last resumable checkpoint of --out")
     args = ap.parse_args(argv)
     args.init_from = [int(x) for x in args.init_from.split(",")]

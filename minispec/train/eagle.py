@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..lab.env import at_least
+from ..lab.env import at_least, thread_count
 from ..drafters.base import Features
 from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from ..drafters.registry import shipped_head
@@ -367,7 +367,7 @@ def parse_args(argv=None):
     ap.add_argument("--final-tau-seqs", type=int, default=32, help="held-out sequences for the final chain-tau walk")
     ap.add_argument("--ckpt-every", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=at_least(1), default=1)
+    ap.add_argument("--threads", type=thread_count, default=1)
     ap.add_argument("--device", default="cpu", help="where the target computes the features and the head trains "
                                                     "(cuda: a GPU; one process)")
     ap.add_argument("--tf32", action="store_true",

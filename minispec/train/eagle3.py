@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..lab.env import at_least
+from ..lab.env import thread_count
 from ..drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
 from ..drafters.registry import shipped_head
 from . import TARGET, bf16_help, ddp, loop, native_bf16
@@ -250,7 +250,7 @@ def parse_args(argv=None):
     ap.add_argument("--ckpt-every", type=int, default=50)
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=native_bf16(), help=bf16_help())
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=at_least(1), default=1)
+    ap.add_argument("--threads", type=thread_count, default=1)
     ap.add_argument("--device", default="cpu", help="where the target computes the features and the head trains "
                                                     "(cuda: a GPU; one process)")
     ap.add_argument("--tf32", action="store_true", help="on a GPU, matrix products in TF32 (as train eagle --tf32)")

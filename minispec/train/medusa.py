@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from ..lab.env import at_least
+from ..lab.env import thread_count
 from ..drafters.medusa import MedusaDrafter, MedusaHeads
 from ..drafters.registry import shipped_head
 from . import TARGET, bf16_help, ddp, loop, native_bf16
@@ -131,7 +131,7 @@ def parse_args(argv=None):
     ap.add_argument("--ckpt-every", type=int, default=50)
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=native_bf16(), help=bf16_help())
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=at_least(1), default=1)
+    ap.add_argument("--threads", type=thread_count, default=1)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--measure", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--measure-only", action="store_true")

@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..lab.env import at_least
+from ..lab.env import at_least, thread_count
 from ..config import cache_dir
 from ..drafters.base import Features, Vanilla
 from . import TARGET
@@ -185,7 +185,7 @@ def parse_args(argv=None):
                    help="the batch's KV cache: rows (each sequence its own row, read without gathers: faster on the "
                         "CPU) or paged (chapter 7's block pool); the same tokens and features either way")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=at_least(1), default=1)
+    p.add_argument("--threads", type=thread_count, default=1)
     p.add_argument("--minutes", type=float, default=0,
                    help="stop after the call that ends past this wall time (0: none); the parts done are kept")
     p.add_argument("--generator", choices=["minispec", "transformers"], default="minispec",
