@@ -45,6 +45,7 @@ from typing import Callable, Sequence
 import torch
 
 from .attention.plan import prepare_ragged
+from .clock import phase_clock
 from .drafters.base import Drafter
 from .generate import Decoder, GenerationResult, _eos_ids, as_drafter, check_block_size, encode_checked, seeded
 from .kv import PagedKVCache, RowKVCache
@@ -107,6 +108,7 @@ class BatchDecoder:
         self.layers = tuple(sorted({i for dec in self.decs for i in dec.layers}))
         self.phase_s = dict.fromkeys(("draft", "target", "verify", "commit", "hand_off"), 0.0)
         self.prefill_s = self.decode_s = 0.0
+        self.clock = phase_clock(self, target.device)  # CUDA: events (minispec.clock); flushed by generate_batch
         self.steps = 0
         self.rows_per_step: list[int] = []  # sequences in each step's forward
 
@@ -158,12 +160,8 @@ class BatchDecoder:
 
     def step(self) -> dict[int, list[int]]:
         """One target forward for every unfinished sequence. Returns {sequence: tokens it emitted}."""
-        laps = [time.perf_counter()]
-
-        def lap(phase: str) -> None:
-            laps.append(time.perf_counter())
-            self.phase_s[phase] += laps[-1] - laps[-2]
-
+        self.clock.start()
+        lap = self.clock.lap
         active = self.active()
         trees = {b: self.decs[b].propose() for b in active}
         lap("draft")
@@ -189,7 +187,6 @@ class BatchDecoder:
         lap("hand_off")
         self.steps += 1
         self.rows_per_step.append(len(active))
-        self.decode_s += laps[-1] - laps[0]
         self.admit()  # waiting prompts take the rows just freed
         return emitted
 
@@ -293,6 +290,7 @@ def generate_batch(target, tokenizer, prompts: Sequence[str | Sequence[int]],
     batch.prefill()
     while not batch.done:
         batch.step()
+    batch.clock.flush()
     results = [dec.result(tokenizer) for dec in batch.decs]
     for r in results:  # the batch's times: each sequence shared every forward
         r.stats.prefill_s, r.stats.decode_s = batch.prefill_s, batch.decode_s
