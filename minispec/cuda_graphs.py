@@ -70,7 +70,9 @@ from .attention.plan import Plan
 from .kv import KVCacheOverflow
 from .kv.contiguous import zeros_keys_last
 from .model import ModelOutput
+from .transfer import to_device
 
+CAPTURE_MODE = "thread_local"  # torch.cuda.graph's capture_error_mode (``capture``)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -157,7 +159,7 @@ class StaticKVCache:
                 raise ValueError(f"keep[{b}]={idx} must be strictly increasing indices into {T} new tokens")
             n0 = self.host_lengths[b]
             if idx != list(range(len(idx))):  # compaction: gather the path, store it contiguously
-                src = torch.tensor(idx, device=self.k.device) + n0
+                src = to_device(idx, self.k.device) + n0  # pinned, asynchronous: no wait for the GPU
                 self.k[:, b, :, n0:n0 + len(idx)] = self.k[:, b].index_select(2, src)  # [L, Hkv, n, hd]
                 self.v[:, b, :, n0:n0 + len(idx)] = self.v[:, b].index_select(2, src)
             self.host_lengths[b] = n0 + len(idx)
@@ -165,10 +167,7 @@ class StaticKVCache:
         self.pending = (0, 0)
 
     def _upload_lengths(self) -> None:
-        host = torch.tensor(self.host_lengths)
-        if self.lengths.is_cuda:  # pinned: an asynchronous copy that does not wait for the GPU
-            host = host.pin_memory()
-        self.lengths.copy_(host, non_blocking=self.lengths.is_cuda)
+        self.lengths.copy_(to_device(self.host_lengths, self.lengths.device, torch.long))  # pinned on CUDA: no wait
 
     def discard(self) -> None:
         self.pending = (0, 0)
@@ -327,6 +326,11 @@ def capture(fn: Callable[[], ModelOutput], device: torch.device, pool=None, warm
     static buffers, replay counts) runs and is tested on the CPU. What only a GPU can show: that
     capture succeeds (no host synchronisation, no allocation outside the pool), that a replay
     equals the eager padded forward bit for bit, and the launch time it saves.
+
+    Capture is thread-local (``CAPTURE_MODE``): only this thread's CUDA calls are checked against the
+    capture, so another thread's work (a data loader, a second model, a profiler) neither breaks it
+    nor is refused while it runs; in the default global mode any thread's synchronising call fails
+    the capture (tests/test_cuda_graphs.py's GPU test runs one beside it).
     """
     if torch.device(device).type != "cuda":
         return fn, None
@@ -337,7 +341,7 @@ def capture(fn: Callable[[], ModelOutput], device: torch.device, pool=None, warm
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode=CAPTURE_MODE):
         out = fn()
 
     def replay() -> ModelOutput:

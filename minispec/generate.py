@@ -24,6 +24,7 @@ from .drafters.base import Drafter, Features, Vanilla
 from .kv import KVCache, PagedKVCache
 from .sampling import GREEDY, SamplingParams, as_params, next_token
 from .tokenizer import encode_prompt
+from .transfer import to_device
 from .tree import Tree
 from .verify import verify_tree
 
@@ -255,9 +256,9 @@ class Decoder:
         """The target's forward over root + the tree's nodes ([1, N + 1] rows), eager or replayed."""
         dev = self.target.device
         tokens, positions, mask = self.inputs(tree, self.kv.length)
-        tokens = torch.tensor([tokens], device=dev)  # [1, N + 1]: root + nodes
-        positions = None if mask is None else positions.to(dev)  # a chain: the cache's causal default
-        mask = None if mask is None else mask.to(dev)
+        tokens = to_device([tokens], dev)  # [1, N + 1]: root + nodes (pinned on CUDA: no wait for the GPU)
+        positions = None if mask is None else to_device(positions, dev)  # a chain: the cache's causal default
+        mask = None if mask is None else to_device(mask, dev)
         if self.runner is not None:
             return self.runner(tokens, None if positions is None else positions[None], mask)
         return self.target(tokens, positions=positions, mask=mask, kv=self.kv, hidden_layers=self.layers)
