@@ -102,6 +102,20 @@ def device_name(device: torch.device) -> str:
     return f"cpu: {info.get('cpu_model') or info['cpu']}"
 
 
+def run_captured(cmd: list[str], timeout: float, **kw) -> tuple[str, int | str]:
+    """Run ``cmd``; return (its stdout then its stderr, its return code or "timeout"). Killed at ``timeout``
+    seconds, it still returns both streams as far as they got: a timeout is when the stderr (a traceback, a
+    hang's stacks under ``PYTHONFAULTHANDLER``) is most needed."""
+    def text(x) -> str:
+        return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+        return p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:  # its streams are bytes, whatever text=True says
+        return text(e.stdout) + text(e.stderr) + f"\n[killed after {timeout:.0f} s]\n", "timeout"
+
+
 def failure_lines(out: str, limit: int = 80) -> list[str]:
     """The lines of a pytest output that say what failed and why (its ``FAILED`` / ``ERROR`` summary lines and the
     ``E`` lines of the tracebacks), at most ``limit``: the output's tail alone can be all warnings summary."""
@@ -186,11 +200,7 @@ class Suite:
             return dict(settings=settings, missing=missing, errors=[])
         env = dict(os.environ, OMP_NUM_THREADS="1") if self.smoke else dict(os.environ)
         t = time.perf_counter()
-        try:
-            p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-            out, rc = p.stdout + p.stderr, p.returncode
-        except subprocess.TimeoutExpired as e:
-            out, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
+        out, rc = run_captured(cmd, timeout, cwd=ROOT, env=env)
         counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)",
                                                      out.strip().splitlines()[-1] if out.strip() else "")}
         ok = rc in (0, 5) and not counts.get("failed") and not counts.get("error") and not counts.get("errors")
