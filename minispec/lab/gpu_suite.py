@@ -134,6 +134,7 @@ class Suite:
         self.index: dict[str, dict] = {}
         self.bandwidth: float | None = None
         self.models: dict[str, torch.nn.Module] = {}
+        self.test_files: list[str] | None = None  # gpu_tests: only these file names (default: every GPU test file)
 
     def deadline(self, section: str) -> float:
         """GPU tests: their own ``tests_s``; the others: a share of the budget the tests left."""
@@ -191,7 +192,8 @@ class Suite:
         if not tests.is_dir():
             return dict(errors=["tests/ not found: run from a checkout of the repository"])
         files = sorted(str(f) for f in tests.glob("test_*.py")
-                       if "pytest.mark.gpu" in f.read_text() and f.name != "test_gpu_suite.py")
+                       if "pytest.mark.gpu" in f.read_text() and f.name not in ("test_gpu_suite.py", "test_gpu_check.py")
+                       and (self.test_files is None or f.name in self.test_files))
         cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-p", "no:xdist", *files]
         timeout = self.tests_s
         settings = dict(marker="gpu", command="python " + " ".join(cmd[1:]), timeout_s=timeout,

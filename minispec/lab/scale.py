@@ -20,6 +20,7 @@ Measured here:
                      EAGLE-2-shaped tree, over batch x prompt, with the speedup over vanilla the
                      cost model predicts from those step costs (draft cost of the oracle: zero)
                      and the weight-bandwidth floor ((weight + KV bytes per step) / bandwidth);
+  rows_latency       one forward of 1, 2, 4, ... rows (batch 1): whether one row costs the least;
   oracle_speedup     batch 1, the real decode loop: vanilla vs oracle chain / tree; output equal
                      to vanilla?, measured tau and speedup next to the cost model's prediction
                      from the same run's measured draft and verify time per step; the oracle
@@ -226,6 +227,13 @@ def step_latency(model, batch: int, prompt: int, tree: Tree, mode: str, reps: in
         times = [timed(step, dev) for _ in range(reps)]
     model.set_attention("dense")
     return dict(step_s=statistics.median(times), graphs_used=used, attention=attn)
+
+
+def rows_latency(model, prompt: int, rows=(1, 2, 4, 6, 8), reps: int = 10, mode: str = "eager") -> dict[int, float]:
+    """Median seconds of one forward of T new rows (a chain: T - 1 drafts after the root) after ``prompt``
+    cached tokens, batch 1, for each T in ``rows``: is one row cheaper than several on this device, as the
+    cost model assumes (``cost_check.predicted_speedup``)? A GPU's matrix kernels are chosen by row count."""
+    return {T: step_latency(model, 1, prompt, method_tree(T - 1, T - 1), mode, reps)["step_s"] for T in rows}
 
 
 def latency_grid(model, batches, prompts, modes, reps: int, p_corrupt: float, bandwidth: float,
