@@ -19,7 +19,7 @@
 # Each section is one call of `python -m minispec.lab.gpu_check SECTION` and writes SECTION.json as soon as it is done
 # (the GPU's name in "device"); gpu_check_callN.json indexes the call and gpu_check_callN.log is its output: at most 8
 # files come back from a device call. They go to $OUT (the device tool's folder), else ./gpu_check_out.
-# BUDGET_S: the seconds a call's sections share (default: call1 150, call2 200; dry run 120 each).
+# BUDGET_S: the seconds a call's sections share (default: call1 140, call2 200; dry run 120 each).
 # PYTHON: the interpreter with torch (default python3: on the device machines `python` is not it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +45,7 @@ case "${1:-}" in
   restore)
     "$PY" -m minispec.lab.carry restore ;;
   call1)
-    call call1 "${OUT:-gpu_check_out}" --budget-s "${BUDGET_S:-150}" ;;
+    call call1 "${OUT:-gpu_check_out}" --budget-s "${BUDGET_S:-140}" ;;
   call2)
     if ! "$PY" -c "import gguf" 2>/dev/null; then  # transformers' GGUF reader; the GPU image lacks it: the carried wheel
       "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpucheck-site .gpucheck/call1/wheels/*.whl

@@ -24,9 +24,9 @@ section stops adding points at its deadline and lists what it skipped. ``--dry-r
 code on the CPU at tiny shapes (tiny Llama models, a random EAGLE head, a stand-in wheel where the real
 one is not cached): its files say ``dry_run: true`` and name the CPU. No dry-run figure is a GPU figure.
 
-Sections that call code other work is changing: graphs, latency and speedup (graphed) run
-``cuda_graphs.GraphedForward``; latency and attention run the split attention kernels and backend table;
-smollm2's graphed EAGLE methods run the drafters inside graphs where they can.
+What each section runs, so that a change there shows in its file: graphs, latency and speedup (graphed) run
+``cuda_graphs.GraphedForward``; latency and attention the split attention kernels and the attention backend
+table; smollm2 ``generate(..., cuda_graphs=True)`` with each drafter, graphed as far as the drafter allows.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from .gpu_suite import ROOT, Suite, device_name
 
 SECTIONS = ("keep", "graphs", "latency", "attention", "speedup", "carry", "smollm2", "gpu_tests")
 CALLS = {"call1": ("keep", "graphs", "latency", "attention", "speedup"), "call2": ("carry", "smollm2", "gpu_tests")}
-WEIGHTS = dict(keep=0.01, graphs=0.2, latency=0.25, attention=0.3, speedup=0.25, carry=0.25, smollm2=0.45,
-               gpu_tests=0.3)
+WEIGHTS = dict(keep=0.01, graphs=0.2, latency=0.25, attention=0.3, speedup=0.25, carry=0.2, smollm2=0.45,
+               gpu_tests=0.35)
 
 
 def settings(dry: bool) -> dict:
@@ -164,7 +164,7 @@ class Check:
 
     def speedup(self, until: float) -> dict:
         """The oracle's decode loop on the float32 target (TF32 off), eager and graphed; one forward by rows."""
-        from .scale import OracleTauError, llama_config, oracle_speedup, random_model, rows_latency
+        from .scale import llama_config, oracle_speedup, random_model, rows_latency
 
         sp = self.s["speedup"]
         self.suite.models.pop("target", None)  # give the bf16 target's memory back first
@@ -183,7 +183,7 @@ class Check:
                 try:
                     runs[label] = oracle_speedup(model, sp["prompt"], sp["new_tokens"], self.s["p_corrupt"],
                                                  cuda_graphs=graphs)
-                except (OracleTauError, RuntimeError) as e:
+                except Exception as e:  # noqa: BLE001  (OracleTauError, or graphs that fail: the other run goes on)
                     errors.append(dict(run=label, error=f"{type(e).__name__}: {e}"[:600]))
             rows = rows_latency(model, sp["prompt"], sp["rows"], sp["rows_reps"]) if time.perf_counter() < until else {}
         finally:
