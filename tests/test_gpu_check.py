@@ -153,3 +153,39 @@ def test_the_entry_point_refuses_an_unknown_section_and_a_missing_gpu(tmp_path, 
     if not torch.cuda.is_available():
         assert main(["graphs", "--out", str(tmp_path)]) == 2
         assert "--dry-run" in capsys.readouterr().err
+
+
+def test_a_configuration_that_fails_is_reported_and_the_bench_goes_on(tmp_path, monkeypatch):
+    """A method that cannot run graphed (here: made to raise when graphed) is an error of that configuration alone,
+    recorded with its message; every other configuration runs every prompt, and eager vanilla is the reference."""
+    import importlib
+    import time
+
+    from minispec import load
+    from minispec.drafters.eagle import EagleDrafter
+    from minispec.lab import gpu_bench
+    from minispec.lab.gpu_check import _tiny_head
+    from minispec.methods import Methods
+
+    gen = importlib.import_module("minispec.generate")
+    real = gen.generate
+
+    def generate(*a, cuda_graphs=False, drafter=None, **kw):
+        if cuda_graphs and isinstance(drafter, EagleDrafter):
+            raise RuntimeError("cannot capture this drafter (simulated)")
+        return real(*a, cuda_graphs=cuda_graphs, drafter=drafter, **kw)
+
+    monkeypatch.setattr(gen, "generate", generate)
+    target = load("tiny-llama")[0]
+    head = _tiny_head(target, tmp_path / "head")
+    r = gpu_bench.run(lambda dtype: load("tiny-llama", getattr(torch, dtype)),
+                      lambda model: Methods(model, "tiny-llama", drafter_path=head),
+                      {"own": ["abc", "hello"]}, max_new_tokens=3, deadline=time.perf_counter() + 600,
+                      dtypes=("float32",), methods=("vanilla", "eagle2"), warmup_tokens=2)
+    assert [(e["mode"], e["method"]) for e in r["errors"]] == [("graphed", "eagle2")]
+    assert "cannot capture" in r["errors"][0]["error"]
+    rows = r["rows"]["float32"]
+    assert rows["graphed"]["eagle2"]["prompts"] == 0 and rows["graphed"]["eagle2"]["tokens_per_s"] is None
+    for mode, m in (("eager", "vanilla"), ("eager", "eagle2"), ("graphed", "vanilla")):
+        assert rows[mode][m]["prompts"] == 2 and rows[mode][m]["identical_to_eager_vanilla"] == "2/2"
+    assert "graphed/eagle2" not in r["ratios"]["float32"] and "eager/eagle2" in r["ratios"]["float32"]
