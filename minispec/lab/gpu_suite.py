@@ -298,7 +298,8 @@ class Suite:
                                   methods={m: dict(depth=d, nodes=n) for m, (d, n) in METHODS.items()}),
                     notes=["per_token_s = step_s / tau_expected (per sequence); tau from the oracle drafter: "
                            "sum_{i<=depth} (1 - p_corrupt)^i", "predicted_speedup = vanilla step_s * tau / step_s "
-                           "(same mode, batch, prompt; the oracle's draft costs nothing)",
+                           "(same mode, batch, prompt; the oracle's draft costs nothing); None where that is above "
+                           "tau (prediction_refused: a step measured cheaper than vanilla's)",
                            "floor = (weight bytes + KV bytes) / copy bandwidth per step"], **r)
 
     def llama_speedup(self) -> dict:
