@@ -50,6 +50,7 @@ from .drafters.base import Drafter
 from .generate import Decoder, GenerationResult, _eos_ids, as_drafter, check_block_size, encode_checked, seeded
 from .kv import PagedKVCache, RowKVCache
 from .sampling import GREEDY, SamplingParams, as_params
+from .transfer import to_device
 
 
 class BatchDecoder:
@@ -129,9 +130,9 @@ class BatchDecoder:
             tokens[r, :len(t)] = torch.tensor(t)
         dev, cfg = self.target.device, self.target.cfg
         plan = prepare_ragged(len(rows), T, dev, self.kv, {self.row_of[b]: len(t) for b, t in rows.items()},
-                              None if positions is None else positions.to(dev), masks, self.target.attention,
+                              None if positions is None else to_device(positions, dev), masks, self.target.attention,
                               cfg.max_seq_len)  # each row attends over its own sequence's prefix
-        return self.target(tokens.to(dev), kv=self.kv, plan=plan, hidden_layers=self.layers,
+        return self.target(to_device(tokens, dev), kv=self.kv, plan=plan, hidden_layers=self.layers,
                            last_logits_only=last_logits_only)
 
     def prefill(self) -> None:
@@ -171,7 +172,7 @@ class BatchDecoder:
         for r, (b, (tokens, pos, _)) in enumerate(inputs.items()):
             positions[r] = self.kv.lengths[self.row_of[b]]
             positions[r, :len(tokens)] = pos
-        masks = [None if m is None else m.to(self.target.device) for _, _, m in inputs.values()]
+        masks = [None if m is None else to_device(m, self.target.device) for _, _, m in inputs.values()]
         out = self._forward({b: tokens for b, (tokens, _, _) in inputs.items()}, positions, masks)
         lap("target")
         verified = {b: self.decs[b].verify(tree, out.logits[r, :1 + len(tree)]) for r, (b, tree) in enumerate(trees.items())}
