@@ -45,10 +45,12 @@ from typing import Callable, Sequence
 import torch
 
 from .attention.plan import prepare_ragged
+from .clock import phase_clock
 from .drafters.base import Drafter
 from .generate import Decoder, GenerationResult, _eos_ids, as_drafter, check_block_size, encode_checked, seeded
 from .kv import PagedKVCache, RowKVCache
 from .sampling import GREEDY, SamplingParams, as_params
+from .transfer import to_device
 
 
 class BatchDecoder:
@@ -107,6 +109,7 @@ class BatchDecoder:
         self.layers = tuple(sorted({i for dec in self.decs for i in dec.layers}))
         self.phase_s = dict.fromkeys(("draft", "target", "verify", "commit", "hand_off"), 0.0)
         self.prefill_s = self.decode_s = 0.0
+        self.clock = phase_clock(self, target.device)  # CUDA: events (minispec.clock); flushed by generate_batch
         self.steps = 0
         self.rows_per_step: list[int] = []  # sequences in each step's forward
 
@@ -127,9 +130,9 @@ class BatchDecoder:
             tokens[r, :len(t)] = torch.tensor(t)
         dev, cfg = self.target.device, self.target.cfg
         plan = prepare_ragged(len(rows), T, dev, self.kv, {self.row_of[b]: len(t) for b, t in rows.items()},
-                              None if positions is None else positions.to(dev), masks, self.target.attention,
+                              None if positions is None else to_device(positions, dev), masks, self.target.attention,
                               cfg.max_seq_len)  # each row attends over its own sequence's prefix
-        return self.target(tokens.to(dev), kv=self.kv, plan=plan, hidden_layers=self.layers,
+        return self.target(to_device(tokens, dev), kv=self.kv, plan=plan, hidden_layers=self.layers,
                            last_logits_only=last_logits_only)
 
     def prefill(self) -> None:
@@ -158,12 +161,8 @@ class BatchDecoder:
 
     def step(self) -> dict[int, list[int]]:
         """One target forward for every unfinished sequence. Returns {sequence: tokens it emitted}."""
-        laps = [time.perf_counter()]
-
-        def lap(phase: str) -> None:
-            laps.append(time.perf_counter())
-            self.phase_s[phase] += laps[-1] - laps[-2]
-
+        self.clock.start()
+        lap = self.clock.lap
         active = self.active()
         trees = {b: self.decs[b].propose() for b in active}
         lap("draft")
@@ -173,7 +172,7 @@ class BatchDecoder:
         for r, (b, (tokens, pos, _)) in enumerate(inputs.items()):
             positions[r] = self.kv.lengths[self.row_of[b]]
             positions[r, :len(tokens)] = pos
-        masks = [None if m is None else m.to(self.target.device) for _, _, m in inputs.values()]
+        masks = [None if m is None else to_device(m, self.target.device) for _, _, m in inputs.values()]
         out = self._forward({b: tokens for b, (tokens, _, _) in inputs.items()}, positions, masks)
         lap("target")
         verified = {b: self.decs[b].verify(tree, out.logits[r, :1 + len(tree)]) for r, (b, tree) in enumerate(trees.items())}
@@ -189,7 +188,6 @@ class BatchDecoder:
         lap("hand_off")
         self.steps += 1
         self.rows_per_step.append(len(active))
-        self.decode_s += laps[-1] - laps[0]
         self.admit()  # waiting prompts take the rows just freed
         return emitted
 
@@ -293,6 +291,7 @@ def generate_batch(target, tokenizer, prompts: Sequence[str | Sequence[int]],
     batch.prefill()
     while not batch.done:
         batch.step()
+    batch.clock.flush()
     results = [dec.result(tokenizer) for dec in batch.decs]
     for r in results:  # the batch's times: each sequence shared every forward
         r.stats.prefill_s, r.stats.decode_s = batch.prefill_s, batch.decode_s

@@ -72,6 +72,7 @@ from .attention.plan import Plan
 from .kv import KVCacheOverflow
 from .kv.contiguous import zeros_keys_last
 from .model import ModelOutput
+from .transfer import to_device
 
 CAPTURE_MODE = "thread_local"  # torch.cuda.graph's capture_error_mode (``capture``)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -160,7 +161,7 @@ class StaticKVCache:
                 raise ValueError(f"keep[{b}]={idx} must be strictly increasing indices into {T} new tokens")
             n0 = self.host_lengths[b]
             if idx != list(range(len(idx))):  # compaction: gather the path, store it contiguously
-                src = torch.tensor(idx, device=self.k.device) + n0
+                src = to_device(idx, self.k.device) + n0  # pinned, asynchronous: no wait for the GPU
                 self.k[:, b, :, n0:n0 + len(idx)] = self.k[:, b].index_select(2, src)  # [L, Hkv, n, hd]
                 self.v[:, b, :, n0:n0 + len(idx)] = self.v[:, b].index_select(2, src)
             self.host_lengths[b] = n0 + len(idx)
@@ -168,10 +169,7 @@ class StaticKVCache:
         self.pending = (0, 0)
 
     def _upload_lengths(self) -> None:
-        host = torch.tensor(self.host_lengths)
-        if self.lengths.is_cuda:  # pinned: an asynchronous copy that does not wait for the GPU
-            host = host.pin_memory()
-        self.lengths.copy_(host, non_blocking=self.lengths.is_cuda)
+        self.lengths.copy_(to_device(self.host_lengths, self.lengths.device, torch.long))  # pinned on CUDA: no wait
 
     def discard(self) -> None:
         self.pending = (0, 0)

@@ -18,11 +18,13 @@ from typing import Sequence
 
 import torch
 
+from .clock import phase_clock
 from .cuda_graphs import GraphedForward, StaticKVCache, pick_bucket, static_prefill, token_buckets
 from .drafters.base import Drafter, Features, Vanilla
 from .kv import KVCache, PagedKVCache
 from .sampling import GREEDY, SamplingParams, as_params, next_token
 from .tokenizer import encode_prompt
+from .transfer import to_device
 from .tree import Tree
 from .verify import verify_tree
 
@@ -30,7 +32,8 @@ from .verify import verify_tree
 PHASES = ("draft", "target", "verify", "commit", "hand_off", "other")
 """Where a decode step's time goes (``GenerationStats.phase_s``): the drafter's proposal, the target
 forward over root + nodes, sampling and verification, the KV commit, the feature hand-off to the
-drafter, and the rest of the loop (Python bookkeeping)."""
+drafter, and the rest of the loop (Python bookkeeping). On a GPU each phase gets the device time of the
+work it launched (``minispec.clock``: CUDA events), not the host's time to launch it."""
 
 
 def add_by_depth(total: list[int], counts: Sequence[int]) -> list[int]:
@@ -178,7 +181,7 @@ class Decoder:
         self.kv = kv
         self.new: list[int] = []
         self.stats = GenerationStats(prompt_tokens=len(ids))
-        self._clock = 0.0
+        self.clock = phase_clock(self.stats, target.device)  # CUDA: events, so a phase gets the GPU time it launched
 
     def _graphed(self, capacity: int) -> StaticKVCache:
         """Chapter 8: the static cache and the graph runner of the target's forwards (and the drafter's)."""
@@ -210,7 +213,7 @@ class Decoder:
         self.kv.commit()
         self.start(out)
         self.stats.prefill_s = time.perf_counter() - t0  # drafter's prefill included
-        self._clock = time.perf_counter()
+        self.clock.start()
 
     def start(self, out, r: int = 0) -> None:
         """After the prompt's forward ``out`` (this sequence is its row ``r``; the cache committed): the
@@ -220,11 +223,8 @@ class Decoder:
         self.stats.target_forwards = self.stats.new_tokens = 1
         self.stats.tokens_per_step.append(1)
 
-    def _lap(self, phase: str) -> None:  # time since the last lap goes to ``phase``
-        now = time.perf_counter()
-        self.stats.phase_s[phase] += now - self._clock
-        self.stats.decode_s += now - self._clock
-        self._clock = now
+    def _lap(self, phase: str) -> None:  # time since the last lap goes to ``phase`` (minispec.clock)
+        self.clock.lap(phase)
 
     def step(self) -> list[int]:
         """One target forward: draft, verify, commit. Returns the tokens it emitted."""
@@ -266,9 +266,9 @@ class Decoder:
                                hidden_layers=self.layers)
         dev = self.target.device
         tokens, positions, mask = self.inputs(tree, self.kv.length)
-        tokens = torch.tensor([tokens], device=dev)  # [1, N + 1]: root + nodes
-        positions = None if mask is None else positions.to(dev)  # a chain: the cache's causal default
-        mask = None if mask is None else mask.to(dev)
+        tokens = to_device([tokens], dev)  # [1, N + 1]: root + nodes (pinned on CUDA: no wait for the GPU)
+        positions = None if mask is None else to_device(positions, dev)  # a chain: the cache's causal default
+        mask = None if mask is None else to_device(mask, dev)
         if self.runner is not None:
             return self.runner(tokens, None if positions is None else positions[None], mask)
         return self.target(tokens, positions=positions, mask=mask, kv=self.kv, hidden_layers=self.layers)
@@ -310,6 +310,7 @@ class Decoder:
 
     def result(self, tokenizer) -> GenerationResult:
         """The generation as a ``GenerationResult``: the new tokens, their text, the completed stats."""
+        self.clock.flush()  # on a GPU: the phases whose events were still pending
         self.stats.new_tokens = len(self.new)
         self.stats.draft_forwards = self.drafter.forwards
         return GenerationResult(text=tokenizer.decode(self.new, skip_special_tokens=True), tokens=self.new,

@@ -364,17 +364,20 @@ def report(res, title, curve=None):
           + ("   curve x tau" if curve else ""))
     ratios = {}
     for m, r in ms.items():
-        ratio = r["measured_speedup"] / r["predicted_speedup"]
+        pred = r["predicted_speedup"]  # None: the model refused a prediction above tau (prediction_refused says why)
+        ratio = r["measured_speedup"] / pred if pred else float("nan")
         ratios[m] = ratio
         tau_m = ("n/a" if r["tau_full"] is None else f"{r['tau_full']:.2f} +-{r['tau_tolerance']:.2f}" if r["nodes"]
                  else f"{r['tau_full']:.2f}")
-        verdict = "-" if not r["nodes"] else ("yes" if abs(ratio - 1) <= 0.15 else "NO")
+        verdict = "-" if not r["nodes"] else "refused" if pred is None else ("yes" if abs(ratio - 1) <= 0.15 else "NO")
         prior = ""
         if curve and r["nodes"]:
             prior = f"   {r['tau_expected'] * curve[min(curve)] / interpolate(curve, r['nodes']):.2f}x"
         print(f"{m:<8} {r['nodes']:>3} {str(r['identical']):>15} {r['tau_expected']:>11.2f} {tau_m:>15} "
               f"{r['reanchors']:>10} {r['decode_tokens_per_s']:>7.1f} {r['measured_speedup']:>7.2f}x "
-              f"{r['predicted_speedup']:>8.2f}x {ratio:>6.3f}  {verdict}{prior}")
+              + (f"{pred:>8.2f}x" if pred else f"{'-':>9}") + f" {ratio:>6.3f}  {verdict}{prior}")
+        if pred is None and r["nodes"]:
+            print(f"  {m}: {r['prediction_refused']}")
     return ratios
 
 
@@ -705,7 +708,8 @@ for path, run in ((r["path"], r) for r in gpu_results.runs("llama_speedup")):
     for m, r in doc["methods"].items():
         print(f"  {m:<8} N={r['nodes']:>3} same as vanilla {r['identical']}, tau promised {r['tau_expected']:.2f}, "
               f"measured per step {r['tau_step']:.2f} (tolerance {r['tau_tolerance']:.2f}), speedup measured "
-              f"{r['measured_speedup']:.2f}x, predicted {r['predicted_speedup']:.2f}x")
+              f"{r['measured_speedup']:.2f}x, " + (f"predicted {r['predicted_speedup']:.2f}x" if r.get("predicted_speedup")
+                                                      else "no prediction (refused: above tau)"))
     assert doc["identical_all"], f"{path}: an oracle run's output differed from vanilla"
 
 # %%

@@ -192,6 +192,49 @@ def test_replay_does_not_synchronise():
         torch.cuda.set_sync_debug_mode("default")
 
 
+@pytest.mark.gpu
+@cuda
+def test_capture_is_thread_local():
+    """Capture in thread-local mode: another thread's synchronising CUDA calls (``.item()``, allocations) while the
+    graphs are captured neither fail there nor break the capture; in global mode they raise "operation not
+    permitted when stream is capturing". The switch interval is shortened so that the threads interleave."""
+    import sys
+    import threading
+
+    from minispec.cuda_graphs import CAPTURE_MODE
+
+    assert CAPTURE_MODE == "thread_local"
+    model = load("tiny-llama")[0].cuda()
+    errors, stop = [], threading.Event()
+
+    def busy():
+        try:
+            while not stop.is_set():
+                torch.ones(1 << 16, device="cuda").sum().item()  # an allocation and a device-to-host sync
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    other = threading.Thread(target=busy)
+    other.start()
+    try:
+        kv = StaticKVCache.for_model(model, 64, batch_size=2)
+        gf = GraphedForward(model, kv, batch_buckets=(2,), token_buckets=(1, 4, 8))
+        x = torch.tensor([[1, 2, 3], [4, 5, 6]], device="cuda")
+        got = gf(x).logits.clone()  # captures bucket (2, 4) while the other thread works
+        kv.discard()
+    finally:
+        stop.set()
+        other.join()
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    assert gf.captures == 1
+    kv2 = StaticKVCache.for_model(model, 64, batch_size=2)
+    want = GraphedForward(model, kv2, batch_buckets=(2,), token_buckets=(1, 4, 8), enabled=False, pad=True)(x).logits
+    assert torch.equal(got, want)
+
+
 # --------------------------------------------------------------------------- the runner inside the decode loop
 def _tiny_drafters(name):
     from minispec.drafters.draft_model import DraftModel

@@ -231,3 +231,50 @@ def test_the_gpu_tests_section_keeps_what_failed_and_why_past_a_warnings_summary
                                   "ERROR tests/test_b.py::test_y"]
     assert failure_lines(out, limit=1) == ["E       assert 1 == 2"]
     assert failure_lines("5 passed") == []
+
+
+def test_a_timed_out_command_keeps_its_stderr():
+    """The GPU tests' run killed at its time limit: what it printed on stderr (a traceback, the stacks of a hang)
+    is kept beside its stdout, and the return code says "timeout"."""
+    import sys
+
+    from minispec.lab.gpu_suite import run_captured
+
+    code = ("import sys, time; print('on stdout', flush=True); sys.stderr.write('Traceback: on stderr\\n'); "
+            "sys.stderr.flush(); time.sleep(60)")
+    out, rc = run_captured([sys.executable, "-c", code], timeout=3)
+    assert rc == "timeout" and "on stdout" in out and "Traceback: on stderr" in out and "killed after 3 s" in out
+    out, rc = run_captured([sys.executable, "-c", "import sys; sys.stderr.write('warn\\n'); print('done')"], timeout=60)
+    assert rc == 0 and out == "done\nwarn\n"
+
+
+def test_a_result_file_on_a_gpu_host_times_no_cpu_kernel(monkeypatch, tmp_path):
+    """``device_info`` (written into every result file) names the CPU linear kernel "auto" uses: on a GPU host
+    it reads the machine's record and never times the kernels; on a CPU host without a record it times them."""
+    from minispec import kernel_choice, linear
+    from minispec.lab import benchinfo
+
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(linear.Linear, "prepack", True)
+    monkeypatch.setattr(linear.Linear, "cpu_kernel", "auto")
+    monkeypatch.setattr(kernel_choice, "_CHOSEN", {})
+    timed = []
+
+    def timer():
+        timed.append(1)
+        return {"kernel": "onednn", "machine": kernel_choice.machine_tag()}
+
+    monkeypatch.setattr(linear, "time_kernels", timer)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA Test GPU")
+    info = benchinfo.device_info()
+    assert info["gpu"] == "NVIDIA Test GPU" and not timed
+    if not kernel_choice.onednn_available():  # this torch build has one kernel: nothing to choose or time
+        assert info["linear_kernel"] == "auto: panels"
+        return
+    assert info["linear_kernel"] == "auto: not chosen on this machine (not timed on a GPU host)"
+    kernel_choice.write_once(kernel_choice.choice_path(), {"kernel": "panels", "machine": "this one"})
+    assert benchinfo.device_info()["linear_kernel"] == "auto: panels" and not timed  # the record, read
+    kernel_choice.choice_path().unlink()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert benchinfo.device_info()["linear_kernel"] == "auto: onednn" and timed == [1]  # a CPU host: timed once

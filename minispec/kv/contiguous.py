@@ -23,6 +23,8 @@ from typing import Sequence
 
 import torch
 
+from ..transfer import to_device
+
 
 def zeros_keys_last(shape, dtype: torch.dtype, device) -> torch.Tensor:
     """A zero key buffer of logical shape [..., C, hd] that on the CPU is stored keys-last ([..., hd, C]
@@ -92,7 +94,7 @@ class KVCache:
         if any(not 0 <= i < self.pending for i in keep) or any(a >= b for a, b in zip(keep, keep[1:])):
             raise ValueError(f"keep={keep} must be strictly increasing indices into the {self.pending} pending entries")
         if keep != list(range(len(keep))):  # compaction: gather, then store contiguously
-            src = torch.tensor(keep, device=self.k.device) + self.length
+            src = to_device(keep, self.k.device) + self.length  # pinned on CUDA: no wait for the GPU
             dst = slice(self.length, self.length + len(keep))
             self.k[:, :, :, dst] = self.k.index_select(3, src)  # [L, B, Hkv, n, hd]
             self.v[:, :, :, dst] = self.v.index_select(3, src)

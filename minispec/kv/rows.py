@@ -24,6 +24,7 @@ from typing import Sequence
 
 import torch
 
+from ..transfer import to_device
 from .contiguous import KVCacheOverflow, zeros_keys_last
 from .paged import RaggedLengths, new_slots, ragged_counts, ragged_keeps, ragged_rollback
 
@@ -127,7 +128,8 @@ class RowKVCache(RaggedLengths):
         for b, k in enumerate(ragged_keeps(keep, self.pendings)):  # every sequence validated before any changes
             L = self.lengths[b]
             if k != list(range(len(k))):  # compaction: the accepted path moves down to the next slots
-                src, dst = torch.tensor([L + i for i in k]), torch.arange(L, L + len(k))
+                src = to_device([L + i for i in k], self.k.device)  # pinned on CUDA: no wait for the GPU
+                dst = torch.arange(L, L + len(k), device=self.k.device)
                 for buf in (self.k, self.v):
                     buf[:, b, :, dst] = buf[:, b, :, src]  # gathered before stored
             self.lengths[b] += len(k)

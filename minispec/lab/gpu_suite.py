@@ -102,6 +102,20 @@ def device_name(device: torch.device) -> str:
     return f"cpu: {info.get('cpu_model') or info['cpu']}"
 
 
+def run_captured(cmd: list[str], timeout: float, **kw) -> tuple[str, int | str]:
+    """Run ``cmd``; return (its stdout then its stderr, its return code or "timeout"). Killed at ``timeout``
+    seconds, it still returns both streams as far as they got: a timeout is when the stderr (a traceback, a
+    hang's stacks under ``PYTHONFAULTHANDLER``) is most needed."""
+    def text(x) -> str:
+        return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+        return p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:  # its streams are bytes, whatever text=True says
+        return text(e.stdout) + text(e.stderr) + f"\n[killed after {timeout:.0f} s]\n", "timeout"
+
+
 def failure_lines(out: str, limit: int = 80) -> list[str]:
     """The lines of a pytest output that say what failed and why (its ``FAILED`` / ``ERROR`` summary lines and the
     ``E`` lines of the tracebacks), at most ``limit``: the output's tail alone can be all warnings summary."""
@@ -120,6 +134,7 @@ class Suite:
         self.index: dict[str, dict] = {}
         self.bandwidth: float | None = None
         self.models: dict[str, torch.nn.Module] = {}
+        self.test_files: list[str] | None = None  # gpu_tests: only these file names (default: every GPU test file)
 
     def deadline(self, section: str) -> float:
         """GPU tests: their own ``tests_s``; the others: a share of the budget the tests left."""
@@ -177,7 +192,8 @@ class Suite:
         if not tests.is_dir():
             return dict(errors=["tests/ not found: run from a checkout of the repository"])
         files = sorted(str(f) for f in tests.glob("test_*.py")
-                       if "pytest.mark.gpu" in f.read_text() and f.name != "test_gpu_suite.py")
+                       if "pytest.mark.gpu" in f.read_text() and f.name not in ("test_gpu_suite.py", "test_gpu_check.py")
+                       and (self.test_files is None or f.name in self.test_files))
         cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-p", "no:xdist", *files]
         timeout = self.tests_s
         settings = dict(marker="gpu", command="python " + " ".join(cmd[1:]), timeout_s=timeout,
@@ -186,11 +202,7 @@ class Suite:
             return dict(settings=settings, missing=missing, errors=[])
         env = dict(os.environ, OMP_NUM_THREADS="1") if self.smoke else dict(os.environ)
         t = time.perf_counter()
-        try:
-            p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-            out, rc = p.stdout + p.stderr, p.returncode
-        except subprocess.TimeoutExpired as e:
-            out, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
+        out, rc = run_captured(cmd, timeout, cwd=ROOT, env=env)
         counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)",
                                                      out.strip().splitlines()[-1] if out.strip() else "")}
         ok = rc in (0, 5) and not counts.get("failed") and not counts.get("error") and not counts.get("errors")
@@ -286,7 +298,8 @@ class Suite:
                                   methods={m: dict(depth=d, nodes=n) for m, (d, n) in METHODS.items()}),
                     notes=["per_token_s = step_s / tau_expected (per sequence); tau from the oracle drafter: "
                            "sum_{i<=depth} (1 - p_corrupt)^i", "predicted_speedup = vanilla step_s * tau / step_s "
-                           "(same mode, batch, prompt; the oracle's draft costs nothing)",
+                           "(same mode, batch, prompt; the oracle's draft costs nothing); None where that is above "
+                           "tau (prediction_refused: a step measured cheaper than vanilla's)",
                            "floor = (weight bytes + KV bytes) / copy bandwidth per step"], **r)
 
     def llama_speedup(self) -> dict:

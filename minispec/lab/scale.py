@@ -20,6 +20,7 @@ Measured here:
                      EAGLE-2-shaped tree, over batch x prompt, with the speedup over vanilla the
                      cost model predicts from those step costs (draft cost of the oracle: zero)
                      and the weight-bandwidth floor ((weight + KV bytes per step) / bandwidth);
+  rows_latency       one forward of 1, 2, 4, ... rows (batch 1): whether one row costs the least;
   oracle_speedup     batch 1, the real decode loop: vanilla vs oracle chain / tree; output equal
                      to vanilla?, measured tau and speedup next to the cost model's prediction
                      from the same run's measured draft and verify time per step; the oracle
@@ -228,6 +229,13 @@ def step_latency(model, batch: int, prompt: int, tree: Tree, mode: str, reps: in
     return dict(step_s=statistics.median(times), graphs_used=used, attention=attn)
 
 
+def rows_latency(model, prompt: int, rows=(1, 2, 4, 6, 8), reps: int = 10, mode: str = "eager") -> dict[int, float]:
+    """Median seconds of one forward of T new rows (a chain: T - 1 drafts after the root) after ``prompt``
+    cached tokens, batch 1, for each T in ``rows``: is one row cheaper than several on this device, as the
+    cost model assumes (``cost_check.predicted_speedup``)? A GPU's matrix kernels are chosen by row count."""
+    return {T: step_latency(model, 1, prompt, method_tree(T - 1, T - 1), mode, reps)["step_s"] for T in rows}
+
+
 def latency_grid(model, batches, prompts, modes, reps: int, p_corrupt: float, bandwidth: float,
                  deadline: float | None = None, methods=METHODS, warmup: int = 2) -> dict:
     """Per-token latency of each method over batch x prompt (see module doc).
@@ -241,6 +249,7 @@ def latency_grid(model, batches, prompts, modes, reps: int, p_corrupt: float, ba
         dict(rows, skipped, weight_bytes, errors).
     """
     from .attention_grid import coarse_first
+    from .cost_check import predicted_speedup
 
     wb, rows, skipped, errors = weight_bytes(model), [], [], []
     for B, P in coarse_first(batches, prompts):
@@ -260,11 +269,11 @@ def latency_grid(model, batches, prompts, modes, reps: int, p_corrupt: float, ba
                     continue
                 base.setdefault(label, r["step_s"] if method == "vanilla" else None)
                 floor = (wb + kv_bytes(model.cfg, B, P, model.dtype)) / (bandwidth * 1e9)
+                pred, refused = predicted_speedup(tau, r["step_s"] / base[label]) if base.get(label) else (None, None)
                 rows.append(dict(batch=B, prompt=P, method=method, depth=depth, nodes=nodes, mode=label, **r,
                                  tau_expected=tau, per_token_s=r["step_s"] / tau,
-                                 tokens_per_s=B * tau / r["step_s"],
-                                 predicted_speedup=(base[label] * tau / r["step_s"]) if base.get(label) else None,
-                                 floor_step_s=floor, floor_per_token_s=floor / tau))
+                                 tokens_per_s=B * tau / r["step_s"], predicted_speedup=pred,
+                                 prediction_refused=refused, floor_step_s=floor, floor_per_token_s=floor / tau))
         _free(model.device)
     return dict(rows=rows, skipped=skipped, errors=errors, weight_bytes=wb)
 
@@ -309,14 +318,16 @@ def tau_check(tokens_per_step: list[int], depth: int, p_corrupt: float, max_new_
 
 
 def oracle_speedup(model, prompt_len: int, max_new_tokens: int, p_corrupt: float, seed: int = 0,
-                   methods=METHODS, reanchor: bool = True, check_tau: bool = True, tau_z: float = 4.0) -> dict:
+                   methods=METHODS, reanchor: bool = True, check_tau: bool = True, tau_z: float = 4.0,
+                   cuda_graphs: bool = False) -> dict:
     """Batch 1 through ``generate``: vanilla, then the oracle as a chain and as a tree.
 
     Per method: output identical to vanilla, tau (measured and expected), decode tokens/s, the
     measured speedup, and the cost model's prediction from the same run's per-step draft and
-    target time (``dispatch.predicted_tokens_per_s``, no loop overhead: the gap to the measured
-    speedup is what sampling, verification, KV commit and Python cost; ``phase_s_per_step`` has
-    each part).
+    target time against vanilla's target time (no loop overhead: the gap to the measured speedup is
+    what sampling, verification, KV commit and Python cost; ``phase_s_per_step`` has each part). A
+    prediction above the method's tau is refused (``cost_check.predicted_speedup``: None, and
+    ``prediction_refused`` says why). On a GPU the phases are timed by CUDA events (``minispec.clock``).
 
     The oracle re-anchors when the context leaves its stream (``reanchor``; see
     ``drafters.oracle``); re-anchoring is the measuring device's cost, so its time is taken out of
@@ -327,10 +338,11 @@ def oracle_speedup(model, prompt_len: int, max_new_tokens: int, p_corrupt: float
 
     Args:
         methods: {name: (depth, draft nodes)}, "vanilla": (0, 0) included.
+        cuda_graphs: decode through ``generate(..., cuda_graphs=True)`` (the reference stream too).
     Returns:
         dict(prompt_tokens, max_new_tokens, p_corrupt, methods={name: {...}}, identical_all, tau_ok_all).
     """
-    from ..dispatch import predicted_tokens_per_s
+    from .cost_check import predicted_speedup
     from ..generate import generate
     from ..tokenizer import ByteTokenizer
 
@@ -338,16 +350,17 @@ def oracle_speedup(model, prompt_len: int, max_new_tokens: int, p_corrupt: float
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.cfg.vocab_size, (prompt_len,), generator=g).tolist()
     depth_max = max(d for d, _ in methods.values())
-    generate(model, tok, prompt, max_new_tokens=4, chat=False, stop_at_eos=False)  # warm-up
-    ref = generate(model, tok, prompt, max_new_tokens=max_new_tokens + depth_max, chat=False, stop_at_eos=False)
+    generate(model, tok, prompt, max_new_tokens=4, chat=False, stop_at_eos=False, cuda_graphs=cuda_graphs)  # warm-up
+    ref = generate(model, tok, prompt, max_new_tokens=max_new_tokens + depth_max, chat=False, stop_at_eos=False,
+                   cuda_graphs=cuda_graphs)
     stream = ref.prompt_tokens + ref.tokens
     out = {method: _oracle_run(model, tok, prompt, ref, stream, depth, nodes, p_corrupt, max_new_tokens, seed, reanchor,
-                               tau_z) for method, (depth, nodes) in methods.items()}
+                               tau_z, cuda_graphs) for method, (depth, nodes) in methods.items()}
     base = out["vanilla"]
-    base_pred = predicted_tokens_per_s(1.0, base["target_s"], 0.0)
     for r in out.values():
         r["measured_speedup"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
-        r["predicted_speedup"] = predicted_tokens_per_s(r["tau_step"], r["target_s"], r["draft_s"]) / base_pred
+        r["predicted_speedup"], r["prediction_refused"] = predicted_speedup(
+            r["tau_step"], (r["target_s"] + r["draft_s"]) / base["target_s"])
     bad = {m: r for m, r in out.items() if r["tau_ok"] is False}
     if check_tau and bad:
         raise OracleTauError("; ".join(
@@ -360,7 +373,8 @@ def oracle_speedup(model, prompt_len: int, max_new_tokens: int, p_corrupt: float
                 tau_ok_all=all(r["tau_ok"] is not False for r in out.values()))
 
 
-def _oracle_run(model, tok, prompt, ref, stream, depth, nodes, p_corrupt, max_new_tokens, seed, reanchor, tau_z) -> dict:
+def _oracle_run(model, tok, prompt, ref, stream, depth, nodes, p_corrupt, max_new_tokens, seed, reanchor, tau_z,
+                cuda_graphs=False) -> dict:
     """One method of ``oracle_speedup`` (nodes 0: vanilla): warm-up, one timed generation, its row."""
     from ..generate import generate
 
@@ -368,8 +382,10 @@ def _oracle_run(model, tok, prompt, ref, stream, depth, nodes, p_corrupt, max_ne
                                                     tree_nodes=nodes, vocab_size=model.cfg.vocab_size,
                                                     target=model if reanchor else None)
     if drafter is not None:  # warm-up: kernels for this tree size
-        generate(model, tok, prompt, drafter=drafter, max_new_tokens=2 * depth + 2, chat=False, stop_at_eos=False)
-    r = generate(model, tok, prompt, drafter=drafter, max_new_tokens=max_new_tokens, chat=False, stop_at_eos=False)
+        generate(model, tok, prompt, drafter=drafter, max_new_tokens=2 * depth + 2, chat=False, stop_at_eos=False,
+                 cuda_graphs=cuda_graphs)
+    r = generate(model, tok, prompt, drafter=drafter, max_new_tokens=max_new_tokens, chat=False, stop_at_eos=False,
+                 cuda_graphs=cuda_graphs)
     s = r.stats
     steps = len(s.nodes)
     re_s = getattr(drafter, "reanchor_s", 0.0)
