@@ -316,7 +316,8 @@ def test_kernel_compiles_for_gpus_within_their_shared_memory():
     # (sm, dtype, shared KiB per block, G * T rows, T, lengths tensor, causal, splits)
     targets = [(90, "bfloat16", 227, 4, 1, True, True, 8), (86, "bfloat16", 99, 256, 64, True, False, 4),
                (75, "float16", 64, 64, 16, True, False, 4), (80, "float32", 48, 64, 16, False, False, 1)]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, do not interpret
+    # compile, do not interpret: "0" explicitly, since importing minispec without CUDA sets it to "1" if unset
+    env = dict(os.environ, TRITON_INTERPRET="0")
     done = subprocess.run([sys.executable, "-c", COMPILE, json.dumps(targets)], capture_output=True, text=True,
                           env=dict(env, TRITON_DEFAULT_FP_FUSION="1"), cwd=Path(__file__).resolve().parent.parent,
                           timeout=600)

@@ -174,9 +174,9 @@ def prepare(folder: Path, parts: int = 2, wheel: Path | None = None, spec_bench:
     subset and the gguf wheel (first call). The calls' sizes are those of the slimmed tree (``slim`` runs
     before the calls). Raises ValueError where a call would pass the limit even so.
 
-    ``dry_run`` (CI): the cached wheel if there is one, else a 3 MiB stand-in under the wheel's name; the
-    Spec-Bench file if there is one, else ``standin_spec_bench``; no gguf download; no size check (the
-    parts go to a temporary folder, never to a device)."""
+    ``dry_run`` (CI): the cached wheel if there is one, else a 3 MiB stand-in under the wheel's name;
+    ``standin_spec_bench`` always (the tiny model's 512-token context holds no long Spec-Bench question); no
+    gguf download; no size check (the parts go to a temporary folder, never to a device)."""
     from ..config import cache_dir
     from ..prompts import default_spec_bench_path
 
@@ -195,10 +195,10 @@ def prepare(folder: Path, parts: int = 2, wheel: Path | None = None, spec_bench:
     manifest = split(wheel, folder, parts)
     first = folder / "call1"
     spec_bench = spec_bench or default_spec_bench_path()
-    if spec_bench is not None and spec_bench.exists():
-        questions = spec_bench_subset(spec_bench, first / "spec_bench_subset.jsonl")
-    elif dry_run:
+    if dry_run:  # the dry run's tiny model holds 512 tokens, fewer than Spec-Bench's longest questions
         questions = len(standin_spec_bench(first / "spec_bench_subset.jsonl").read_text().splitlines())
+    elif spec_bench is not None and spec_bench.exists():
+        questions = spec_bench_subset(spec_bench, first / "spec_bench_subset.jsonl")
     else:
         questions = 0
     gguf_file = gguf_wheel(first / "wheels") if gguf and not dry_run else None
