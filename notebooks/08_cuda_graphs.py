@@ -744,13 +744,14 @@ for method in ("vanilla", "sps@chain:4", "eagle2"):
 
 # %%
 from minispec.cuda_graphs import static_plan, static_prefill
+from minispec.exact.attention import ready
 
 with torch.inference_mode():
     kv_c = StaticKVCache.for_model(smol, len(ids_d) + 8)
     static_prefill(smol, kv_c, torch.tensor([ids_d]))
     kv_c.commit()
     kv_c.begin(1, 1)
-    plan_c = static_plan(kv_c, kv_c.lengths[:1, None], torch.ones(1, 1, 1, dtype=torch.bool)).with_keys()  # key blocks read here
+    plan_c = ready(static_plan(kv_c, kv_c.lengths[:1, None], torch.ones(1, 1, 1, dtype=torch.bool)))  # key blocks read here
     traced = torch._dynamo.explain(lambda tokens, plan: smol(tokens, kv=kv_c, plan=plan))(torch.tensor([ids_d[-1:]]),
                                                                                           plan_c)
     kv_c.discard()

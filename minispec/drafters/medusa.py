@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..linear import Linear
+from .. import exact
 from .base import Features
 from .tree_drafter import TreeDrafter, TreeSpec
 from .registry import default_tree
@@ -40,7 +40,7 @@ class ResBlock(nn.Module):
 
     def __init__(self, hidden: int):
         super().__init__()
-        self.linear = Linear(hidden, hidden)
+        self.linear = nn.Linear(hidden, hidden)
         nn.init.zeros_(self.linear.weight)
 
     def forward(self, x):
@@ -55,7 +55,7 @@ class MedusaHeads(nn.Module):
         super().__init__()
         self.hidden, self.num_heads, self.vocab_size, self.own_lm_head = hidden, num_heads, vocab_size, own_lm_head
         self.heads = nn.ModuleList(
-            nn.Sequential(ResBlock(hidden), *([Linear(hidden, vocab_size, bias=False)] if own_lm_head else []))
+            nn.Sequential(ResBlock(hidden), *([nn.Linear(hidden, vocab_size, bias=False)] if own_lm_head else []))
             for _ in range(num_heads))
 
     # the official files store the ModuleList's items at the top level: "0.0.linear.weight"
@@ -93,6 +93,7 @@ class MedusaDrafter(TreeDrafter):
                              f"these have {heads.num_heads}")
         self.heads, self.lm_head = heads, target.lm_head
         self.check_target(target)
+        exact.follow(target, heads)  # the heads compute as their target does
         self.prefill([])
 
     def __repr__(self):

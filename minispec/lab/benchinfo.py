@@ -25,17 +25,16 @@ def device_info() -> dict:
 
 
 def linear_kernel() -> str:
-    """The prepacked CPU kernel ``minispec.linear.Linear`` runs at the running thread count ("auto: onednn" where
-    ``minispec.kernel_choice`` chose it for this machine)."""
-    from ..linear import Linear, onednn_available, time_kernels
+    """The prepacked CPU kernel ``minispec.exact.linear.ExactLinear`` runs at the running thread count ("auto: onednn"
+    where this machine's saved choice names it, ``minispec.exact.profile``; read, never timed)."""
+    from ..exact.linear import ExactLinear
+    from ..exact.profile import chosen_kernel, onednn_available
 
-    if not Linear.prepack:
+    if not ExactLinear.prepack:
         return "f_linear (prepacking off)"
-    if Linear.cpu_kernel != "auto":
-        return Linear.cpu_kernel if Linear.cpu_kernel != "onednn" or onednn_available() else "panels"
-    from ..kernel_choice import chosen_kernel
-
-    return f"auto: {chosen_kernel(time_kernels)}"
+    if ExactLinear.cpu_kernel != "auto":
+        return ExactLinear.cpu_kernel if ExactLinear.cpu_kernel != "onednn" or onednn_available() else "panels"
+    return f"auto: {chosen_kernel()}"
 
 
 def versions() -> dict:
