@@ -3,7 +3,7 @@
 One [OK]/[FAIL] line per dependency, and [OK]/[WARN] for JupyterLab (the course extra: the
 notebooks in a browser; nothing else needs it, so its absence fails nothing); CUDA and the Triton
 interpreter are reported as information ([INFO]), since no GPU is a normal setup for the CPU chapters. Then whether the
-decode forward's rows are invariant to the row count on this CPU (``minispec.invariance``): the
+decode forward's rows are invariant to the row count on this CPU (``minispec.exact``): the
 property that makes greedy speculative decoding identical to vanilla by construction; and which
 prepacked linear kernel this machine runs (``minispec.exact.profile``).
 """
