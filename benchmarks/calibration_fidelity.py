@@ -20,11 +20,11 @@ import time
 import torch
 
 from minispec import dispatch, generate, load
+from minispec.lab import calibrate, tune
 from minispec.cli import compare_prompts
 from minispec.lab.benchinfo import save_json
+from minispec.methods import HEAD_DTYPES, Methods, with_head_dtype
 from minispec.lab.env import thread_count
-from minispec.linear import prepack
-from minispec.methods import Methods
 from minispec.sampling import GREEDY, SamplingParams
 
 DEMO_PROMPT = "Explain in three sentences why speculative decoding makes LLM inference faster."
@@ -52,7 +52,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=thread_count, default=2)
     ap.add_argument("--runs", type=int, default=3, help="quick calibrations per budget")
-    ap.add_argument("--budgets", default=f"{dispatch.QUICK_BUDGET_S:g},15", help="comma list of seconds")
+    ap.add_argument("--budgets", default=f"{calibrate.QUICK_BUDGET_S:g},15", help="comma list of seconds")
     ap.add_argument("--max-new-tokens", type=int, default=128, help="per reference prompt, as the demo")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (as the demo); else sampled")
     ap.add_argument("--candidates", default=",".join(dispatch.QUICK_CANDIDATES), help="comma list (default QUICK_CANDIDATES)")
@@ -65,10 +65,9 @@ def main():
     torch.set_num_threads(args.threads)
     model, tok = load("smollm2-135m")
     methods = Methods(model)
-    prepack(model)
-    head = dispatch.head_dtype_costs(model, methods)
+    head = tune.head_dtype_costs(model, methods)
     dtype = min(head, key=head.get) if head else None  # the head's dtype, chosen as tune chooses it
-    lists = [[dispatch.with_head_dtype(c, dtype) if dtype and dispatch.HEAD_DTYPES[dtype] != model.dtype else c
+    lists = [[with_head_dtype(c, dtype) if dtype and HEAD_DTYPES[dtype] != model.dtype else c
               for c in names.split(",")] for names in filter(None, (args.candidates, args.versus))]
     union = list(dict.fromkeys(c for cands in lists for c in cands))
     t = time.perf_counter()
@@ -82,7 +81,7 @@ def main():
     # the lists alternate run by run, so that drift of the machine hits each alike
     for budget, i, cands in [(float(b), i, c) for b in args.budgets.split(",") for i in range(args.runs) for c in lists]:
         t = time.perf_counter()
-        r = dispatch.quick_tune(model, tok, candidates=cands, methods=methods, budget_s=budget, params=params)
+        r = calibrate.quick_tune(model, tok, candidates=cands, methods=methods, budget_s=budget, params=params)
         row = dict(candidates=cands, budget_s=budget, seconds=time.perf_counter() - t, choice=r.choice,
                    prompts={c.method: c.prompts for c in r.candidates},
                    predicted={c.method: c.predicted_tok_s for c in r.candidates},

@@ -30,6 +30,7 @@ import torch
 
 from minispec import load
 from minispec.cuda_graphs import StaticKVCache, static_forward, static_plan, static_prefill
+from minispec.exact.attention import ready
 from minispec.lab.benchinfo import save_json
 from minispec.lab.env import thread_count
 
@@ -42,9 +43,9 @@ def model_call(model, kv, tokens, plan):
 
 def with_plan(body):
     """``static_forward`` with its plan built outside ``body`` (the model's call, compiled): the plan's key blocks
-    are read on the host (``Plan.with_keys``), which a trace cannot do without breaking its graph."""
+    are read on the host (``minispec.exact.attention.ready``), which a trace cannot do without breaking its graph."""
     def forward(model, kv, tokens, positions, tree_mask):
-        return body(model, kv, tokens, static_plan(kv, positions, tree_mask).with_keys())
+        return body(model, kv, tokens, ready(static_plan(kv, positions, tree_mask)))
     return forward
 
 
@@ -103,7 +104,7 @@ def main():
         decode(model, static_forward, prompt, 2, args.capacity)  # eager first: row plans, prepacked weights
         kv = StaticKVCache.for_model(model, args.capacity)
         kv.begin(1, 1)
-        plan = static_plan(kv, kv.lengths[:1, None], torch.ones(1, 1, 1, dtype=torch.bool)).with_keys()
+        plan = ready(static_plan(kv, kv.lengths[:1, None], torch.ones(1, 1, 1, dtype=torch.bool)))
         explained = torch._dynamo.explain(model_call)(model, kv, prompt[:, :1], plan)
         torch._dynamo.reset()
         t = time.perf_counter()

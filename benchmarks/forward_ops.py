@@ -3,8 +3,9 @@
     python benchmarks/forward_ops.py --context 300 --forwards 3 --json out.json
 
 torch.profiler records a few one-row forwards after a ``--context``-token prefill; the ops per forward are
-reported by name (most frequent first) with their total. A count, not a time: it does not depend on the
-machine's load, only on the code path the forward takes (which may depend on the CPU's kernel choice).
+reported by name (most frequent first) with their total, and the attention backend and linear kernel they ran on
+(``MINISPEC_LINEAR_KERNEL=panels|onednn`` names one; by default this machine's saved choice). A count, not a time: it
+does not depend on the machine's load, only on the code path the forward takes (which depends on the kernel).
 """
 
 from __future__ import annotations
@@ -52,9 +53,13 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     from minispec import load
 
+    from minispec.lab.benchinfo import linear_kernel
+
     model, _ = load("smollm2-135m")
     r = count_ops(model, a.context, a.forwards)
-    print(f"{r['aten_ops_per_forward']:.0f} ATen ops per one-row forward after {a.context} tokens")
+    r.update(threads=a.threads, attention=model.attention, linear_kernel=linear_kernel())
+    print(f"{r['aten_ops_per_forward']:.0f} ATen ops per one-row forward after {a.context} tokens "
+          f"({a.threads} thread{'s' * (a.threads > 1)}, attention {r['attention']}, linear kernel {r['linear_kernel']})")
     for name, n in list(r["by_name"].items())[:20]:
         print(f"  {n:7.0f}  {name}")
     if a.json:

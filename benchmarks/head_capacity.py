@@ -14,7 +14,7 @@ For each head (``--heads NAME=PATH``, any checkpoint ``load_drafter`` reads):
                pair as after a step that accepted no draft; interleaved over positions, k and heads
                (drift of a shared machine hits all alike), median over ``--reps`` positions. "step"
                = t(1): one head step with its draft LM head; "per level" = (t(5) - t(1)) / 4.
-  verify cost  ``minispec.dispatch.verify_cost_curve``: one target forward of k + 1 tokens after
+  verify cost  ``minispec.lab.tune.verify_cost_curve``: one target forward of k + 1 tokens after
                ``--context`` cached tokens (fastest repetition, non-decreasing in k).
   prediction   tokens per step of a chain of k from the alphas, E_k = 1 + sum_{i<=k} prod_{j<=i}
                alpha_j, and ``dispatch.predicted_tokens_per_s(E_k, t_verify(k), t_draft(k))``, the
@@ -39,11 +39,12 @@ import torch
 
 import minispec
 from minispec.lab.benchinfo import save_json
-from minispec.dispatch import predicted_tokens_per_s, verify_cost_curve
+from minispec.dispatch import predicted_tokens_per_s
 from minispec.drafters.base import Features
 from minispec.drafters.layouts import read_checkpoint
 from minispec.drafters.loader import load_drafter
 from minispec.drafters.registry import TABLE
+from minispec.lab.tune import verify_cost_curve
 from minispec.lab.env import thread_count
 from minispec.sampling import GREEDY
 from minispec.train.data import training_sequences

@@ -1,4 +1,4 @@
-"""Weights in 2 MiB pages or in 4 KiB ones (``minispec.linear.huge_page_empty``), side by side in one process,
+"""Weights in 2 MiB pages or in 4 KiB ones (``minispec.exact.pages.huge_page_empty``), side by side in one process,
 interleaved round by round: a memory copy of 480 MB; the 121 weight products of a SmolLM2 forward on the weight
 panels at two rows (one ``torch.bmm`` each, no row plan); and the one-row decode forward after 256 cached tokens with
 every layer on the panels under its row plan. Only the panels live in huge pages (oneDNN's prepacked weights are
@@ -19,13 +19,15 @@ from pathlib import Path
 
 import torch
 
-from minispec import linear, load
+from minispec import load
 from minispec.config import thp_mode
-from minispec.kernel_choice import chosen_kernel
+from minispec.exact import pages
+from minispec.exact.linear import ExactLinear as Linear, panels, prepack
+from minispec.exact.pages import huge_page_empty
+from minispec.exact.profile import chosen_kernel
 from minispec.lab.benchinfo import save_json
 from minispec.lab.env import thread_count
 from minispec.lab.profile import _decode_forward
-from minispec.linear import Linear, huge_page_empty, panels, prepack
 
 SIDES = ("4k", "2m")
 
@@ -38,13 +40,13 @@ def anon_huge_kb() -> int:
 
 
 def with_pages(side: str, fn):
-    """``fn()`` with ``linear.HUGE_PAGES`` on ("2m") or off ("4k")."""
-    before = linear.HUGE_PAGES
-    linear.HUGE_PAGES = side == "2m" and before
+    """``fn()`` with ``pages.HUGE_PAGES`` on ("2m") or off ("4k")."""
+    before = pages.HUGE_PAGES
+    pages.HUGE_PAGES = side == "2m" and before
     try:
         return fn()
     finally:
-        linear.HUGE_PAGES = before
+        pages.HUGE_PAGES = before
 
 
 def median_ms(fn, n: int) -> float:
@@ -69,7 +71,7 @@ def main():
     src = {s: with_pages(s, lambda: huge_page_empty((n,))).fill_(1.0) for s in SIDES}
     dst = {s: with_pages(s, lambda: huge_page_empty((n,))).fill_(0.0) for s in SIDES}
 
-    auto_kernel = chosen_kernel(linear.time_kernels)
+    auto_kernel = chosen_kernel()
     Linear.cpu_kernel = "panels"  # the forward below on the panels, whatever "auto" chose here
     model, _ = load("smollm2-135m")
     layers = [m for m in model.modules() if isinstance(m, Linear)]

@@ -32,12 +32,22 @@ sys.path.insert(0, str(ROOT))
 
 
 def load_revision(rev: str):
-    """``minispec/attention/invariant.py`` of git revision ``rev``, imported as a module of the package."""
-    src = subprocess.run(["git", "show", f"{rev}:minispec/attention/invariant.py"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
+    """The row-invariant attention of git revision ``rev`` (``minispec/exact/attention.py``, or
+    ``minispec/attention/invariant.py`` before the exact backend became a package), imported as a module of the
+    package it lived in (a revision from before the move finds its ``minispec.invariance`` in ``minispec.exact.rows``)."""
+    for file, name in (("minispec/exact/attention.py", "minispec.exact._attention_before"),
+                       ("minispec/attention/invariant.py", "minispec.attention._invariant_before")):
+        r = subprocess.run(["git", "show", f"{rev}:{file}"], cwd=ROOT, capture_output=True, text=True)
+        if r.returncode == 0:
+            break
+    else:
+        raise SystemExit(f"{rev} has no row-invariant attention")
+    import minispec.exact.rows
+
+    sys.modules.setdefault("minispec.invariance", minispec.exact.rows)
     path = Path(tempfile.mkdtemp()) / "invariant_before.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("minispec.attention._invariant_before", path)
+    path.write_text(r.stdout)
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
@@ -61,13 +71,15 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    import minispec.attention as attention
     from minispec import models
-    from minispec.lab.benchinfo import device_info
-    from minispec.attention import invariant as after
+    from minispec.exact import attention as after
     from minispec.kv import KVCache
+    from minispec.lab.benchinfo import device_info
 
-    before = load_revision(args.before)
+    old, own = load_revision(args.before), after.invariant_attention
+
+    def before(q, k, v, mask=None, plan=None):  # the old module works its mask out itself: hand it the raw mask
+        return old.invariant_attention(q, k, v, getattr(mask, "mask", mask), plan)
     model = models.load("smollm2-135m")[0]
     g = torch.Generator().manual_seed(0)
     kv = KVCache.for_model(model, 2048)
@@ -76,16 +88,16 @@ def main() -> None:
         model(torch.randint(0, model.cfg.vocab_size, (1, args.prefix), generator=g), kv=kv)
         kv.commit(list(range(args.prefix)))
         for r in range(args.rounds):
-            order = (("before", before), ("after", after))
-            for name, mod in order if r % 2 else order[::-1]:  # alternating: neither goes first every round
-                attention.invariant_attention = mod.invariant_attention
+            order = (("before", before), ("after", own))
+            for name, fn in order if r % 2 else order[::-1]:  # alternating: neither goes first every round
+                after.invariant_attention = fn  # what the "exact" backend calls
                 for T in (1, 8, 32):
                     tokens = torch.randint(0, model.cfg.vocab_size, (1, T), generator=g)
                     t0 = time.perf_counter()
                     model(tokens, kv=kv, mask=binary_tree_mask(T) if T > 1 else None)
                     times.setdefault((name, T), []).append(time.perf_counter() - t0)
                     kv.discard()
-    attention.invariant_attention = after.invariant_attention
+    after.invariant_attention = own
     dev = device_info()
     print(f"{dev.get('gpu') or dev.get('cpu_model') or dev['cpu']}, {args.threads} threads, SmolLM2-135M after {args.prefix} tokens, "
           f"medians of {args.rounds - 1} interleaved rounds")

@@ -1,9 +1,9 @@
-"""The two prepacked CPU kernels of ``minispec.linear`` in the decode loop: greedy tokens/s, side by side.
+"""The two prepacked CPU kernels of ``minispec.exact.linear`` in the decode loop: greedy tokens/s, side by side.
 
 ``benchmarks/linear_kernels.py`` times the 121 linear products of a SmolLM2 forward alone; this script
 times what a user sees: ``generate`` on minispec's own prompts with every ``Linear`` on the weight
 panels (``Linear.cpu_kernel = "panels"``), on oneDNN's prepacked weights ("onednn") or on the default, "auto"
-(whichever ``minispec.kernel_choice`` timed faster on this machine, with its one-row calls padded to the rows it
+(whichever ``python -m minispec calibrate`` timed faster on this machine, ``minispec.exact.profile``, with its one-row calls padded to the rows it
 timed fastest for that kernel, printed), vanilla and one speculative method, the three interleaved prompt by
 prompt in one process (so drift of a shared machine hits them alike). Each kernel runs under the row plan its own
 probe chose on this CPU (printed). Reports tokens/s, the ratios to the panels and to oneDNN, and whether every
@@ -23,8 +23,9 @@ import torch
 
 from minispec import generate, load
 from minispec.lab.benchinfo import save_json
+from minispec.exact.linear import ExactLinear as Linear, prepack
+from minispec.exact.profile import CPU_KERNELS, describe, onednn_available
 from minispec.lab.env import thread_count
-from minispec.linear import CPU_KERNELS, Linear, onednn_available, prepack
 from minispec.methods import Methods
 from minispec.prompts import own_prompts
 
@@ -43,10 +44,7 @@ def main() -> None:
     model, tok = load("smollm2-135m")
     methods = Methods(model)
     prompts = [p["prompt"] for p in own_prompts()][:args.prompts]
-    from minispec.kernel_choice import describe
-    from minispec.linear import time_kernels
-
-    print(f"'auto' on this machine: {describe(time_kernels)}")
+    print(f"'auto' on this machine: {describe()}")
     default, plans = Linear.cpu_kernel, {}
     kernels = (*CPU_KERNELS, "auto")
     for kernel in kernels:  # prepacked copies and row plans before any timing; one warm-up run each

@@ -1,7 +1,7 @@
 """The linear-layer kernels of a decode step side by side: time per forward's worth of products, and
 whether a row's bits depend on the row count.
 
-For every ``minispec.linear.Linear`` of a model (SmolLM2: 121 products per forward), in the order a
+For every linear layer of a model (SmolLM2: 121 products per forward), in the order a
 forward runs them so the weights stream from memory as they do when decoding, each candidate is
 timed at several row counts M, the candidates interleaved round by round in one process:
 
@@ -15,7 +15,7 @@ timed at several row counts M, the candidates interleaved round by round in one 
 
 (each candidate runs a few untimed passes before its timed ones in every round, so its own weight
 copy is as warm in the caches as when decoding uses it alone), and each kind of weight is probed for the row counts at which its rows change
-(``minispec.invariance.varying_rows``). Not part of CI: timings are machine-dependent.
+(``minispec.exact.rows.varying_rows``). Not part of CI: timings are machine-dependent.
 
     python benchmarks/linear_kernels.py --threads 2 --json benchmarks/results/linear_kernels_cpu.json
 """
@@ -66,8 +66,8 @@ def main(argv=None) -> int:
     from minispec.lab.env import thread_count
 
     from minispec.lab.benchinfo import save_json
-    from minispec.invariance import varying_rows
-    from minispec.linear import Linear
+    from minispec.exact.rows import varying_rows
+    from torch.nn import Linear
     from minispec.models import load
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -4,7 +4,7 @@ Runs in one process, interleaved per prompt (so drift of a shared machine hits e
 on the same prompt token ids (minispec's chat template applied), the same thread count, greedy:
 
     minispec vanilla            minispec's own decode loop, no drafter
-    minispec auto               the method ``auto`` resolves to on this machine (calibrates ~30 s once)
+    minispec auto               the method ``auto`` resolves to on this machine (``python -m minispec calibrate``)
     llama.cpp f32               the same f32 weights minispec uses, as a GGUF made by llama.cpp's converter
     llama.cpp Q4_1              the shipped Q4_1 GGUF (the file minispec's f32 weights are dequantized from)
     llama.cpp f32 + lookup      f32 with llama-cpp-python's prompt-lookup drafter (LlamaPromptLookupDecoding)
@@ -217,6 +217,7 @@ def main():
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     from minispec.dispatch import resolve_auto
+    from minispec.lab import calibrate
     from minispec.methods import Methods
     from minispec.prompts import own_prompts, spec_bench
 
@@ -224,11 +225,14 @@ def main():
     gdir = cache_dir() / "gguf"
     f32 = f32_gguf(Path(args.gguf_f32 or gdir / F32_GGUF), args.llama_src, llama_cpp.__version__)
     q41 = q41_gguf(Path(args.gguf_q41 or gdir / SMOLLM2_GGUF))
+    if not args.auto and calibrate.needs_calibration():
+        print(calibrate.announce(), flush=True)
+        calibrate.calibrate()
     model, tok = load("smollm2-135m")
     if args.auto:
         auto, line = args.auto, f"auto = {args.auto} (--auto)"
     else:
-        auto, line = resolve_auto(model, tok)
+        auto, line = resolve_auto()
     print(line)
     questions = spec_bench(args.questions, limit=args.prompts) if args.questions else own_prompts()[: args.prompts]
     ids = [encode_prompt(tok, q["prompt"], chat=True) for q in questions]

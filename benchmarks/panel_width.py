@@ -1,5 +1,5 @@
 """The weight panels' width: the 121 products of a SmolLM2 forward at the two rows a one-row decode step pads
-to, with the weights cut into panels of 16, 32, 64 and 128 output features (``minispec.linear.PANEL`` is 32),
+to, with the weights cut into panels of 16, 32, 64 and 128 output features (``minispec.exact.linear.PANEL`` is 32),
 interleaved round by round in one process, each width's pass timed after an untimed one.
 
     python benchmarks/panel_width.py [--threads 2] [--rounds 12] [--json out.json]
@@ -15,8 +15,9 @@ import torch
 
 from minispec import load
 from minispec.lab.benchinfo import save_json
+from minispec.exact.linear import PANEL, panels
+from torch.nn import Linear
 from minispec.lab.env import thread_count
-from minispec.linear import PANEL, Linear, panels
 
 WIDTHS = (16, 32, 64, 128)
 

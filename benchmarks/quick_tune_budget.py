@@ -1,4 +1,4 @@
-"""The quick calibration of ``auto`` (``dispatch.quick_tune``) as it runs (racing, within ``QUICK_BUDGET_S``),
+"""The quick calibration of ``auto`` (``lab.calibrate.quick_tune``) as it runs (racing, within ``QUICK_BUDGET_S``),
 and without its budget, and without its race either, one after the other in one process, on this machine: wall
 time, choice, prompts run and the candidate table of each.
 
@@ -14,9 +14,9 @@ import time
 import torch
 
 from minispec import dispatch, load
+from minispec.lab import calibrate
 from minispec.lab.env import thread_count
 from minispec.lab.tune_report import format_tune
-from minispec.linear import prepack
 from minispec.methods import Methods
 
 
@@ -27,19 +27,18 @@ def main():
     torch.set_num_threads(args.threads)
     model, tok = load("smollm2-135m")
     methods = Methods(model)
-    prepack(model)
-    race = dispatch.QUICK_RACE
-    for name, race_, budget in (("as it runs (race, budget)", race, dispatch.QUICK_BUDGET_S),
+    race = calibrate.QUICK_RACE
+    for name, race_, budget in (("as it runs (race, budget)", race, calibrate.QUICK_BUDGET_S),
                                 ("race, no budget", race, None), ("no race, no budget", None, None)):
-        dispatch.QUICK_RACE = race_
+        calibrate.QUICK_RACE = race_
         try:
             t = time.perf_counter()
-            r = dispatch.quick_tune(model, tok, methods=methods, budget_s=budget)
+            r = calibrate.quick_tune(model, tok, methods=methods, budget_s=budget)
             print(f"{name}: {time.perf_counter() - t:.1f} s, choice {r.choice}, prompts run "
                   f"{max(c.prompts for c in r.candidates)} ({args.threads} threads, {dispatch.machine_key()})", flush=True)
             print(format_tune(r), flush=True)
         finally:
-            dispatch.QUICK_RACE = race
+            calibrate.QUICK_RACE = race
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 
     python benchmarks/tune_sweep.py --limit 8 --threads 2
 
-1. ``minispec.dispatch.tune`` on the subset (short calibration generations) -> the choice;
+1. ``minispec.lab.tune.tune`` on the subset (short calibration generations) -> the choice;
 2. ``minispec.lab.bench.run_bench`` of every candidate on the same subset, full length, interleaved
    per question in one process -> measured tokens/s;
 3. reports the choice's measured tokens/s against the best measured one (target: within 10%).
@@ -22,7 +22,8 @@ import torch
 from minispec import load
 from minispec.lab.bench import format_table, run_bench
 from minispec.lab.benchinfo import save_json
-from minispec.dispatch import DEFAULT_CANDIDATES, save_choice, tune
+from minispec.dispatch import DEFAULT_CANDIDATES
+from minispec.lab.tune import save_choice, tune
 from minispec.lab.env import thread_count
 from minispec.lab.tune_report import format_tune
 from minispec.methods import Methods

@@ -15,7 +15,7 @@ Sequences differ in prompt length, accepted length and tree shape, so the batch 
 the forward runs on a ragged attention plan (``attention.plan.prepare_ragged``, built from
 ``{sequence: new tokens}``): every row attends over its own prefix (read through its block table; all rows
 in one attention call, padded with keys their masks hide, ``RaggedPlan``), and the linear layers are
-row-invariant (``minispec.linear``),
+row-invariant (the exact backend, ``minispec.exact``),
 so each row computes, bit for bit, what that sequence's forward alone computes. Hence greedy
 batched output equals unbatched output, and sampled output too, given each sequence's seed:
 every random draw stays in its own sequence's generator.

@@ -1,6 +1,8 @@
 """Command line: ``python -m minispec <command>``.
 
     demo        generate for a prompt with SmolLM2-135M, a speculative method and vanilla side by side
+                (its first run on a machine calibrates it once: see calibrate)
+    calibrate   this machine's linear kernel and 'auto', measured once and saved for every later run
     bench       Spec-Bench-style comparison of decoding methods
     tune        tree dispatcher: measured verify-cost curve, candidates, the choice for this machine
     profile     per-method decode-step breakdown (draft, target, verify, commit, hand-off), bandwidth floor
@@ -35,6 +37,7 @@ def _threads(args) -> int:
 def _demo(args) -> int:
     from . import SamplingParams, load
     from .dispatch import resolve
+    from .lab import calibrate
     from .methods import Methods, parse_method
 
     args.params = SamplingParams(args.temperature, args.top_k, args.top_p)  # bad ones fail before the model loads
@@ -42,11 +45,16 @@ def _demo(args) -> int:
         raise ValueError("the prompt is empty: give --prompt some text")
     spec = parse_method(args.method)
     threads = _threads(args)
-    model, tok = load(args.model)
+    loaded = None
+    if spec.base == "auto" and calibrate.needs_calibration(args.model, args.params):  # this machine's first demo
+        print(calibrate.announce(args.model, args.params), flush=True)
+        kernel, r, loaded = calibrate.calibrate(args.model, args.params)
+        print("\n".join(calibrate.summary(kernel, r, args.model, args.params)), flush=True)
+    model, tok = loaded or load(args.model)
     print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{model.cfg.n_layer} layers; {threads} CPU thread{'s' * (threads > 1)} (--threads N to change)", flush=True)
     methods = Methods(model, args.model, drafter_path=args.drafter, draft_vocab=args.draft_vocab)
-    spec = resolve(spec, methods, tok, say=lambda line: print(line, flush=True), params=args.params)
+    spec = resolve(spec, methods, say=lambda line: print(line, flush=True), params=args.params)
     print(f"prompt: {args.prompt}\n", flush=True)
     runs = _demo_runs(args, model, tok, spec.name, methods.drafter(spec))
     print(demo_table(list(runs.items()), sampled=args.temperature > 0))
@@ -78,7 +86,7 @@ def compare_prompts(prompt: str, n: int) -> list[str]:
     """The demo's timed prompts: ``prompt`` and ``n`` of minispec's own (one short prompt alone gives a
     noisy ratio), mixed as ``auto``'s calibration mixes them (one in three reuses its input,
     ``prompts.calibration_set``) but not the ones it calibrated on."""
-    from .dispatch import QUICK_PROMPTS
+    from .lab.calibrate import QUICK_PROMPTS
     from .prompts import calibration_set
 
     return [prompt] + calibration_set(QUICK_PROMPTS + n)[QUICK_PROMPTS:]
@@ -115,7 +123,7 @@ def demo_table(runs, sampled: bool) -> str:
 def _tune(args) -> int:
     from . import load
     from .lab.benchinfo import save_json
-    from .dispatch import save_choice, tune
+    from .lab.tune import save_choice, tune
     from .lab.tune_report import calibration_prompts, format_tune
     from .sampling import SamplingParams
 
@@ -132,6 +140,28 @@ def _tune(args) -> int:
     if args.json:
         print(f"saved {save_json(args.json, dict(benchmark='tune', prompts=len(prompts), **r.as_dict()))}")
     return 0
+
+
+def _calibrate(args) -> int:
+    from .lab import calibrate
+    from .sampling import SamplingParams
+
+    params = SamplingParams(args.temperature, args.top_k, args.top_p)  # bad ones fail before anything is timed
+    _threads(args)
+    print(calibrate.announce(args.model, params), flush=True)
+    kernel, r, _ = calibrate.calibrate(args.model, params, force=args.force)
+    print("\n".join(calibrate.summary(kernel, r, args.model, params)))
+    return 0
+
+
+def _calibrate_flags(c) -> None:
+    c.add_argument("--model", default="smollm2-135m")
+    c.add_argument("--threads", type=thread_count, default=None, help=THREADS_HELP)
+    c.add_argument("--temperature", type=float, default=0.0, help="calibrate 'auto' for sampled decoding at this "
+                   "temperature (default 0: greedy); saved apart from greedy's choice")
+    c.add_argument("--top-k", type=int, default=0)
+    c.add_argument("--top-p", type=float, default=1.0)
+    c.add_argument("--force", action="store_true", help="measure again although this machine has a calibration")
 
 
 def _bench(args) -> int:
@@ -179,7 +209,7 @@ def _demo_flags(d) -> None:
                    help="minispec's own prompts timed beside yours for the comparison (interleaved, warm; one in "
                         "three reuses its input, as in auto's calibration, which uses others)")
     d.add_argument("--method", default="auto", help="vanilla, pld, sps, eagle, eagle2, eagle3, medusa, NAME@TREE or "
-                   "auto (default: the tree dispatcher's choice, see tune)")
+                   "auto (default: the tree dispatcher's choice for this machine, see calibrate and tune)")
     d.add_argument("--drafter", default=None, help="head checkpoint for eagle/eagle2/eagle3/medusa (default: shipped)")
     d.add_argument("--draft-vocab", type=int, default=None, help=DRAFT_VOCAB_HELP)
 
@@ -267,6 +297,8 @@ def _train(argv: list[str]) -> int:
 
 COMMANDS = {  # name -> (the line ``python -m minispec --help`` shows, argv -> exit status)
     "demo": ("generate with SmolLM2-135M and print tokens/s", _here("demo", _demo_flags, _demo)),
+    "calibrate": ("measure this machine's linear kernel and 'auto' once; every later run reads them",
+                  _here("calibrate", _calibrate_flags, _calibrate)),
     "tune": ("tree dispatcher: measure costs and acceptance, choose the tree for this machine",
              _here("tune", _tune_flags, _tune)),
     "bench": ("Spec-Bench-style comparison of decoding methods (tokens/s, speedup, tau)",

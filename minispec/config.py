@@ -16,10 +16,11 @@ def fast() -> bool:
     return os.environ.get("MINISPEC_FAST", "").strip().lower() in ("1", "true", "yes")
 
 
-def cache_dir() -> Path:
-    """The model cache directory (created on demand)."""
+def cache_dir(create: bool = True) -> Path:
+    """The model cache directory (created on demand; ``create=False``: its path only, for a reader)."""
     d = Path(os.environ.get("MINISPEC_CACHE") or Path.home() / ".cache" / "minispec").expanduser()
-    d.mkdir(parents=True, exist_ok=True)
+    if create:
+        d.mkdir(parents=True, exist_ok=True)
     return d
 
 
@@ -35,7 +36,7 @@ def cpu_model() -> str | None:
 
 def thp_mode() -> str | None:
     """Linux's transparent huge page mode ("always", "madvise" or "never"; None where there is none): whether
-    memory that asks for 2 MiB pages (``minispec.linear.huge_page_empty``) gets them."""
+    memory that asks for 2 MiB pages (``minispec.exact.pages.huge_page_empty``) gets them."""
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
             return re.search(r"\[(\w+)\]", f.read()).group(1)

@@ -36,8 +36,8 @@ What cannot be captured, and what this module does instead:
 On a CPU, or with ``enabled=False``, ``GraphedForward`` runs the very same steps (buckets, padding,
 inputs copied into the bucket's static buffers, ``begin``, the plan, the model's forward, one
 "replay" per call) with the capture replaced by a direct call of ``static_forward`` on those
-buffers: ``capture`` is the one function that needs CUDA. With minispec's row-invariant attention
-and linear plans (``minispec.invariance``) the CPU path gives the eager forward's logits bit for
+buffers: ``capture`` is the one function that needs CUDA. With the exact backend's row-invariant
+attention and linear plans (``minispec.exact``) the CPU path gives the eager forward's logits bit for
 bit, padded or not, over the whole capacity or not: that is what CI proves. What only a GPU can
 show: that capture succeeds (no host synchronisation, no allocation outside the graph's pool),
 that a replay launches the same kernels as the eager padded forward (bitwise equal there too),

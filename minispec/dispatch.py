@@ -3,7 +3,8 @@
 Whether a bigger tree pays depends on the hardware. A tree of N nodes raises tau, the tokens
 committed per target forward, but the verify forward of N + 1 tokens costs more than a forward
 of one, and more so as the batch grows and the GPU (or CPU) leaves its memory-bound regime.
-The dispatcher measures both sides on the user's machine and predicts, for each candidate c:
+The dispatcher measures both sides on the user's machine (``minispec.lab.tune``, an explicit lab step:
+``python -m minispec calibrate`` once, ``tune`` at length) and predicts, for each candidate c:
 
     tokens/s (per sequence) = tau_c / (t_verify(N_c, batch) + t_draft(c) + t_loop(c))
 
@@ -35,6 +36,10 @@ runs are interleaved (every candidate on prompt 1, then every candidate on promp
 the drift of a shared machine hits every candidate alike. Vanilla decoding (tau 1, no draft) is
 always a candidate, so the choice is never slower than no speculation by the model's own account.
 
+This module is the runtime's half: the cost model, the choice among measured candidates, and what ``auto``
+means here: the saved choice for this machine, model, thread count, batch size and sampling, else
+``DEFAULT_AUTO``. It never times anything and never writes a file.
+
 Reference: Tang et al. (Meta), "Efficient Speculative Decoding for Llama at Scale: Challenges
 and Solutions" (2025), section 3.4 (choosing the tree by batch size from measured costs).
 """
@@ -42,20 +47,16 @@ and Solutions" (2025), section 3.4 (choosing the tree by batch size from measure
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from .config import cache_dir, cpu_tag, file_tag
-from .drafters.base import Features
 from .drafters.registry import DEFAULT_AUTO, DEFAULT_CANDIDATES, HEAD_DTYPE_PROBE, QUICK_CANDIDATES  # noqa: F401  (the table's)
-from .kv import KVCache
-from .methods import HEAD_DTYPES, MethodSpec, Methods, parse_method, with_head_dtype
+from .methods import MethodSpec, Methods, parse_method
 from .sampling import GREEDY, SamplingParams
-from .tree import Tree
 
-DEFAULT_SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+DEFAULT_SIZES = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64)  # tree sizes N of the verify-cost curve ``tune`` measures
 
 
 @dataclass
@@ -81,7 +82,7 @@ class TuneResult:
     candidates: list[CandidateResult] = field(default_factory=list)
     choice: str = "vanilla"
     skipped: dict = field(default_factory=dict)  # method -> why it could not run
-    calibration_s: float | None = None  # wall time of a quick calibration (resolve_auto); None for tune
+    calibration_s: float | None = None  # wall time of a quick calibration (``lab.calibrate.quick_tune``); None for tune
     drafters: str | None = None  # registry.shipped_fingerprint of the checkpoints it measured (save_choice)
     params: SamplingParams = GREEDY  # how the calibration decoded: greedy, or sampled (seeded)
     head_dtype: str | None = None  # the EAGLE-1/2 head's dtype the candidates drafted in (a HEAD_DTYPES key); None: target's
@@ -92,93 +93,6 @@ class TuneResult:
         d = asdict(self)
         d["cost_curve"] = {str(b): {str(n): s for n, s in c.items()} for b, c in self.cost_curve.items()}
         return d
-
-
-@torch.inference_mode()
-def verify_cost_curve(target, sizes=DEFAULT_SIZES, batch_sizes=(1,), context: int = 256, reps: int = 7) -> dict:
-    """Seconds of one target forward of N + 1 tokens (a chain-shaped tree with an explicit tree
-    mask, as a tree verification runs) after ``context`` cached tokens.
-
-    Repetitions are interleaved over the sizes (so drift of a shared machine hits every size alike),
-    each size keeps its fastest repetition (noise only ever adds time), and the curve is made
-    non-decreasing in N (verifying more tokens never costs less).
-
-    Returns:
-        {batch: {N: seconds}}.
-    """
-    g = torch.Generator().manual_seed(0)
-    curve = {}
-    dev = target.device
-    sizes = sorted(sizes)
-    for b in batch_sizes:
-        kv = KVCache.for_model(target, capacity=context + max(sizes) + 1, batch_size=b)
-        prefix = torch.randint(0, target.cfg.vocab_size, (b, context), generator=g).to(dev)
-        target(prefix, kv=kv, last_logits_only=True)
-        kv.commit()
-        inputs = {}
-        for n in sizes:
-            tree = Tree.chain(list(range(n)))
-            tokens = torch.randint(0, target.cfg.vocab_size, (b, n + 1), generator=g).to(dev)
-            inputs[n] = (tokens, tree.positions(context).to(dev), tree.mask().to(dev))
-        times: dict[int, list[float]] = {n: [] for n in sizes}
-        for r in range(reps + 1):  # the first round is a warm-up
-            for n in sizes:
-                tokens, pos, mask = inputs[n]
-                t = time.perf_counter()
-                target(tokens, positions=pos, mask=mask, kv=kv)
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                if r:
-                    times[n].append(time.perf_counter() - t)
-                kv.discard()
-        best, curve[b] = 0.0, {}
-        for n in sizes:
-            best = max(best, min(times[n]))  # fastest repetition, then non-decreasing in N
-            curve[b][n] = best
-    return curve
-
-
-def head_dtype_costs(target, methods: Methods, context: int = 128, reps: int = 4) -> dict[str, float]:
-    """Seconds of one draft of ``HEAD_DTYPE_PROBE`` (the EAGLE-1/2 head, a chain of two) with the head in each
-    dtype of ``HEAD_DTYPES``, after ``context`` tokens; {} when the head does not load (no checkpoint for
-    this model).
-
-    As in decoding, each draft runs right after a one-row target forward, which streams the target's weights
-    through the caches (a draft timed alone in a loop would find a small head still cached, and flatter the
-    smaller dtype); the dtypes are interleaved and each keeps its fastest of ``reps`` repetitions. The
-    features are random: the head's products cost the same whatever the values."""
-    try:
-        drafters = {d: methods.drafter(HEAD_DTYPE_PROBE if t == target.dtype else with_head_dtype(HEAD_DTYPE_PROBE, d))
-                    for d, t in HEAD_DTYPES.items()}  # the target's dtype: the plain name's head, loaded once
-    except (FileNotFoundError, ValueError, ImportError):
-        return {}
-    with torch.inference_mode():  # not while building: a head's prepacked weights must not be inference tensors
-        return _time_drafts(target, drafters, context, reps)
-
-
-def _time_drafts(target, drafters: dict, context: int, reps: int) -> dict[str, float]:
-    g = torch.Generator().manual_seed(0)
-    dev = target.device
-    tokens = torch.randint(0, target.cfg.vocab_size, (context + 1,), generator=g).tolist()
-    feats = Features(torch.randn(context, target.cfg.d_model, generator=g).to(dev, target.dtype))  # at tokens[:-1]
-    kv = KVCache.for_model(target, capacity=context + 1)
-    target(torch.tensor([tokens[:context]], device=dev), kv=kv, last_logits_only=True)
-    kv.commit()
-    one = torch.tensor([tokens[-1:]], device=dev)
-    times: dict[str, list[float]] = {d: [] for d in drafters}
-    for d in drafters.values():
-        d.prefill(tokens, feats)
-    for r in range(reps + 1):  # the first round is a warm-up
-        for name, d in drafters.items():
-            target(one, kv=kv, last_logits_only=True)  # a decode step's weights through the caches
-            kv.discard()
-            t = time.perf_counter()
-            d.propose(GREEDY, d.max_nodes)
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            if r:
-                times[name].append(time.perf_counter() - t)
-    return {name: min(ts) for name, ts in times.items()}
 
 
 def interpolate(curve_b: dict, n: int) -> float:
@@ -200,144 +114,6 @@ def predicted_tokens_per_s(tau: float, verify_s: float, draft_s: float, loop_s: 
     if bool((torch.as_tensor(step_s) <= 0).any()):
         raise ValueError(f"a decode step must take positive time, got verify {verify_s} + draft {draft_s} + loop {loop_s} s")
     return tau / step_s
-
-
-def tune(target, tok, prompts: list[str], model_name: str = "smollm2-135m", candidates=DEFAULT_CANDIDATES,
-         batch_size: int = 1, max_new_tokens: int = 64, context: int = 256, sizes=DEFAULT_SIZES, methods=None,
-         progress: bool = True, race: float | None = None, budget_s: float | None = None, reps: int = 7,
-         params: SamplingParams = GREEDY, seed: int = 0, head_dtype: str = "auto") -> TuneResult:
-    """Measure the cost curve and each candidate's tau and draft cost; choose the best predicted one.
-
-    Args:
-        target, tok: the target model and tokenizer.
-        prompts: calibration prompts (generations of ``max_new_tokens``, decoded by ``params``).
-        candidates: method names (``minispec.methods``); those whose checkpoint is missing are skipped.
-        batch_size: the batch size to choose for (the verify cost is measured at 1 and at this size).
-        methods: a ``minispec.methods.Methods`` (default: one built for ``target`` and ``model_name``).
-        race: None (every candidate on every prompt), or a fraction: after each prompt, the candidates
-            predicted below ``race`` x the best so far run no further prompts (``_calibrate``).
-        budget_s: None, or seconds of wall time (from the call, cost curve included): every candidate runs
-            the first prompt, then a next prompt runs for the candidates predicted to end it within the budget,
-            the best predicted first (``_calibrate``).
-        reps: timed repetitions per tree size of the cost curve.
-        params: the sampling parameters to choose for (default greedy); sampled calibrations are seeded,
-            prompt i with ``seed + i`` for every candidate.
-        head_dtype: the dtype the EAGLE-1/2 candidates draft in: "auto" (a float32 target: the faster of
-            ``head_dtype_costs``, timed first), a key of ``HEAD_DTYPES``, or "target" (the target's, as a
-            plain name does). A candidate that names its dtype (``eagle+bf16``) keeps it.
-    Returns:
-        TuneResult with the cost curve, one row per candidate and the choice.
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if not prompts:
-        raise ValueError("tune needs at least one calibration prompt")
-    if race is not None and not 0 < race <= 1:
-        raise ValueError(f"race must be a fraction in (0, 1], got {race}")
-    if budget_s is not None and not budget_s > 0:
-        raise ValueError(f"budget_s must be positive seconds, got {budget_s}")
-    if reps < 1:
-        raise ValueError(f"reps must be >= 1, got {reps}")
-    if head_dtype not in ("auto", "target", *HEAD_DTYPES):
-        raise ValueError(f"head_dtype must be 'auto', 'target' or one of {', '.join(HEAD_DTYPES)}, got {head_dtype!r}")
-    t0 = time.perf_counter()
-    methods = methods or Methods(target, model_name)
-    curve = verify_cost_curve(target, sizes, sorted({1, batch_size}), context, reps)
-    result = TuneResult(model_name, batch_size, context, curve, params=params)
-    if head_dtype == "auto" and target.dtype == torch.float32:  # a bf16 target's head is bf16 already
-        result.head_dtype_s = head_dtype_costs(target, methods, context)
-        head_dtype = min(result.head_dtype_s, key=result.head_dtype_s.get) if result.head_dtype_s else "target"
-    if head_dtype in HEAD_DTYPES:
-        result.head_dtype = head_dtype
-        if HEAD_DTYPES[head_dtype] != target.dtype:  # plain names draft in the target's dtype already
-            candidates = list(dict.fromkeys(with_head_dtype(c, head_dtype) for c in candidates))
-    drafters = _build(methods, ["vanilla"] + [c for c in candidates if c != "vanilla"], result.skipped)
-    deadline = None if budget_s is None else t0 + budget_s
-    runs = _calibrate(target, tok, prompts, drafters, max_new_tokens, progress, curve[batch_size], race, deadline,
-                      params, seed)
-    result.candidates = [_candidate(c, m, curve[batch_size]) for c, m in runs.items()]
-    result.choice = choose(result.candidates)
-    return result
-
-
-def _build(methods, candidates, skipped: dict) -> dict:
-    """{candidate: drafter} for those that load; the others go to ``skipped`` with the reason."""
-    drafters = {}
-    for c in candidates:
-        try:
-            drafters[c] = methods.drafter(c)
-        except (FileNotFoundError, ValueError, ImportError) as e:
-            skipped[c] = f"{type(e).__name__}: {e}"
-    return drafters
-
-
-def _calibrate(target, tok, prompts, drafters: dict, max_new_tokens: int, progress: bool, curve_b: dict,
-               race: float | None = None, deadline: float | None = None, params: SamplingParams = GREEDY,
-               seed: int = 0) -> dict:
-    """Generations decoded by ``params`` (prompt i seeded ``seed + i``), interleaved (every candidate on a
-    prompt, then the next prompt): per candidate the summed decode-step tokens, forwards, phase times, tree
-    sizes and prompts.
-
-    With ``race`` (a fraction) and the cost curve ``curve_b``, the calibration races: after each prompt,
-    a candidate whose prediction so far is below ``race`` x the best one's runs no further prompts (its row
-    keeps the prompts it ran), and vanilla, whose step is one token without a draft on every prompt, runs
-    on the first prompt only. A loser is seldom close: what racing saves is the time spent confirming it.
-
-    With ``deadline`` (a ``time.perf_counter()`` value), every candidate runs the first prompt, and a next
-    prompt starts only for the candidates predicted to finish it by the deadline (each taking as long as on
-    the prompt before): all of them, else the best predicted so far that fit, if two or more do
-    (``_within``): a slow machine calibrates on fewer prompts, not for longer, and spends what is left on
-    the contenders."""
-    from tqdm.auto import tqdm
-
-    from .generate import generate
-
-    runs = {c: dict(tokens=0, forwards=0, decode_s=0.0, total_s=0.0, draft_s=0.0, target_s=0.0, nodes=[], prompts=0)
-            for c in drafters}
-    active = list(drafters)
-    bar = tqdm(total=len(prompts) * len(drafters), desc="tune", disable=not progress)
-    for i, p in enumerate(prompts):
-        last_s = {}
-        for c in active:
-            t = time.perf_counter()
-            s = generate(target, tok, p, drafter=drafters[c], max_new_tokens=max_new_tokens, params=params,
-                         seed=seed + i).stats
-            last_s[c] = time.perf_counter() - t
-            m = runs[c]
-            m["tokens"] += s.new_tokens - 1  # the prefill's token is not a decode step's
-            m["forwards"] += s.target_forwards - 1
-            m["decode_s"] += s.decode_s
-            m["total_s"] += s.total_s
-            m["draft_s"] += s.phase_s["draft"]
-            m["target_s"] += s.phase_s["target"]
-            m["nodes"] += s.nodes
-            m["prompts"] += 1
-            bar.update()
-        if race is not None and i + 1 < len(prompts) and active:
-            predicted = {c: _candidate(c, runs[c], curve_b).predicted_tok_s for c in active}
-            best = max(predicted.values())
-            active = [c for c in active if c != "vanilla" and predicted[c] >= race * best]
-        if deadline is not None and i + 1 < len(prompts):
-            active = _within(active, last_s, deadline - time.perf_counter(), runs, curve_b)
-        bar.total = bar.n + (len(prompts) - i - 1) * len(active)
-        if not active:
-            break
-    bar.close()
-    return runs
-
-
-def _within(active: list, last_s: dict, left_s: float, runs: dict, curve_b: dict) -> list:
-    """The candidates that run the next prompt with ``left_s`` seconds of budget left, each predicted to take as
-    long as on the prompt before: all of them if they fit; else the best predicted so far, as many as fit, when
-    that is at least two (one alone would learn nothing about the choice, which is made among the candidates
-    that ran the most prompts); else none."""
-    if sum(last_s[c] for c in active) <= left_s:
-        return active
-    ranked = sorted(active, key=lambda c: _candidate(c, runs[c], curve_b).predicted_tok_s, reverse=True)
-    n = 0
-    while n < len(ranked) and sum(last_s[c] for c in ranked[:n + 1]) <= left_s:
-        n += 1
-    return ranked[:n] if n >= 2 else []
 
 
 def choose(candidates: list) -> str:
@@ -378,17 +154,7 @@ def sampling_tag(params: SamplingParams = GREEDY) -> str:
 
 
 def tune_path(model_name: str, batch_size: int = 1, params: SamplingParams = GREEDY):
-    return cache_dir() / "tune" / f"{model_name}-{machine_key()}-b{batch_size}{sampling_tag(params)}.json"
-
-
-def save_choice(r: TuneResult):
-    from .drafters.registry import shipped_fingerprint
-
-    r.drafters = shipped_fingerprint(r.model)
-    path = tune_path(r.model, r.batch_size, r.params)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(r.as_dict(), indent=2) + "\n")
-    return path
+    return cache_dir(create=False) / "tune" / f"{model_name}-{machine_key()}-b{batch_size}{sampling_tag(params)}.json"
 
 
 def saved_choice(model_name: str, batch_size: int = 1, params: SamplingParams = GREEDY) -> dict | None:
@@ -409,7 +175,7 @@ def saved_choice(model_name: str, batch_size: int = 1, params: SamplingParams = 
 
 def auto_method(model_name: str = "smollm2-135m", batch_size: int = 1, strict: bool = False,
                 params: SamplingParams = GREEDY) -> str:
-    """The method ``tune`` (or ``resolve_auto``'s quick calibration) chose on this machine with the
+    """The method ``tune`` (or ``calibrate``'s quick one) chose on this machine with the
     shipped checkpoints (``saved_choice``); without one, ``DEFAULT_AUTO`` (the method table's). Nothing
     is measured here. ``strict``: raise FileNotFoundError instead of falling back to the default."""
     saved = saved_choice(model_name, batch_size, params)
@@ -423,43 +189,11 @@ def auto_method(model_name: str = "smollm2-135m", batch_size: int = 1, strict: b
     return saved["choice"]
 
 
-QUICK_SIZES = (0, 1, 2, 3, 4, 5, 8, 12)
-
-
-QUICK_PROMPTS = 3  # quick_tune's calibration prompts at most: the first of ``prompts.calibration_set``
-QUICK_RACE = 0.7  # quick_tune races: after each prompt, a candidate predicted below 0.7 x the best runs no more
-QUICK_BUDGET_S = 30.0  # quick_tune's wall time: a next prompt starts only if it is predicted to end within it
-QUICK_REPS = 3  # quick_tune's timed repetitions per tree size of the cost curve
-
-
-def quick_tune(target, tok, model_name: str = "smollm2-135m", candidates=None, prompts: int = QUICK_PROMPTS,
-               max_new_tokens: int = 32, methods=None, progress: bool = False,
-               budget_s: float | None = QUICK_BUDGET_S, params: SamplingParams = GREEDY) -> TuneResult:
-    """``tune`` within about ``budget_s`` seconds: the verify-cost curve over a few tree sizes, then the
-    candidates (and vanilla) on up to ``prompts`` of minispec's own prompts, the first a request that
-    reuses its input (``prompts.calibration_set``; never a benchmark's), racing (``QUICK_RACE``). Every
-    candidate runs the first prompt; a next prompt runs for those predicted to end it within the budget,
-    the best predicted first (``_within``), so a slow machine calibrates on fewer prompts rather than for
-    longer (the first prompt alone can overrun it on a very slow one). candidates: default
-    ``QUICK_CANDIDATES``; params: decode them greedily (default) or sampled."""
-    from .prompts import calibration_set
-
-    calib = calibration_set(prompts)
-    candidates = list(QUICK_CANDIDATES if candidates is None else candidates)
-    t0 = time.perf_counter()
-    r = tune(target, tok, calib, model_name, candidates, max_new_tokens=max_new_tokens, context=128,
-             sizes=QUICK_SIZES, methods=methods, progress=progress, race=QUICK_RACE, budget_s=budget_s, reps=QUICK_REPS,
-             params=params)
-    r.calibration_s, r.quick = time.perf_counter() - t0, candidates
-    return r
-
-
-def resolve_auto(target, tok, model_name: str = "smollm2-135m", batch_size: int = 1, methods=None,
-                 say=None, params: SamplingParams = GREEDY) -> tuple[str, str]:
-    """What ``auto`` means here: the saved choice for this machine, model, thread count, batch size and
-    sampling (greedy, or ``params``: each temperature is calibrated once on its own), else a quick
-    calibration (``quick_tune``, batch 1) made now and saved for next time, announced first through
-    ``say`` when given.
+def resolve_auto(model_name: str = "smollm2-135m", batch_size: int = 1,
+                 params: SamplingParams = GREEDY) -> tuple[str, str]:
+    """What ``auto`` means here: the saved choice for this machine, model, thread count, batch size and sampling
+    (greedy, or ``params``: each temperature is calibrated on its own), else ``DEFAULT_AUTO``. Nothing is
+    measured here: ``python -m minispec calibrate`` (which ``make demo`` runs once) or ``tune`` saves a choice.
 
     Returns:
         (method, one line that says what was chosen and how).
@@ -471,34 +205,25 @@ def resolve_auto(target, tok, model_name: str = "smollm2-135m", batch_size: int 
         how = f"calibrated on this machine in {saved['calibration_s']:.0f} s" if saved.get("calibration_s") else \
             "chosen by python -m minispec tune on this machine"
         return saved["choice"], f"auto = {saved['choice']} ({how}{at}; {path})"
-    if batch_size != 1:
-        return DEFAULT_AUTO, (f"auto = {DEFAULT_AUTO} (minispec's default: run python -m minispec tune --batch-size "
-                              f"{batch_size}{_tune_flags(params)} to measure this batch size)")
-    if say is not None:
-        stale = ""
-        if path.exists():  # saved, but stale (``saved_choice``): say why
-            old = json.loads(path.read_text())
-            stale = " (its last calibration ran other candidates)" if old.get("calibration_s") is not None and \
-                old.get("quick") != list(QUICK_CANDIDATES) else " (its last calibration measured other shipped heads)"
-        say(f"calibrating 'auto' for this machine{at}{stale} (once, about {QUICK_BUDGET_S:.0f} s) ...")
-    r = quick_tune(target, tok, model_name, methods=methods, params=params)
-    save_choice(r)
-    best = next(c for c in r.candidates if c.method == r.choice)
-    base = next(c for c in r.candidates if c.method == "vanilla")
-    return r.choice, (f"auto = {r.choice} (calibrated now on this machine{at} in {r.calibration_s:.0f} s: predicted "
-                      f"{best.predicted_tok_s / base.predicted_tok_s:.2f}x vanilla; saved to {path})")
+    if path.exists():  # saved, but stale (``saved_choice``): say why
+        old = json.loads(path.read_text())
+        why = "its last calibration ran other candidates" if old.get("calibration_s") is not None and \
+            old.get("quick") != list(QUICK_CANDIDATES) else "its last calibration measured other shipped heads"
+    else:
+        why = "no calibration saved for this machine"
+    flags = (f" --batch-size {batch_size}" if batch_size != 1 else "") + _tune_flags(params)
+    command = f"python -m minispec {'tune' if batch_size != 1 else 'calibrate'}{flags}"
+    return DEFAULT_AUTO, f"auto = {DEFAULT_AUTO} (minispec's default{at}: {why}; {command} measures it)"
 
 
-def resolve(spec: "str | MethodSpec", methods: Methods, tok, batch_size: int = 1, say=print,
+def resolve(spec: "str | MethodSpec", methods: Methods, batch_size: int = 1, say=print,
             params: SamplingParams = GREEDY) -> MethodSpec:
     """The one resolution of a method that ``demo`` and ``bench`` share: a parsed method as it is,
-    ``auto`` as this machine's choice for decoding by ``params`` (``resolve_auto``; ``say`` announces a
-    calibration and the choice)."""
+    ``auto`` as this machine's choice for decoding by ``params`` (``resolve_auto``; ``say`` tells the choice)."""
     spec = parse_method(spec)
     if spec.base != "auto":
         return spec
-    name, line = resolve_auto(methods.target, tok, methods.model_name, batch_size, methods=methods, say=say,
-                              params=params)
+    name, line = resolve_auto(methods.model_name, batch_size, params)
     say(line)
     return parse_method(name)
 

@@ -2,16 +2,21 @@
 
 One config class covers both:
     GPT-2  (Radford et al. 2019): learned positions, LayerNorm, GELU (tanh), fused qkv, biases.
-    Llama  (Touvron et al. 2023): RoPE (Su et al. 2021), RMSNorm, SwiGLU, grouped-query
-           attention (Ainslie et al. 2023), tied or untied LM head.
+    Llama  (Touvron et al. 2023): RoPE (Su et al. 2021), RMSNorm (Zhang and Sennrich 2019), SwiGLU,
+           grouped-query attention (Ainslie et al. 2023), tied or untied LM head.
 
-``forward(tokens, positions, mask, kv)`` takes a general boolean attention mask, so draft
-trees (chapter 4) run through the same model: each new token attends to the whole committed
-prefix in the KV cache plus whichever new tokens its mask row allows. Positions and masks become
-an attention plan (``minispec.attention.plan``) before the forward; a ragged batch (chapter 7) or
-a static cache for CUDA graphs (chapter 8) builds its own plan and passes it in, so the forward
-itself reads the same for all: embed, blocks, norm, LM head. The cache is any
-``minispec.kv.KVCacheProtocol``.
+``forward(tokens, positions, mask, kv)`` takes a general boolean attention mask, so draft trees
+(chapter 4) run through the same model: each new token attends to the whole committed prefix in the
+KV cache plus whichever new tokens its mask row allows. Positions and masks become an attention plan
+(``minispec.attention.plan``) before the forward; a ragged batch (chapter 7) or a static cache for
+CUDA graphs (chapter 8) builds its own plan and passes it in, so the forward itself reads the same
+for all: embed, blocks, norm, LM head. Each attention layer computes q, k, v and hands them to
+``plan.attend``, which stores the new keys and values in the cache (any ``minispec.kv.KVCacheProtocol``)
+and runs the model's attention backend (``minispec.attention``, chosen by name: ``set_attention``).
+
+The layers are plain ``nn.Linear``; a backend that needs other layers swaps them in with one call
+after the model is built, as gpt-fast's ``quantize.py`` swaps its linears (``load()`` does it for
+CPU float32 models: ``minispec.exact``).
 
 Shapes: B batch, T new tokens, S = prefix + T keys, D model width, H query heads,
 Hkv key/value heads, hd head dim, V vocab.
@@ -25,10 +30,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import check_backend
+from .attention import BACKENDS, check_backend
 from .attention.plan import Plan, prepare
 from .kv.protocol import KVCacheProtocol
-from .linear import Linear
+
 
 @dataclass
 class ModelConfig:
@@ -65,16 +70,20 @@ class ModelOutput:
 
 
 class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, computed in float32."""
+
     def __init__(self, d: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d))
+        # d and eps as 0-dim CPU tensors: a Python number is converted anew in every op that takes it
+        self.consts = torch.tensor(float(d), device="cpu"), torch.tensor(eps, device="cpu")
 
     def forward(self, x):
-        if x.dtype == self.weight.dtype == torch.float32:  # one dispatch: the same bits as the lines below
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        var = x.float().pow(2).mean(-1, keepdim=True)
-        return self.weight * (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
+        d, eps = self.consts
+        h = x if x.dtype == torch.float32 else x.float()
+        h = h * torch.rsqrt((h * h).sum(-1, keepdim=True) / d + eps)  # [.., D]
+        return (h if h.dtype == x.dtype else h.to(x.dtype)) * self.weight
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,8 +99,9 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1]; ``sin`` from ``rope_cos_sin`` holds the sign."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return (x * cos + torch.cat([x2, x1], dim=-1) * sin).to(x.dtype)
+    x1, x2 = x.split([x.shape[-1] // 2] * 2, dim=-1)
+    out = x * cos + torch.cat([x2, x1], dim=-1) * sin
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -108,9 +118,8 @@ class Attention(nn.Module):
                  d_in: int | None = None):
         super().__init__()
         self.layer, self.n_head, self.n_kv_head, self.head_dim = layer, n_head, n_kv_head, head_dim
-        self.wqkv = Linear(d_in or d_model, (n_head + 2 * n_kv_head) * head_dim, bias=bias)  # fused q, k, v
-        self.wo = Linear(n_head * head_dim, d_model, bias=bias)
-        self.backend = "dense"  # attention backend (chapter 6), set by Transformer.set_attention
+        self.wqkv = nn.Linear(d_in or d_model, (n_head + 2 * n_kv_head) * head_dim, bias=bias)  # fused q, k, v
+        self.wo = nn.Linear(n_head * head_dim, d_model, bias=bias)
 
     def qkv(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, d_in] -> q [B, H, T, hd], k, v [B, Hkv, T, hd]; q and k rotated by ``rope`` (None: GPT-2)."""
@@ -130,7 +139,7 @@ class Attention(nn.Module):
 
     def forward(self, x, rope, plan: Plan, kv: KVCacheProtocol | None):
         q, k, v = self.qkv(x, rope)
-        return self.out(plan.attend(self.backend, self.layer, q, k, v, kv))  # [B, T, D]
+        return self.out(plan.attend(self.layer, q, k, v, kv))  # [B, T, D]
 
     def parts(self) -> dict[str, list[tuple[str, int]]]:
         """The fused weights' parts under their Hugging Face names, with their output rows (``hf_names``)."""
@@ -146,16 +155,17 @@ class MLP(nn.Module):
         super().__init__()
         self.gpt2 = gpt2
         if self.gpt2:
-            self.fc = Linear(d_model, d_ff)
-            self.proj = Linear(d_ff, d_model)
+            self.fc = nn.Linear(d_model, d_ff)
+            self.proj = nn.Linear(d_ff, d_model)
         else:
-            self.gate_up = Linear(d_model, 2 * d_ff, bias=False)  # fused SwiGLU gate, up
-            self.down = Linear(d_ff, d_model, bias=False)
+            self.gate_up = nn.Linear(d_model, 2 * d_ff, bias=False)  # fused SwiGLU gate, up
+            self.down = nn.Linear(d_ff, d_model, bias=False)
 
     def forward(self, x):
         if self.gpt2:
             return self.proj(F.gelu(self.fc(x), approximate="tanh"))
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        d_ff = self.down.in_features
+        gate, up = self.gate_up(x).split([d_ff, d_ff], dim=-1)
         return self.down(F.silu(gate) * up)
 
     def parts(self) -> dict[str, list[tuple[str, int]]]:
@@ -212,15 +222,16 @@ class Transformer(nn.Module):
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.arch == "gpt2" else None
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.arch == "gpt2" else RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.attention = attention
 
     @property
     def attention(self) -> str:
-        """Attention backend: "dense" | "split_torch" | "split_triton" (see minispec.attention)."""
-        return self.blocks[0].attn.backend if len(self.blocks) else self._attention
+        """The attention backend's name: "dense" | "split_torch" | "split_triton" | a registered one
+        (``minispec.attention``)."""
+        return self._attention
 
     @attention.setter
     def attention(self, name: str) -> None:
@@ -228,10 +239,7 @@ class Transformer(nn.Module):
 
     def set_attention(self, name: str) -> "Transformer":
         """Choose the attention backend of every layer; ValueError for an unknown name."""
-        check_backend(name, self.device)
-        self._attention = name
-        for block in self.blocks:
-            block.attn.backend = name
+        self._attention = check_backend(name, self.device)
         return self
 
     @property
@@ -262,7 +270,8 @@ class Transformer(nn.Module):
             last_logits_only: compute the LM head for each row's last token only (prefill).
             plan: the attention plan (``minispec.attention.plan``), built before the forward: a
                 ragged batch's (``prepare_ragged``, chapter 7) or a static cache's
-                (``cuda_graphs.static_plan``, chapter 8); its slots already reserved in ``kv``.
+                (``cuda_graphs.static_plan``, chapter 8); its slots already reserved in ``kv``. A plan
+                built without a backend runs this model's.
         Returns:
             ModelOutput(logits [B, T, V], hidden [B, T, D], layer_inputs {i: [B, T, D]}).
         """
@@ -271,6 +280,8 @@ class Transformer(nn.Module):
             plan = self.plan(tokens, positions, mask, kv)
         elif positions is not None or mask is not None:
             raise ValueError("give positions and mask to the plan, not beside it")
+        elif plan.attention is None:
+            plan.attention = BACKENDS[self.attention]
         try:
             h, layer_inputs = self.run(tokens, plan, kv, hidden_layers)  # [B, T, D]
         except BaseException:

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from .config import cache_dir
-from .linear import prepack
+from .exact import apply as apply_exact
 from .model import ModelConfig, Transformer
 from .tokenizer import ByteTokenizer
 
@@ -55,27 +55,38 @@ def available() -> list[str]:
     return [SMOLLM2, *TINY, "gpt2", "gpt2-medium", "distilgpt2"]
 
 
-def load(name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+def load(name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", exact: bool = True):
     """Load a model by name.
 
     Args:
         name: "smollm2-135m", a tiny preset, a Hugging Face hub id or a local checkpoint dir.
         dtype, device: where the minispec model lives.
+        exact: a CPU float32 model gets the exact backend (``minispec.exact.apply``: rows that do not depend
+            on their company, so greedy speculative decoding equals vanilla bit for bit); False: the plain
+            layers and "dense" attention.
     Returns:
-        (Transformer, tokenizer), with CPU fp32 weights prepacked (``minispec.linear``).
+        (Transformer, tokenizer). Nothing is timed and nothing is written but the converted weights of a
+        first download (the exact backend's kernel is this machine's saved choice, ``minispec.exact.profile``).
     """
     name = ALIASES.get(name.lower(), name) if isinstance(name, str) else name
     if name in TINY:
         hf = _tiny_hf(name)
         model = from_hf_state_dict(config_from_hf(hf.config, name), hf.state_dict())
-        return prepack(model.to(device=device, dtype=dtype).eval()), ByteTokenizer()
+        return _backend(model.to(device=device, dtype=dtype).eval(), exact), ByteTokenizer()
     path = ensure_smollm2() if name == SMOLLM2 else name
     if Path(path).is_dir() and (Path(path) / "config.json").exists():
         model, tok = _load_dir(Path(path), name, dtype, device)
-        return prepack(model), tok
+        return _backend(model, exact), tok
     hf, tok = _hf_from_hub(name)
     model = from_hf_state_dict(config_from_hf(hf.config, name), hf.state_dict())
-    return prepack(model.to(device=device, dtype=dtype).eval()), tok
+    return _backend(model.to(device=device, dtype=dtype).eval(), exact), tok
+
+
+def _backend(model: Transformer, exact: bool) -> Transformer:
+    """``model`` with the exact backend where it computes on the CPU in float32 (and ``exact``)."""
+    if exact and model.device.type == "cpu" and model.dtype == torch.float32:
+        apply_exact(model)
+    return model
 
 
 def load_hf(name: str, dtype: torch.dtype = torch.float32):
@@ -262,8 +273,8 @@ def _gguf_read_once():
     transformers reads a GGUF file three times to convert it (config, tokenizer, weights), and builds the
     architecture's tensor-name map once per tensor (~400 times for SmolLM2); each read parses the
     tokenizer's ~100,000 strings. Both are pure functions of their arguments here, so they are memoized
-    for the conversion: about 60 s less of the 85 s it took on a 2-core AMD EPYC (the first ``make demo``
-    and every fresh CI run convert once). Attributes a future ``gguf`` lacks are left alone."""
+    for the conversion, which the first ``make demo`` and every fresh CI run make once (``docs/results.md``
+    has the time it saves). Attributes a future ``gguf`` lacks are left alone."""
     import functools
 
     import gguf

@@ -135,9 +135,9 @@ def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.T
     per row, and the first token whose cumulative weight (float64) exceeds u times the row's total.
 
     Exact up to float64 rounding of the cumulative sums. ``torch.multinomial`` draws one exponential
-    number per token of the vocabulary instead (~0.84 ms for 49152 tokens on a Xeon core, against
-    ~0.04 ms here): a sampled speculative step draws once per draft token and once per verified
-    position, so it paid that many times over.
+    number per token of the vocabulary instead (``docs/results.md`` has what that cost): a sampled
+    speculative step draws once per draft token and once per verified position, so it paid that many
+    times over.
 
     The draw happens on the generator's device (``draw_device``): with generate's CPU generator
     and probabilities on a GPU, the probabilities are copied to the CPU (V floats per row, as

@@ -597,11 +597,11 @@ check("5.4")
 import json
 from pathlib import Path
 from minispec import dispatch
-from minispec.lab import tune_report
+from minispec.lab import tune as tuning, tune_report
 
 show(dispatch.predicted_tokens_per_s)
 sizes = (0, 4, 16, 32, 64) if FAST else dispatch.DEFAULT_SIZES
-curve = dispatch.verify_cost_curve(smol, sizes=sizes, context=256, reps=3 if FAST else 7)
+curve = tuning.verify_cost_curve(smol, sizes=sizes, context=256, reps=3 if FAST else 7)
 plt.figure(figsize=(6, 4))
 plt.plot(list(curve[1]), [s * 1e3 for s in curve[1].values()], "o-", label="this machine (CPU), batch 1")
 results = Path(minispec.__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -698,7 +698,7 @@ interact(explore_tree, D=(1, 5), K=(1, V_TOY), N=(1, 40));  # sliders (fast mode
 
 # %%
 cands = ["vanilla", "pld", f"{BASE}@chain:4", f"{BASE}@eagle", f"{BASE}@4/4/12"] if FAST else list(dispatch.DEFAULT_CANDIDATES)
-r = dispatch.tune(smol, smol_tok, tune_report.calibration_prompts(2 if FAST else 8), candidates=cands,
+r = tuning.tune(smol, smol_tok, tune_report.calibration_prompts(2 if FAST else 8), candidates=cands,
                   max_new_tokens=16 if FAST else 64, sizes=sizes, reps=3 if FAST else 7, methods=methods,
                   progress=False)
 print(tune_report.format_tune(r))

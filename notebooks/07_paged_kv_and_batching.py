@@ -703,7 +703,7 @@ assert n_got == n_want and err < 1e-5
 # order, padded to the longest row with keys its mask hides (`PagedKVCache.read_rows`, one gather per
 # layer); where that padding would cost more than the per-row calls it saves (a prefill of prompts of
 # very different lengths; `plan.ROW_CALL_SCORES`), attention runs row by row instead. Hidden keys add exact zeros on the CPU, and
-# minispec's linear layers give each row the same bits whatever the row count (`minispec.linear`), so
+# minispec's linear layers give each row the same bits whatever the row count (`minispec.exact.linear`), so
 # **every row computes exactly what its sequence alone computes**: batched greedy output equals
 # unbatched output token for token, and with one seed per sequence, sampled output too.
 #

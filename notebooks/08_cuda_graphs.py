@@ -140,7 +140,7 @@ print("most frequent:", ", ".join(f"{n} x{c}" for n, c in rec.counts().most_comm
 
 # %% [markdown]
 # The counts above are those of the CPU path (minispec's weight-panel `bmm` linears and its
-# row-invariant attention, `minispec.attention.invariant`). A GPU runs other kernels for the
+# row-invariant attention, `minispec.exact.attention`). A GPU runs other kernels for the
 # same modules. PyTorch's **meta** device runs a model with shapes but no data: every operator
 # is dispatched, nothing is computed, nothing is allocated. So we can count the kernels of a Llama-3.1-8B step without its
 # 16 GB of weights. `Transformer.forward` cannot run on `meta` (it reads `int(positions.max())`,
@@ -469,10 +469,10 @@ check("8.1", impl="exercises")
 #
 # Attending over slots that hold nothing (or stale entries) is harmless only if the mask hides
 # them exactly. On this CPU it is exact to the bit: minispec's attention is **row-invariant**
-# (`minispec.attention.invariant`, chapter 7): each query row reduces over keys in key order, and
+# (`minispec.exact.attention`, chapter 7): each query row reduces over keys in key order, and
 # a hidden key contributes an exact $e^{-\infty} = 0$ to both the numerator and the denominator,
 # so the $C - S$ extra keys add zeros and the sum of the visible ones is the same number; the
-# linear layers do not depend on the row count either (`minispec.linear`). Check on SmolLM2: a
+# linear layers do not depend on the row count either (`minispec.exact.linear`). Check on SmolLM2: a
 # prefill, then a tree step of 7 nodes, with the static cache ($C = 256$) and with
 # `Transformer.forward` over a `KVCache` (which attends over exactly $S$ keys).
 
@@ -899,7 +899,7 @@ for method in ("vanilla", "sps@chain:4", "eagle2"):
 # its elementwise ops and reductions (minispec's weight products stay extern calls). The rules are
 # section 2's: nothing inside the traced region may read a value on the host or take a shape from
 # one. So the plan is built before the traced call, as `static_plan` is built before a replay; on
-# the CPU it also reads its key blocks on the host (`Plan.with_keys`: which keys each block of
+# the CPU it also reads its key blocks on the host (`minispec.exact.attention.ready`: which keys each block of
 # $p\,v$ sums, past 128 keys). The cell traces SmolLM2's one-token call on the static cache and
 # counts graphs and breaks. Compiling it and timing it against eager, interleaved, takes minutes
 # of compilation on two cores: that is `benchmarks/compiled_forward.py`, whose committed results
@@ -908,13 +908,14 @@ for method in ("vanilla", "sps@chain:4", "eagle2"):
 
 # %%
 from minispec.cuda_graphs import static_plan, static_prefill
+from minispec.exact.attention import ready
 
 with torch.inference_mode():
     kv_c = StaticKVCache.for_model(smol, len(ids_d) + 8)
     static_prefill(smol, kv_c, torch.tensor([ids_d]))
     kv_c.commit()
     kv_c.begin(1, 1)
-    plan_c = static_plan(kv_c, kv_c.lengths[:1, None], torch.ones(1, 1, 1, dtype=torch.bool)).with_keys()  # key blocks read here
+    plan_c = ready(static_plan(kv_c, kv_c.lengths[:1, None], torch.ones(1, 1, 1, dtype=torch.bool)))  # key blocks read here
     traced = torch._dynamo.explain(lambda tokens, plan: smol(tokens, kv=kv_c, plan=plan))(torch.tensor([ids_d[-1:]]),
                                                                                           plan_c)
     kv_c.discard()

@@ -80,7 +80,8 @@ import numpy as np
 from minispec import load
 
 from minispec.lab import profile, scale
-from minispec.dispatch import interpolate, verify_cost_curve
+from minispec.dispatch import interpolate
+from minispec.lab.tune import verify_cost_curve
 from minispec.drafters.oracle import OracleDrafter, expected_tau
 from minispec.generate import generate
 from minispec.grading import check, load_impl  # check("9.1"): grade one exercise of exercises/ (prints, never raises)

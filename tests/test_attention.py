@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from minispec import generate, load
-from minispec.attention import BACKENDS, attend, dense_attention, dense_backend, expand_kv, merge, prefix_attention, \
-    sdpa_backend, split_attention, suffix_attention, triton_available
-from minispec.attention.reference import dense_sdpa_inputs
+from minispec.attention import BACKENDS, attention, triton_available
+from minispec.attention.plan import Plan
+from minispec.attention.reference import dense_attention, dense_backend, expand_kv, merge, prefix_attention, \
+    sdpa_backend, split_attention, suffix_attention
 from minispec.drafters import Drafter, PromptLookup
 from minispec.tree import Tree
 
@@ -177,8 +178,6 @@ def test_bad_inputs_raise():
         split_attention(q, k[..., :8], v[..., :8], 10, mask)
     with pytest.raises(ValueError, match="cannot merge"):
         merge(q, q[..., 0], q[..., :4], q[..., 0])
-    with pytest.raises(ValueError, match="unknown attention backend"):
-        attend("flash", q, k, v, 10, mask[None])
 
 
 def test_general_mask_falls_back_to_dense():
@@ -186,8 +185,9 @@ def test_general_mask_falls_back_to_dense():
     q, k, v, _ = make_case(1, 4, 2, 4, 6, 16, seed=8)
     full = torch.ones(4, 10, dtype=torch.bool).tril(6)
     full[:, 2] = False  # a prefix token nobody sees
-    want = attend("dense", q, k, v, 6, None, full)
-    assert torch.equal(attend("split_torch", q, k, v, 6, None, full), want)
+    plan = Plan(torch.arange(6, 10)[None], mask=full)
+    want = BACKENDS["dense"](q, k, v, plan)
+    assert torch.equal(BACKENDS["split_torch"](q, k, v, plan), want)
     assert (want.double() - dense64(q, k, v, 6, full[:, 6:])).abs().max() > 1e-3  # it does matter
 
 
@@ -203,17 +203,18 @@ def _backends():
 
 def test_backend_attribute_and_errors(tiny):
     model, _ = tiny
-    assert model.attention == "dense" and set(BACKENDS) == {"dense", "split_torch", "split_triton"}
+    assert model.attention == "exact"  # load() gives a CPU float32 model the exact backend (minispec.exact)
+    assert set(BACKENDS) == {"dense", "split_torch", "split_triton", "exact"}
     with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
         model.set_attention("flash")
     with pytest.raises(ValueError, match="unknown attention backend"):
         model.attention = "sdpa"
-    assert model.attention == "dense"
+    assert model.attention == "exact"
     try:
         model.attention = "split_torch"
-        assert all(b.attn.backend == "split_torch" for b in model.blocks)
+        assert model.plan(torch.zeros(1, 2, dtype=torch.long)).attention is BACKENDS["split_torch"]
     finally:
-        model.set_attention("dense")
+        model.set_attention("exact")
 
 
 def test_split_triton_needs_gpu_or_interpreter(tiny, monkeypatch):
@@ -223,7 +224,7 @@ def test_split_triton_needs_gpu_or_interpreter(tiny, monkeypatch):
         pytest.skip("with CUDA the kernels can run; the CPU-without-interpreter case is what this checks")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         model.set_attention("split_triton")
-    assert model.attention == "dense"
+    assert model.attention == "exact"
 
 
 def test_attention_package_imports_without_triton():
@@ -259,7 +260,7 @@ def test_model_general_mask_falls_back_to_dense(tiny):
                 kv.discard()
                 out[name + " tree form"] = model(x[:, 6:], mask=full[:, 6:], kv=kv).logits  # whole prefix visible
     finally:
-        model.set_attention("dense")
+        model.set_attention("exact")
     assert (out["dense"] - out["split_torch"]).abs().max() < 1e-5  # the prefill ran split: rounding only
     assert (out["dense"] - out["split_torch tree form"]).abs().max() > 1e-3  # the hidden prefix token matters
 
@@ -292,9 +293,9 @@ def test_greedy_decoding_matches_dense(tiny, backend):
         for name, make in [("vanilla", lambda: None), ("lookup", lambda: PromptLookup(k=4)),
                            ("tree", lambda: TwoBranches(model))]:
             got = generate(model, tok, prompt, drafter=make(), max_new_tokens=16).tokens
-            assert got == want[name], f"{backend} with {name} drafter differs from dense"
+            assert got == want[name], f"{backend} with {name} drafter differs from exact"
     finally:
-        model.set_attention("dense")
+        model.set_attention("exact")
 
 
 @pytest.mark.parametrize("backend", _backends())
@@ -315,7 +316,7 @@ def test_tree_forward_logits_match_dense(tiny, backend):
                 kv.commit()
                 out[name] = model(tree, mask=mask, kv=kv).logits
     finally:
-        model.set_attention("dense")
+        model.set_attention("exact")
     assert (out["dense"] - out[backend]).abs().max() < 1e-4
 
 
@@ -478,18 +479,32 @@ def test_expand_kv_is_repeat_interleave():
 
 
 @pytest.mark.parametrize("per_batch", [False, True])
-def test_dense_attention_under_a_mask_expands_kv_and_equals_gqa(per_batch):
-    """The expanded path dense_attention takes with a mask and Hkv < H gives SDPA's GQA answer."""
-    B, H, Hkv, T, P, hd = 2, 8, 2, 6, 21, 16
+@pytest.mark.parametrize("H, Hkv", [(8, 2), (6, 6)])
+def test_dense_attention_under_a_mask_folds_the_query_heads_and_equals_the_expanded_form(per_batch, H, Hkv):
+    """With a mask and Hkv < H, ``attention`` folds the G query heads of a KV head into its query rows (q
+    [B, H, T, hd] -> [B, Hkv, G*T, hd], the mask repeated over G) and never expands K / V: SDPA then sees Hkv
+    heads and no GQA. It equals SDPA over K / V expanded to every query head (``expand_kv``)."""
+    B, T, P, hd = 2, 6, 21, 16
     q, k, v, mask = make_case(B, H, Hkv, T, P, hd, seed=12, per_batch_mask=per_batch)
     tm = mask if mask.dim() == 3 else mask[None]
     full = torch.cat([torch.ones(tm.shape[0], T, P, dtype=torch.bool), tm], -1)[:, None]  # [B|1, 1, T, S]
-    k_in, v_in = dense_sdpa_inputs(q, k, v, full)
-    assert k_in.shape == v_in.shape == (B, H, P + T, hd)  # expanded to the query heads
-    assert dense_sdpa_inputs(q, k, v, None)[0] is k  # no mask: SDPA's own GQA (flash can take it)
-    got = dense_attention(q, k, v, full)
-    gqa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=full, enable_gqa=True)
-    assert torch.allclose(got, gqa, atol=1e-6, rtol=1e-5)
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q_, k_, v_, **kw):
+        seen.append((tuple(q_.shape), tuple(k_.shape), kw.get("enable_gqa", False)))
+        return real(q_, k_, v_, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+        got = dense_attention(q, k, v, full)
+        two_d = attention(q, k, v, full[0, 0]) if not per_batch else None
+    G = H // Hkv
+    assert seen[0] == ((B, Hkv, G * T, hd), (B, Hkv, P + T, hd), False)  # K / V as they are, no GQA in SDPA
+    expanded = real(q, expand_kv(k, H), expand_kv(v, H), attn_mask=full)
+    torch.testing.assert_close(got, expanded, atol=1e-6, rtol=1e-5)
+    if two_d is not None:  # a [T, S] mask: the same
+        torch.testing.assert_close(two_d, expanded, atol=1e-6, rtol=1e-5)
     assert (got.double() - dense64(q, k, v, P, mask)).abs().max() < 1e-5
 
 
@@ -501,7 +516,7 @@ BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 SDPA_RULES = [  # (dtype, H, Hkv, T, S, hd, mask?, is_causal, capability) -> backend, by PyTorch's documented rules
     ((BF16, 32, 8, 16, 1040, 128, False, False, (9, 0)), "flash"),  # no mask: flash, GQA and all
     ((BF16, 32, 8, 16, 1040, 128, True, False, (9, 0)), "math"),  # the defect: mask + GQA -> math
-    ((BF16, 32, 32, 16, 1040, 128, True, False, (9, 0)), "efficient"),  # the fix: K / V expanded
+    ((BF16, 32, 32, 16, 1040, 128, True, False, (9, 0)), "efficient"),  # what dense_attention runs: query heads folded into rows, no GQA
     ((F32, 32, 32, 16, 1040, 128, False, False, (9, 0)), "efficient"),  # flash takes no fp32
     ((F32, 32, 8, 16, 1040, 128, False, False, (9, 0)), "math"),  # fp32 with GQA: efficient has none
     ((BF16, 8, 8, 16, 1040, 264, False, False, (9, 0)), "efficient"),  # head dim past flash's 256
@@ -522,7 +537,7 @@ def test_sdpa_backend_rules_for_cuda_inputs(case, want):
     assert sdpa_backend(q, k, mask, is_causal) == "cpu"  # a non-CUDA device: not modelled
 
 
-def test_dense_backend_names_the_kernel_after_expansion():
+def test_dense_backend_names_the_kernel_after_folding():
     q, k = _meta(4, 32, 16, 128, BF16), _meta(4, 8, 1040, 128, BF16)
     mask = torch.ones(4, 1, 16, 1040, dtype=torch.bool)
     assert dense_backend(q, k, mask, device_type="cuda", capability=(9, 0)) == "efficient"  # not math

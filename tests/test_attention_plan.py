@@ -143,7 +143,7 @@ def test_eagle3_head_attends_with_gqa_and_trains(tiny):
         want = head.finish(hh, ref)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     loss = head(emb, h, torch.arange(T)[None], KVCache(1, c.num_key_value_heads, c.head_dim, 16)).square().mean()
-    loss.backward()  # autograd through the shared modules and the row-invariant attention
+    loss.backward()  # autograd through the shared modules and the attention
     assert head.midlayer.self_attn.wqkv.weight.grad.abs().sum() > 0
 
 
@@ -164,12 +164,12 @@ def _ragged_forward(tiny, one_call: bool, masks, ns, prompts):
     g = torch.Generator().manual_seed(1)
     kv = PagedKVCache.for_model(tiny, 160, batch_size=len(prompts), block_size=4)
     for b, n in enumerate(prompts):  # each sequence prefilled alone
-        plan = prepare_ragged(1, n, "cpu", kv, {b: n})
+        plan = prepare_ragged(1, n, "cpu", kv, {b: n}, backend=tiny.attention)
         tiny(torch.randint(0, tiny.cfg.vocab_size, (1, n), generator=g), kv=kv, plan=plan)
         kv.commit()
     T = max(ns)
     tokens = torch.randint(0, tiny.cfg.vocab_size, (len(ns), T), generator=g)
-    plan = prepare_ragged(len(ns), T, "cpu", kv, dict(enumerate(ns)), masks=masks)
+    plan = prepare_ragged(len(ns), T, "cpu", kv, dict(enumerate(ns)), masks=masks, backend=tiny.attention)
     assert plan.mask is not None  # these rows are close enough in length for one call
     if not one_call:
         plan.mask = None  # row by row
@@ -209,34 +209,37 @@ def test_a_prefill_of_very_different_lengths_attends_row_by_row_and_a_ragged_dec
 
 
 def test_a_plan_works_its_mask_out_once_for_every_layer_with_the_same_bits(tiny, monkeypatch):
-    """A verify over a prefix past one key block: the hidden keys and key blocks of the plan's mask are worked
-    out once (``masked_keys``), not in each of the layers, and the logits equal those of each layer working the
-    raw mask out itself; a mask that does not fit the keys is still refused with its shape."""
-    import minispec.attention.invariant as invariant
-    import minispec.attention.plan as plan_module
+    """A verify over a prefix past one key block, on the exact backend: the hidden keys and key blocks of the
+    plan's mask are worked out once (``masked_keys``, kept in ``plan.memo``), not in each of the layers, and the
+    logits equal those of each layer working the raw mask out itself; a mask that does not fit the keys is still
+    refused with its shape."""
+    import minispec.exact.attention as exact_attention
 
     calls = []
+    real = exact_attention.masked_keys
 
     def counted(mask):
         calls.append(mask)
-        return invariant.masked_keys(mask)
+        return real(mask)
 
-    monkeypatch.setattr(plan_module, "masked_keys", counted)
+    monkeypatch.setattr(exact_attention, "masked_keys", counted)
     tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
     x = torch.tensor([[7, 8, 9, 10]])
+    assert tiny.attention == "exact"
     with torch.inference_mode():
         kv = KVCache.for_model(tiny, 200)
         tiny(torch.randint(0, 256, (1, 150), generator=torch.Generator().manual_seed(0)), kv=kv)
         kv.commit()
+        calls.clear()
         once = tiny(x, kv=kv, mask=tree).logits
         kv.discard()
         assert len(calls) == 1 and tiny.cfg.n_layer > 1
-        monkeypatch.setattr(plan_module.Plan, "masked", lambda self, backend, q: self.mask)  # every layer its own
+        monkeypatch.setattr(exact_attention, "keys_of", lambda plan: real(plan.mask))  # every layer its own
         each = tiny(x, kv=kv, mask=tree).logits
         kv.discard()
     assert torch.equal(once, each)
     q, k = torch.zeros(1, 4, 4, 16), torch.zeros(1, 2, 150, 16)
     with pytest.raises(ValueError, match=r"mask must be boolean \[4, 150\]"):
-        invariant.invariant_attention(q, k, k, invariant.masked_keys(torch.ones(4, 154, dtype=torch.bool)))
+        exact_attention.invariant_attention(q, k, k, real(torch.ones(4, 154, dtype=torch.bool)))
     with pytest.raises(ValueError, match="mask must be boolean"):
-        invariant.masked_keys(torch.ones(4, 150))
+        real(torch.ones(4, 150))

@@ -72,7 +72,7 @@ def test_the_demo_times_the_calibration_mix_on_other_prompts():
     """The demo's comparison: your prompt, then minispec's own mixed as auto's calibration mixes them (one
     in three reuses its input) without the prompts auto calibrated on."""
     from minispec.cli import compare_prompts
-    from minispec.dispatch import QUICK_PROMPTS
+    from minispec.lab.calibrate import QUICK_PROMPTS
     from minispec.prompts import calibration_set, reuse_prompts
 
     got = compare_prompts("mine", 3)
@@ -83,18 +83,44 @@ def test_the_demo_times_the_calibration_mix_on_other_prompts():
 
 
 def test_demo_auto_calibrates_once_and_says_so(tmp_path):
-    """Without a saved choice, 'auto' calibrates this machine (announced), saves it, and reads it back
-    the next time (here no head loads, so every candidate is skipped and vanilla is the choice)."""
+    """Without a saved calibration, the demo calibrates this machine in one announced step (the linear kernel, then
+    'auto'), saves both, and reads them back the next time (here no head loads, so every candidate is skipped and
+    vanilla is the choice)."""
     import os
+
+    from minispec.exact.profile import onednn_available
 
     env = dict(os.environ, MINISPEC_CACHE=str(tmp_path))
     cmd = [sys.executable, "-m", "minispec", "demo", "--model", "tiny-llama", "--method", "auto", "--max-new-tokens",
            "4", "--prompt", "hi", "--drafter", "none-such", "--no-compare", "--threads", "1"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert "calibrating 'auto' for this machine" in first.stdout and "auto = vanilla (calibrated now" in first.stdout
+    assert first.returncode == 0, first.stderr
+    announced = [line for line in first.stdout.splitlines() if line.startswith("calibrating")]
+    assert announced == [f"calibrating this machine once at 1 thread: the faster linear kernel (seconds), then 'auto' for "
+                         f"tiny-llama (a budget of about 30 s); saved under {tmp_path} and read by every later run ..."]
+    assert "auto = vanilla (calibrated in" in first.stdout and "auto = vanilla (calibrated on this machine" in first.stdout
     assert len(list((tmp_path / "tune").glob("tiny-llama-*-1t-b1.json"))) == 1
+    assert len(list((tmp_path / "linear_kernel").glob("*-1t.json"))) == int(onednn_available())
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert "calibrating" not in second.stdout and "auto = vanilla (calibrated on this machine" in second.stdout
+
+
+def test_calibrate_measures_once_and_force_measures_again(tmp_path):
+    """``python -m minispec calibrate``: the one explicit step (``make demo`` runs it on a machine's first demo);
+    a second run keeps what is saved, ``--force`` measures again."""
+    import json
+    import os
+
+    env = dict(os.environ, MINISPEC_CACHE=str(tmp_path))
+    cmd = [sys.executable, "-m", "minispec", "calibrate", "--model", "tiny-llama", "--threads", "1"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert first.returncode == 0, first.stderr
+    path = next((tmp_path / "tune").glob("tiny-llama-*-1t-b1.json"))
+    assert "auto = vanilla (calibrated in" in first.stdout and json.loads(path.read_text())["choice"] == "vanilla"
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert "auto = vanilla (kept;" in again.stdout
+    forced = subprocess.run(cmd + ["--force"], capture_output=True, text=True, timeout=300, env=env)
+    assert forced.returncode == 0 and "auto = vanilla (calibrated in" in forced.stdout
 
 
 def test_demo_rejects_an_empty_prompt():

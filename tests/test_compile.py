@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from minispec.cuda_graphs import StaticKVCache, static_forward, static_plan, static_prefill
-from minispec.linear import Linear
+from minispec.exact.attention import ready
+from minispec.exact.linear import ExactLinear
 from minispec.models import load
 
 
@@ -35,7 +36,7 @@ def _steps(model, forward, n: int = 3, capacity: int = 48, T: int = 1):
 @pytest.mark.parametrize("T", [1, 3])
 @pytest.mark.parametrize("kernel", ["panels", "onednn"])  # the two prepacked CPU kernels (one per machine, "auto")
 def test_the_static_forward_traces_as_one_graph_without_recompiles(name, T, kernel, monkeypatch):
-    monkeypatch.setattr(Linear, "cpu_kernel", kernel)
+    monkeypatch.setattr(ExactLinear, "cpu_kernel", kernel)
     torch._dynamo.reset()
     model, _ = load(name)
     with torch.inference_mode():
@@ -56,7 +57,7 @@ def test_the_static_forward_traces_as_one_graph_without_recompiles(name, T, kern
 
 
 def test_a_linear_traces_without_a_break_after_an_eager_call():
-    layer = Linear(8, 4).requires_grad_(False)
+    layer = ExactLinear(8, 4).requires_grad_(False)
     x = torch.randn(3, 8)
     torch._dynamo.reset()
     cold = torch._dynamo.explain(layer)(x)  # no plan yet: it is chosen eagerly, outside the graph
@@ -69,8 +70,8 @@ def test_a_linear_traces_without_a_break_after_an_eager_call():
 
 
 def test_past_one_key_block_the_plan_reads_its_keys_before_the_traced_call():
-    """Past 128 keys the CPU's attention reads its key blocks on the host: inside a trace that breaks the graph,
-    so a plan built before the traced call works them out first (``Plan.with_keys``)."""
+    """Past 128 keys the CPU's exact attention reads its key blocks on the host: inside a trace that breaks the
+    graph, so a plan built before the traced call works them out first (``minispec.exact.attention.ready``)."""
     model, _ = load("tiny-llama")
     call = lambda tokens, plan, kv: model(tokens, kv=kv, plan=plan)  # noqa: E731
     token, one = torch.tensor([[5]]), torch.ones(1, 1, 1, dtype=torch.bool)
@@ -82,7 +83,7 @@ def test_past_one_key_block_the_plan_reads_its_keys_before_the_traced_call():
         def run(fn, keys_first: bool):  # one forward of ``token`` on a fresh static plan, its entry discarded
             kv.begin(1, 1)
             plan = static_plan(kv, kv.lengths[:1, None], one)
-            out = fn(token, plan.with_keys() if keys_first else plan, kv)
+            out = fn(token, ready(plan) if keys_first else plan, kv)
             kv.discard()
             return out
 

@@ -1,4 +1,5 @@
-"""The tree dispatcher (chapter 5): cost model, cost curve, tune's choice, and the 'auto' method."""
+"""The tree dispatcher (chapter 5): cost model, cost curve, tune's choice, and the 'auto' method: measured by the
+lab (``minispec.lab.tune``, ``minispec.lab.calibrate``), read by the runtime (``minispec.dispatch``)."""
 
 import dataclasses
 import json
@@ -10,7 +11,8 @@ import pytest
 
 from minispec import dispatch, load
 
-from minispec.lab import tune_report
+from minispec.lab import calibrate, tune_report
+from minispec.lab import tune as tuning
 from minispec.drafters import TreeSpec
 from minispec.methods import DEFAULT_AUTO, MethodSpec, Methods, parse_method, with_head_dtype
 
@@ -62,7 +64,7 @@ def test_method_names():
 @pytest.mark.ch05
 def test_verify_cost_curve_shape(tiny):
     model, _, _ = tiny
-    curve = dispatch.verify_cost_curve(model, sizes=(0, 4, 16), batch_sizes=(1, 2), context=32, reps=2)
+    curve = tuning.verify_cost_curve(model, sizes=(0, 4, 16), batch_sizes=(1, 2), context=32, reps=2)
     assert set(curve) == {1, 2} and set(curve[1]) == {0, 4, 16}
     assert all(t > 0 for c in curve.values() for t in c.values())
 
@@ -72,8 +74,8 @@ def test_tune_chooses_the_best_predicted_candidate(tiny):
     model, tok, draft = tiny
     methods = Methods(model, "tiny-llama", draft_model=draft, k=3)
     cands = ("vanilla", "pld", "sps", "sps@2/2/4", "eagle")
-    r = dispatch.tune(model, tok, ["abcabcabc", "1, 2, 3, 4"], "tiny-llama", candidates=cands, max_new_tokens=16,
-                      context=32, sizes=(0, 2, 4, 8), methods=methods, progress=False)
+    r = tuning.tune(model, tok, ["abcabcabc", "1, 2, 3, 4"], "tiny-llama", candidates=cands, max_new_tokens=16,
+                    context=32, sizes=(0, 2, 4, 8), methods=methods, progress=False)
     got = {c.method: c for c in r.candidates}
     assert set(got) == {"vanilla", "pld", "sps", "sps@2/2/4"}
     assert "eagle" in r.skipped  # no EAGLE head for tiny-llama
@@ -84,12 +86,41 @@ def test_tune_chooses_the_best_predicted_candidate(tiny):
         assert c.predicted_tok_s == pytest.approx(
             dispatch.predicted_tokens_per_s(c.step_tokens, c.verify_s, c.draft_s, c.loop_s))
         assert c.step_tokens >= 1.0 and c.verify_s + c.draft_s + c.loop_s > 0
-    # each candidate pays its own loop overhead (its own measured phases), not vanilla's
-    assert len({round(c.loop_s, 9) for c in r.candidates}) == len(r.candidates)
-    assert any(abs(c.loop_s - got["vanilla"].loop_s) > 1e-6 for c in r.candidates if c.method != "vanilla")
     assert r.choice == max(r.candidates, key=lambda c: c.predicted_tok_s).method
     text = tune_report.format_tune(r)
     assert "choice: " + r.choice in text and "verify cost" in text
+
+
+@pytest.mark.ch05
+def test_each_candidate_pays_its_own_loop_overhead(tiny, monkeypatch):
+    """t_loop(c): the phases of c's own steps but the draft and the target forward, per step (module docstring of
+    ``minispec.dispatch``), not vanilla's: a cheap drafter with a costly loop is not flattered. The calibration
+    runs report known phase times (the generations stubbed: pld's loop costs 5 ms a step, vanilla's 1 ms), so the
+    loop overhead each candidate must carry, and its prediction, are known in advance."""
+    import types
+
+    model, tok, draft = tiny
+    methods = Methods(model, "tiny-llama", draft_model=draft, k=3)
+    gen_module = sys.modules["minispec.generate"]
+    steps = 10  # decode steps per generation (plus the prefill's token)
+
+    def fake_generate(target, tok_, prompt, drafter=None, **kw):
+        per_step = {"draft": 0.002, "target": 0.010, "loop": 0.005} if drafter is not None else \
+            {"draft": 0.0, "target": 0.010, "loop": 0.001}
+        tokens = 3 if drafter is not None else 1  # tokens per step
+        decode_s = steps * sum(per_step.values())
+        stats = types.SimpleNamespace(new_tokens=steps * tokens + 1, target_forwards=steps + 1, decode_s=decode_s,
+                                      total_s=decode_s + 0.02, nodes=[4] * steps if drafter is not None else [0] * steps,
+                                      phase_s={"draft": steps * per_step["draft"], "target": steps * per_step["target"]})
+        return types.SimpleNamespace(stats=stats)
+
+    monkeypatch.setattr(gen_module, "generate", fake_generate)
+    r = tuning.tune(model, tok, ["abcabcabc"], "tiny-llama", candidates=("vanilla", "pld"), max_new_tokens=8,
+                    context=16, sizes=(0, 4), methods=methods, progress=False, reps=1)
+    got = {c.method: c for c in r.candidates}
+    assert got["vanilla"].loop_s == pytest.approx(0.001) and got["pld"].loop_s == pytest.approx(0.005)
+    assert got["pld"].draft_s == pytest.approx(0.002) and got["pld"].step_tokens == pytest.approx(3.0)
+    assert got["pld"].predicted_tok_s == pytest.approx(3.0 / (got["pld"].verify_s + 0.002 + 0.005))
 
 
 @pytest.mark.ch05
@@ -102,23 +133,23 @@ def test_a_racing_calibration_stops_running_the_losers(tiny, monkeypatch):
     cands, prompts = ("vanilla", "pld", "sps", "sps@2/2/4"), ["abcabcabc", "1, 2, 3, 4", "x y x y x y"]
     speed = {"vanilla": 1.0, "pld": 0.5, "sps": 1.5, "sps@2/2/4": 1.4}  # tokens/s the stub predicts
     real = dispatch._candidate
-    monkeypatch.setattr(dispatch, "_candidate", lambda c, m, curve_b: dataclasses.replace(
+    monkeypatch.setattr(tuning, "_candidate", lambda c, m, curve_b: dataclasses.replace(
         real(c, m, curve_b), predicted_tok_s=speed[c]))
     ran = {}
     for race in (None, 0.7, 1.0):
-        r = dispatch.tune(model, tok, prompts, "tiny-llama", candidates=cands, max_new_tokens=8, context=32,
-                          sizes=(0, 2, 4), methods=methods, progress=False, race=race)
+        r = tuning.tune(model, tok, prompts, "tiny-llama", candidates=cands, max_new_tokens=8, context=32,
+                        sizes=(0, 2, 4), methods=methods, progress=False, race=race)
         ran[race] = {c.method: c.prompts for c in r.candidates}
         assert r.choice == "sps"
     assert ran[None] == {c: 3 for c in cands}
     assert ran[0.7] == {"vanilla": 1, "pld": 1, "sps": 3, "sps@2/2/4": 3}  # 0.5 < 0.7 x 1.5 <= 1.4
     assert ran[1.0] == {"vanilla": 1, "pld": 1, "sps": 3, "sps@2/2/4": 1}
-    r = dispatch.tune(model, tok, prompts, "tiny-llama", candidates=("vanilla",), max_new_tokens=8, context=32,
-                      sizes=(0, 2), methods=methods, progress=False, race=0.7)  # nothing left to race after prompt 1
+    r = tuning.tune(model, tok, prompts, "tiny-llama", candidates=("vanilla",), max_new_tokens=8, context=32,
+                    sizes=(0, 2), methods=methods, progress=False, race=0.7)  # nothing left to race after prompt 1
     assert [(c.method, c.prompts) for c in r.candidates] == [("vanilla", 1)] and r.choice == "vanilla"
     for bad in (0.0, 1.5):
         with pytest.raises(ValueError, match="race must be a fraction"):
-            dispatch.tune(model, tok, prompts, "tiny-llama", candidates=cands, methods=methods, progress=False, race=bad)
+            tuning.tune(model, tok, prompts, "tiny-llama", candidates=cands, methods=methods, progress=False, race=bad)
 
 
 @pytest.mark.ch05
@@ -141,15 +172,15 @@ def test_a_calibration_with_a_budget_starts_no_prompt_it_cannot_finish(tiny, mon
         return r
 
     monkeypatch.setattr(gen_module, "generate", slow_generate)
-    monkeypatch.setattr(dispatch, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0]))
+    monkeypatch.setattr(tuning, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0]))
     speed = {"vanilla": 1.0, "pld": 0.5, "sps": 1.5}
     real = dispatch._candidate
-    monkeypatch.setattr(dispatch, "_candidate", lambda c, m, curve_b: dataclasses.replace(
+    monkeypatch.setattr(tuning, "_candidate", lambda c, m, curve_b: dataclasses.replace(
         real(c, m, curve_b), predicted_tok_s=speed[c]))
     ran = {}
     for budget in (None, 45.0, 55.0, 75.0, 1.0):
-        r = dispatch.tune(model, tok, prompts, "tiny-llama", candidates=cands, max_new_tokens=8, context=32,
-                          sizes=(0, 2, 4), methods=methods, progress=False, budget_s=budget, reps=1)
+        r = tuning.tune(model, tok, prompts, "tiny-llama", candidates=cands, max_new_tokens=8, context=32,
+                        sizes=(0, 2, 4), methods=methods, progress=False, budget_s=budget, reps=1)
         ran[budget] = {c.method: c.prompts for c in r.candidates}
     assert ran[None] == {c: 3 for c in cands}
     assert ran[75.0] == {c: 2 for c in cands}  # 30 s + 30 s fit in 75, a third prompt would end at 90
@@ -157,10 +188,10 @@ def test_a_calibration_with_a_budget_starts_no_prompt_it_cannot_finish(tiny, mon
     assert ran[55.0] == {"vanilla": 2, "pld": 1, "sps": 2}  # 25 s left after the first: the best two
     for bad in (0.0, -1.0):
         with pytest.raises(ValueError, match="budget_s must be positive"):
-            dispatch.tune(model, tok, prompts, "tiny-llama", candidates=cands, methods=methods, progress=False,
-                          budget_s=bad)
+            tuning.tune(model, tok, prompts, "tiny-llama", candidates=cands, methods=methods, progress=False,
+                        budget_s=bad)
     with pytest.raises(ValueError, match="reps must be >= 1"):
-        dispatch.tune(model, tok, prompts, "tiny-llama", candidates=cands, methods=methods, progress=False, reps=0)
+        tuning.tune(model, tok, prompts, "tiny-llama", candidates=cands, methods=methods, progress=False, reps=0)
 
 
 def test_the_choice_is_made_among_the_candidates_that_ran_the_most_prompts():
@@ -188,8 +219,7 @@ def test_auto_reads_the_saved_choice(tmp_path, monkeypatch):
 
 def test_a_choice_measured_with_other_shipped_heads_is_stale(tmp_path, monkeypatch):
     """A release that ships another head changes ``shipped_fingerprint``; a choice saved with the old
-    heads is then no choice: ``auto_method`` falls back to the default and ``resolve`` recalibrates,
-    saying why."""
+    heads is then no choice: ``auto_method`` falls back to the default and ``resolve_auto`` says why."""
     from minispec.drafters import registry
 
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
@@ -214,7 +244,10 @@ def test_a_choice_measured_with_other_shipped_heads_is_stale(tmp_path, monkeypat
     assert dispatch.auto_method("m") == "pld"
     r = dispatch.TuneResult("m", 1, 16, {1: {0: 0.01}}, choice="sps")
     (heads / "m-eagle.st").write_bytes(b"head three")
-    dispatch.save_choice(r)
+    assert dispatch.resolve_auto("m") == (DEFAULT_AUTO, f"auto = {DEFAULT_AUTO} (minispec's default: its last "
+                                          "calibration measured other shipped heads; python -m minispec calibrate "
+                                          "measures it)")
+    tuning.save_choice(r)
     assert json.loads(path.read_text())["drafters"] == registry.shipped_fingerprint("m") != two
     assert dispatch.auto_method("m") == "sps"
 
@@ -232,49 +265,58 @@ def test_tune_cli_on_a_tiny_model(tmp_path):
 
 def test_cost_curve_is_non_decreasing(tiny):
     model, _, _ = tiny
-    curve = dispatch.verify_cost_curve(model, sizes=(8, 0, 2, 4, 16), context=16, reps=1)[1]
+    curve = tuning.verify_cost_curve(model, sizes=(8, 0, 2, 4, 16), context=16, reps=1)[1]
     values = [curve[n] for n in sorted(curve)]
     assert values == sorted(values) and list(curve) == [0, 2, 4, 8, 16]
 
 
-def test_auto_calibrates_once_on_own_prompts_and_announces_it(tiny, tmp_path, monkeypatch):
-    """resolve_auto: no saved choice -> a quick calibration (minispec's own prompts, a few tree sizes),
-    saved per machine, model and thread count; the next call reads it back. One line says which."""
+def test_auto_is_calibrated_by_the_lab_once_on_own_prompts_and_read_by_the_runtime(tiny, tmp_path, monkeypatch):
+    """The runtime measures nothing: without a saved choice ``resolve_auto`` is ``DEFAULT_AUTO`` and names the
+    command that calibrates. ``calibrate.calibrate`` (the lab step ``make demo`` runs once) times a quick
+    calibration on minispec's own prompts, saved per machine, model and thread count; the runtime then reads it."""
     import torch
 
     model, tok, draft = tiny
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
-    methods = Methods(model, "tiny-llama", draft_model=draft)
+    monkeypatch.setattr(calibrate, "QUICK_CANDIDATES", ("pld", "sps"))
+    monkeypatch.setattr(dispatch, "QUICK_CANDIDATES", ("pld", "sps"))
     seen = {}
-    real_tune = dispatch.tune
+    real_tune = calibrate.tune
 
     def spy(target, tok_, prompts, *a, **kw):
         seen["prompts"], seen["budget_s"] = prompts, kw.get("budget_s")
         return real_tune(target, tok_, prompts, *a, **kw)
 
-    monkeypatch.setattr(dispatch, "tune", spy)
-    monkeypatch.setattr(dispatch, "QUICK_CANDIDATES", ("pld", "sps"))
-    method, line = dispatch.resolve_auto(model, tok, "tiny-llama", methods=methods)
+    monkeypatch.setattr(calibrate, "tune", spy)
+    method, line = dispatch.resolve_auto("tiny-llama")
+    assert (method, line) == (DEFAULT_AUTO, f"auto = {DEFAULT_AUTO} (minispec's default: no calibration saved for this "
+                                            "machine; python -m minispec calibrate measures it)") and not seen
+    assert calibrate.needs_calibration("tiny-llama")
+    monkeypatch.setattr(calibrate, "calibrate_kernels", lambda force=False: {"kernel": "panels"})  # test_kernel_choice's
+    kernel, r, _ = calibrate.calibrate("tiny-llama", model=(model, tok))
     from minispec.prompts import own_prompts, reuse_prompts
     own, reuse = [p["prompt"] for p in own_prompts()], [p["prompt"] for p in reuse_prompts()]
     assert seen["prompts"] == [reuse[0], own[0], own[1]]  # minispec's own, one reusing its input; never a benchmark's
-    assert seen["budget_s"] == dispatch.QUICK_BUDGET_S
-    assert method in ("vanilla", "pld", "sps") and line.startswith(f"auto = {method} (calibrated now")
+    assert seen["budget_s"] == calibrate.QUICK_BUDGET_S
     path = dispatch.tune_path("tiny-llama")
     assert path.exists() and f"-{torch.get_num_threads()}t-" in path.name
     saved = json.loads(path.read_text())
-    assert saved["choice"] == method and saved["calibration_s"] > 0 and saved["quick"] == ["pld", "sps"]
+    assert saved["choice"] == r.choice and saved["calibration_s"] > 0 and saved["quick"] == ["pld", "sps"]
+    assert r.choice in ("vanilla", "pld", "sps") and calibrate.summary(kernel, r, "tiny-llama")[1].startswith(
+        f"auto = {r.choice} (calibrated in")
     seen.clear()
-    again, line2 = dispatch.resolve_auto(model, tok, "tiny-llama", methods=methods)
-    assert again == method and "calibrated on this machine" in line2 and not seen  # read back, not measured again
+    again, line2 = dispatch.resolve_auto("tiny-llama")
+    assert again == r.choice and "calibrated on this machine" in line2 and not seen  # read back, not measured again
+    assert calibrate.calibrate("tiny-llama", model=(model, tok))[1] is None and not seen  # calibrated once
 
 
 def test_a_quick_choice_over_another_candidate_list_is_stale(tiny, tmp_path, monkeypatch):
     """A quick calibration saves its candidate list; a release that changes ``QUICK_CANDIDATES`` makes its choice
-    stale (``auto`` calibrates again, saying why), as one saved before the list was recorded; ``python -m minispec
-    tune``'s choice (no ``calibration_s``) is not a quick one and stays."""
+    stale (``auto`` is the default again, and says why, until calibrated again), as one saved before the list was
+    recorded; ``python -m minispec tune``'s choice (no ``calibration_s``) is not a quick one and stays."""
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(dispatch, "QUICK_CANDIDATES", ("pld", "sps"))
+    monkeypatch.setattr(calibrate, "QUICK_CANDIDATES", ("pld", "sps"))
     path = dispatch.tune_path("tiny-llama")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"choice": "pld", "calibration_s": 1.0, "quick": ["pld", "sps"]}))
@@ -282,13 +324,11 @@ def test_a_quick_choice_over_another_candidate_list_is_stale(tiny, tmp_path, mon
     for stale in ({"quick": ["pld"]}, {}):  # another list; none recorded
         path.write_text(json.dumps({"choice": "pld", "calibration_s": 1.0, **stale}))
         assert dispatch.saved_choice("tiny-llama") is None and dispatch.auto_method("tiny-llama") == DEFAULT_AUTO
+    assert "its last calibration ran other candidates" in dispatch.resolve_auto("tiny-llama")[1]
     model, tok, draft = tiny
-    said = []
-    method, _ = dispatch.resolve_auto(model, tok, "tiny-llama", methods=Methods(model, "tiny-llama", draft_model=draft),
-                                      say=said.append)
-    assert said == [f"calibrating 'auto' for this machine (its last calibration ran other candidates) (once, about "
-                    f"{dispatch.QUICK_BUDGET_S:.0f} s) ..."]
-    assert json.loads(path.read_text())["quick"] == ["pld", "sps"] and dispatch.auto_method("tiny-llama") == method
+    monkeypatch.setattr(calibrate, "calibrate_kernels", lambda force=False: {"kernel": "panels"})
+    _, r, _ = calibrate.calibrate("tiny-llama", model=(model, tok))
+    assert json.loads(path.read_text())["quick"] == ["pld", "sps"] and dispatch.auto_method("tiny-llama") == r.choice
     path.write_text(json.dumps({"choice": "pld", "calibration_s": None, "quick": None}))  # tune's, over its own list
     assert dispatch.auto_method("tiny-llama") == "pld"
 
@@ -308,13 +348,14 @@ def test_the_calibration_set_mixes_own_prompts_with_input_reuse(tmp_path):
 def test_sampled_auto_is_calibrated_sampled_and_saved_apart_from_greedy(tiny, tmp_path, monkeypatch):
     """A sampled request's ``auto`` is chosen by a calibration decoded at its own sampling parameters (seeded:
     prompt i with seed i for every candidate), saved in its own file: the greedy choice is neither read for it
-    nor overwritten by it, and the line that announces it names the temperature."""
+    nor overwritten by it, and the line that tells it names the temperature."""
     from minispec.sampling import GREEDY, SamplingParams
 
     model, tok, draft = tiny
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(dispatch, "QUICK_CANDIDATES", ("pld", "sps"))
-    methods = Methods(model, "tiny-llama", draft_model=draft)
+    monkeypatch.setattr(calibrate, "QUICK_CANDIDATES", ("pld", "sps"))
+    monkeypatch.setattr(calibrate, "calibrate_kernels", lambda force=False: {"kernel": "panels"})
     calls = []
     gen_module = sys.modules["minispec.generate"]  # the module (``minispec.generate`` is also the function)
     real_generate = gen_module.generate
@@ -329,16 +370,19 @@ def test_sampled_auto_is_calibrated_sampled_and_saved_apart_from_greedy(tiny, tm
     assert greedy_path != hot_path and hot_path.name.endswith("-b1-T0.7-p0.9.json")
     greedy_path.parent.mkdir(parents=True)
     greedy_path.write_text(json.dumps({"choice": "pld", "calibration_s": 1.0, "quick": ["pld", "sps"]}))  # a greedy choice
-    method, line = dispatch.resolve_auto(model, tok, "tiny-llama", methods=methods, params=hot)
+    assert calibrate.needs_calibration("tiny-llama", hot) and not calibrate.needs_calibration("tiny-llama")
+    assert "at temperature 0.7, top-p 0.9" in dispatch.resolve_auto("tiny-llama", params=hot)[1] and not calls
+    _, r, _ = calibrate.calibrate("tiny-llama", hot, model=(model, tok))
     assert calls and {p for p, _ in calls} == {hot}  # every calibration generation sampled at hot
     prompts = len({s for _, s in calls})
     assert sorted({s for _, s in calls}) == list(range(prompts))  # seeded by prompt, alike for every candidate
-    assert "at temperature 0.7, top-p 0.9" in line and line.startswith(f"auto = {method} (calibrated now")
+    method, line = dispatch.resolve_auto("tiny-llama", params=hot)
+    assert method == r.choice and "at temperature 0.7, top-p 0.9" in line and "calibrated on this machine" in line
     saved = json.loads(hot_path.read_text())
     assert saved["choice"] == method and saved["params"] == {"temperature": 0.7, "top_k": 0, "top_p": 0.9}
     assert json.loads(greedy_path.read_text())["choice"] == "pld"  # greedy's choice untouched
     calls.clear()
-    assert dispatch.resolve_auto(model, tok, "tiny-llama", methods=methods)[0] == "pld" and not calls
+    assert dispatch.resolve_auto("tiny-llama")[0] == "pld" and not calls
     assert dispatch.auto_method("tiny-llama", params=hot) == method and dispatch.auto_method("tiny-llama") == "pld"
     with pytest.raises(FileNotFoundError, match="--temperature 0.5"):
         dispatch.auto_method("tiny-llama", strict=True, params=SamplingParams(temperature=0.5))

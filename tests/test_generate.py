@@ -155,8 +155,8 @@ def test_the_eager_floor_times_the_same_architecture_with_its_widths_shrunk(name
     from torch.profiler import profile as torch_profile
 
     import minispec
-    from minispec import invariance
-    from minispec.linear import Linear
+    from minispec.exact import rows as invariance
+    from minispec.exact.linear import ExactLinear as Linear
     from minispec.lab import profile
 
     wide = 64  # both tiny models' width

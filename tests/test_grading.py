@@ -182,10 +182,6 @@ def _best_k_last_on_ties(alpha, c, k_max=16):
     return best
 
 
-    for ex_id, name, passed, msg in grade(chapter, "exercises"):
-        assert not passed and msg.startswith(f"Exercise {ex_id} {name}: not implemented yet"), msg
-
-
 def _mask_without_self(parents):
     m = _solutions(4).tree_mask(parents).clone()
     m.fill_diagonal_(False)

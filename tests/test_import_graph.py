@@ -19,13 +19,13 @@ def _known() -> dict[str, Path]:
     return {_module(p): p for p in ROOT.rglob("*.py")}
 
 
-def imports(path: Path, known) -> set[str]:
-    """The minispec modules ``path`` imports, anywhere in it; ``from pkg import name`` counts as an
-    import of ``pkg.name`` when that is a module, else of ``pkg``."""
+def imports(path: Path, known, tree: ast.AST | None = None) -> set[str]:
+    """The minispec modules ``path`` imports, anywhere in it (or in ``tree``, a part of it); ``from pkg import
+    name`` counts as an import of ``pkg.name`` when that is a module, else of ``pkg``."""
     name = _module(path)
     pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree if tree is not None else ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -131,3 +131,51 @@ def test_the_walk_sees_lazy_relative_and_package_imports():
 def test_the_cycle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+# ------------------------------------------------------------------------- the reading set of one forward
+
+READING_SET_MAX = 1_000  # lines a reader must read to follow one forward (issue 61: nanoGPT's model.py is 330)
+
+
+def module_level_imports(path: Path, known) -> set[str]:
+    """The minispec modules ``path`` imports at module level (its top-level statements, ``if`` blocks included;
+    not inside a function or class): what Python runs when the module is imported, named as ``imports`` names
+    them."""
+    tree = ast.parse(path.read_text())
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    top += [n for block in tree.body if isinstance(block, ast.If) for n in ast.walk(block)
+            if isinstance(n, (ast.Import, ast.ImportFrom))]
+    shallow = ast.Module(body=top, type_ignores=[])
+    return imports(path, known, shallow)
+
+
+def reading_set(root: str = "minispec.model") -> dict[str, int]:
+    """{module: lines} of ``root`` and every minispec module it imports at module level, transitively."""
+    known = _known()
+    todo, seen = [root], {}
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen[m] = len(known[m].read_text().splitlines())
+        todo += sorted(module_level_imports(known[m], known))
+    return seen
+
+
+def test_one_forward_reads_at_most_a_thousand_lines():
+    """model.py and what it imports at module level: the plain path, none of a backend's machinery (the exact CPU
+    backend is swapped in by ``minispec.exact.apply``, which ``load()`` calls)."""
+    files = reading_set()
+    listing = ", ".join(f"{m} {n}" for m, n in sorted(files.items()))
+    assert sum(files.values()) <= READING_SET_MAX, f"{sum(files.values())} lines: {listing}"
+    assert not [m for m in files if m.startswith("minispec.exact")], listing
+    assert "minispec.exact" in reading_set("minispec.models") and "minispec.attention.plan" in files  # the walk walks
+
+
+def test_the_walk_of_module_level_imports_skips_imports_inside_functions():
+    g = import_graph()
+    known = _known()
+    assert "minispec.dispatch" in g["minispec.cli"]  # inside a function
+    assert "minispec.dispatch" not in module_level_imports(known["minispec.cli"], known)
+    assert "minispec.lab.env" in module_level_imports(known["minispec.cli"], known)  # at the top

@@ -2,7 +2,7 @@
 
 A row of a forward must give the same bits whatever rows come with it: vanilla decoding computes
 one row per step, verification the root and N draft nodes. Checked at three levels, at 1 and 2
-threads: every Linear shape of SmolLM2 and the shipped heads; the attention on random shapes and
+threads: every ExactLinear shape of SmolLM2 and the shipped heads; the attention on random shapes and
 trees (hypothesis); and SmolLM2's logits after a prefill, contiguous and paged cache, chain and
 tree. A stand-in kernel whose result depends on the row count shows, on any CPU, that the probe
 finds it, that the padding fixes it, and that the check fails without the padding.
@@ -19,10 +19,11 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from minispec import invariance
-from minispec.attention import attend, invariant_attention
+from minispec.exact import attention as invariant
+from minispec.exact import rows as invariance
+from minispec.exact.attention import invariant_attention
+from minispec.exact.linear import ExactLinear
 from minispec.kv import KVCache, PagedKVCache
-from minispec.linear import Linear
 from minispec.tree import Tree
 
 THREADS = (1, 2)
@@ -84,7 +85,7 @@ def test_every_linear_shape_of_smollm2_and_the_shipped_heads_is_row_invariant(sm
     with threads(n_threads):
         for n_in, n_out, bias in sorted(shapes):
             torch.manual_seed(0)
-            layer = Linear(n_in, n_out, bias=bias)
+            layer = ExactLinear(n_in, n_out, bias=bias)
             assert rows_that_differ(layer, n_in) == [], f"{n_in} -> {n_out} (bias {bias}) at {n_threads} threads"
 
 
@@ -108,9 +109,9 @@ def stand_in_product(long_inputs: int, max_rows: int = 1):
 
 @pytest.mark.parametrize("n_threads", PARAM_THREADS)
 def test_a_kernel_that_varies_with_the_row_count_is_found_and_padded(monkeypatch, n_threads):
-    monkeypatch.setattr(Linear, "_product", stand_in_product(long_inputs=0))  # halves vary too: pad
+    monkeypatch.setattr(ExactLinear, "_product", stand_in_product(long_inputs=0))  # halves vary too: pad
     torch.manual_seed(0)
-    layer = Linear(256, 96, bias=True)
+    layer = ExactLinear(256, 96, bias=True)
     with threads(n_threads), torch.inference_mode():
         plan = layer.row_plan(torch.zeros(1, 256))
     assert plan.varies == (1,) and plan.split == 1 and plan.min_rows == 2
@@ -119,9 +120,9 @@ def test_a_kernel_that_varies_with_the_row_count_is_found_and_padded(monkeypatch
 
 def test_a_kernel_that_varies_only_over_long_inputs_is_split(monkeypatch):
     """Where padding would take more than two rows, the product over two input halves is tried."""
-    monkeypatch.setattr(Linear, "_product", stand_in_product(long_inputs=128, max_rows=3))
+    monkeypatch.setattr(ExactLinear, "_product", stand_in_product(long_inputs=128, max_rows=3))
     torch.manual_seed(0)
-    layer = Linear(256, 96, bias=True)
+    layer = ExactLinear(256, 96, bias=True)
     with torch.inference_mode():
         plan = layer.row_plan(torch.zeros(1, 256))
         assert plan.varies == (1, 2, 3) and plan.split == 2 and plan.min_rows == 1
@@ -135,27 +136,27 @@ def test_a_kernel_that_varies_below_a_small_row_count_is_padded_to_it_after_two_
     do too). Padding such calls to 4 rows is the cheapest plan, and it needs no probe of its own: the product
     is probed as it is and split, and no multiple of rows (2 would leave 2-row calls as they are; 4 and up pad
     at least as many rows as padding to 4 does)."""
-    monkeypatch.setattr(Linear, "_product", stand_in_product(long_inputs=0, max_rows=3))
+    monkeypatch.setattr(ExactLinear, "_product", stand_in_product(long_inputs=0, max_rows=3))
     probes = []
     monkeypatch.setattr(invariance, "varying_rows",
                         lambda *a, _f=invariance.varying_rows: probes.append(a[1]) or _f(*a))
     torch.manual_seed(0)
-    layer = Linear(256, 96, bias=True)
+    layer = ExactLinear(256, 96, bias=True)
     with torch.inference_mode():
         plan = layer.row_plan(torch.zeros(1, 256))
         assert plan.varies == (1, 2, 3) and plan.split == 1 and plan.min_rows == 4 and plan.multiple == 1
         assert len(probes) == 2 and [plan.rows(m) for m in (1, 3, 4, 5, 7, 9)] == [4, 4, 4, 5, 7, 9]
         assert "calls of fewer rows padded to 4" in plan.describe()
         assert rows_that_differ(layer, 256) == []
-        monkeypatch.setattr(Linear, "row_invariant", False)
+        monkeypatch.setattr(ExactLinear, "row_invariant", False)
         assert 1 in rows_that_differ(layer, 256)  # the same check fails without the plan
 
 
 def test_without_the_plan_the_check_fails(monkeypatch):
-    monkeypatch.setattr(Linear, "_product", stand_in_product(long_inputs=0))
+    monkeypatch.setattr(ExactLinear, "_product", stand_in_product(long_inputs=0))
     torch.manual_seed(0)
-    layer = Linear(256, 96, bias=True)
-    monkeypatch.setattr(Linear, "row_invariant", False)
+    layer = ExactLinear(256, 96, bias=True)
+    monkeypatch.setattr(ExactLinear, "row_invariant", False)
     assert rows_that_differ(layer, 256) == [1, -5, -17, -64]
 
 
@@ -174,15 +175,15 @@ def blocks_of_6_product(self, kernel, x, part=None, rows=None):
 
 @pytest.mark.parametrize("n_threads", PARAM_THREADS)
 def test_a_kernel_with_partial_row_blocks_gets_rows_padded_to_whole_blocks(monkeypatch, n_threads):
-    monkeypatch.setattr(Linear, "_product", blocks_of_6_product)
+    monkeypatch.setattr(ExactLinear, "_product", blocks_of_6_product)
     torch.manual_seed(0)
-    layer = Linear(256, 96, bias=True)
+    layer = ExactLinear(256, 96, bias=True)
     with threads(n_threads), torch.inference_mode():
         plan = layer.row_plan(torch.zeros(1, 256))
         assert plan.multiple == 6 and plan.split == 1 and plan.rows(1) == 6 and plan.rows(7) == 12
         assert "multiple of 6" in plan.describe()
         assert rows_that_differ(layer, 256) == []
-        monkeypatch.setattr(Linear, "row_invariant", False)
+        monkeypatch.setattr(ExactLinear, "row_invariant", False)
         assert 1 in rows_that_differ(layer, 256)  # the same check fails without the plan
 
 
@@ -248,7 +249,6 @@ def test_attention_rows_equal_each_row_alone_over_its_own_keys(n_threads, case):
 
 
 def test_a_long_prefill_is_chunked_without_changing_a_bit(monkeypatch):
-    from minispec.attention import invariant
 
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(1, 6, 40, 16, generator=g), torch.randn(1, 2, 50, 16, generator=g), torch.randn(1, 2, 50, 16, generator=g)
@@ -320,7 +320,6 @@ def causal_rows_differ(plan, P=24, hd=8, B=1, Hkv=3, G=3, N=20):
 def test_attention_with_partial_row_blocks_gets_its_rows_padded(monkeypatch):
     """On any CPU: a stand-in BLAS whose partial row blocks sum in another order (MKL's AVX2 kernels do)
     is found by the probe, the plan pads the query rows, and the same check fails without it."""
-    from minispec.attention import invariant
 
     monkeypatch.setattr(invariant, "_product", blocks_of_6_matmul)
     monkeypatch.setattr(invariant, "_PLANS", {})
@@ -335,7 +334,6 @@ def test_attention_sums_long_key_ranges_in_fixed_blocks(monkeypatch):
     """On any CPU: with a stand-in BLAS that blocks a long reduction by its length (MKL does past ~200-500
     keys), summing p @ v over KEY_BLOCK keys at a time keeps rows invariant, and one product over all
     keys does not."""
-    from minispec.attention import invariant
 
     monkeypatch.setattr(invariant, "_product", halves_matmul)
     assert causal_rows_differ(invariant.AttentionPlan(), P=517) == []
@@ -347,7 +345,6 @@ def test_a_short_last_block_past_the_first_is_padded_in_its_own_product_only(mon
     """Past the first block, a last block of fewer than MIN_BLOCK_KEYS keys is padded with zeros in its own
     p @ v product: the keys and values are read where they lie (no padded copy of the cache), and each row
     equals, bit for bit, the same attention over keys padded with hidden ones (the padded layout)."""
-    from minispec.attention import invariant
 
     KB, MIN = invariant.KEY_BLOCK, invariant.MIN_BLOCK_KEYS
     probed = invariant.attention_plan(64)  # probed (and cached) before the products are recorded
@@ -388,7 +385,6 @@ def test_a_tree_across_a_key_block_boundary_is_summed_by_rank(monkeypatch):
     """On any CPU (a stand-in product that sums strictly in key order): a tree whose tokens straddle a
     block boundary puts a row's keys in blocks by their rank, as vanilla sees them packed; by position, a
     deep row's ancestors would fall in the next block (another grouping of the sum) and rows differ."""
-    from minispec.attention import invariant
 
     monkeypatch.setattr(invariant, "_product", sequential_matmul)
     P = invariant.KEY_BLOCK - 6  # tree tokens 6.. sit past the boundary; their ranks (P + depth <= P + 4) do not
@@ -399,7 +395,7 @@ def test_a_tree_across_a_key_block_boundary_is_summed_by_rank(monkeypatch):
 
 
 def test_key_blocks_are_runs_of_positions_unless_a_tree_straddles_a_boundary():
-    from minispec.attention.invariant import KEY_BLOCK, key_blocks
+    from minispec.exact.attention import KEY_BLOCK, key_blocks
 
     S = 2 * KEY_BLOCK + 5
     assert key_blocks(torch.ones(5, S, dtype=torch.bool).tril(S - 5)) is None  # causal: rank = position
@@ -426,7 +422,6 @@ def split_when_alone_matmul(a, b):
 def test_a_lone_product_gets_company_so_no_thread_splits_it(monkeypatch):
     """On any CPU: with one KV head and batch 1 at 2 threads, the products run in a batch of at least 2
     (zero entries), so a stand-in BLAS that splits a lone product's rows between threads never does."""
-    from minispec.attention import invariant
 
     monkeypatch.setattr(invariant, "_product", split_when_alone_matmul)
     with threads(2), torch.inference_mode():
@@ -437,7 +432,6 @@ def test_a_lone_product_gets_company_so_no_thread_splits_it(monkeypatch):
 
 def test_the_probed_attention_plan_holds_after_long_prefixes():
     """The plan chosen on this CPU, on a chain after 517 keys (more than two key blocks), SmolLM2's layout."""
-    from minispec.attention import invariant
 
     for n_threads in THREADS:
         with threads(n_threads), torch.inference_mode():
@@ -446,10 +440,44 @@ def test_the_probed_attention_plan_holds_after_long_prefixes():
             assert causal_rows_differ(plan, P=517, hd=64) == []
 
 
-def test_dense_backend_on_the_cpu_is_the_row_invariant_one():
+def test_the_exact_backend_attends_with_the_row_invariant_attention_and_dense_with_sdpa():
+    from minispec.attention import BACKENDS, attention
+    from minispec.attention.plan import Plan
+
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(1, 4, 5, 16, generator=g), torch.randn(1, 2, 9, 16, generator=g), torch.randn(1, 2, 9, 16, generator=g)
-    assert torch.equal(attend("dense", q, k, v, 4), invariant_attention(q, k, v))
+    plan = Plan(torch.arange(4, 9)[None])
+    assert torch.equal(BACKENDS["exact"](q, k, v, plan), invariant_attention(q, k, v))
+    assert torch.equal(BACKENDS["dense"](q, k, v, plan), attention(q, k, v))
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(5, 9, dtype=torch.bool).tril(4), enable_gqa=True)
+    torch.testing.assert_close(attention(q, k, v), ref)
+
+
+def test_one_call_gives_a_model_built_in_code_the_exact_backend():
+    """``minispec.exact.apply``: a ``Transformer(cfg)`` of plain ``nn.Linear`` layers and "dense" attention becomes,
+    in place, one whose linears are ``ExactLinear`` on the same parameters (same state_dict) and whose attention is
+    "exact"; its rows then do not depend on their company, which the plain model does not promise."""
+    from minispec import Transformer, exact
+    from minispec.model import ModelConfig
+
+    cfg = ModelConfig("llama", 256, 2, 4, 64, 128, 512, n_kv_head=2, tie_embeddings=False)
+    torch.manual_seed(0)
+    model = Transformer(cfg).eval()
+    assert model.attention == "dense" and not any(isinstance(m, ExactLinear) for m in model.modules())
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    assert exact.apply(model) is model and exact.applied(model) and model.attention == "exact"
+    assert sum(isinstance(m, ExactLinear) for m in model.modules()) == 4 * cfg.n_layer + 1
+    assert state.keys() == model.state_dict().keys() and all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        kv = KVCache.for_model(model, 48)
+        model(ids[:, :30], kv=kv)
+        kv.commit()
+        full = model(ids[:, 30:], kv=kv).logits[0]
+        kv.discard()
+        for n in (1, 2, 3, 7):
+            assert torch.equal(model(ids[:, 30:30 + n], kv=kv).logits[0], full[:n])
+            kv.discard()
 
 
 # ------------------------------------------------------------------------------ SmolLM2 forward

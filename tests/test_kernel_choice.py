@@ -1,25 +1,28 @@
-"""minispec.kernel_choice: "auto" is this machine's faster prepacked linear kernel, timed once and cached,
-so every process on the machine (and every worker that timed it at the same moment) computes the same bits."""
+"""Which prepacked kernel the exact backend runs ("auto"): measured once per machine by the lab
+(``minispec.lab.calibrate``), saved, and read by every later process, so every process on the machine (and every
+worker that timed it at the same moment) computes the same bits; without a saved choice, the documented default.
+The runtime (``minispec.exact.profile``) never times anything."""
 
 import json
 
 import pytest
 import torch
 
-from minispec import kernel_choice as kc
-from minispec import linear
-from minispec.linear import CPU_KERNELS, Linear, onednn_available, time_kernels
+from minispec.exact import profile as kc
+from minispec.exact.linear import ExactLinear
+from minispec.lab import calibrate
 
+CPU_KERNELS, onednn_available = kc.CPU_KERNELS, kc.onednn_available
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN linear: "
                                   "'auto' is the panels without timing (test_without_onednn_auto_is_the_panels)")
 
 
 @pytest.fixture
 def fresh(tmp_path, monkeypatch):
-    """An empty cache and no choice made in this process yet; the timer that ``Linear`` hands in stubbed (it
-    says "onednn" and counts its calls)."""
+    """An empty cache and nothing read in this process yet; the lab's timer stubbed (it says "onednn" and counts
+    its calls)."""
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(kc, "_CHOSEN", {})
+    monkeypatch.setattr(kc, "_READ", {})
     calls = []
 
     def timed(**kw):
@@ -27,22 +30,41 @@ def fresh(tmp_path, monkeypatch):
         return {"kernel": "onednn", "machine": kc.machine_tag(), "times_ms": {"panels": {"1": 2.0}, "onednn": {"1": 1.0}},
                 "rows": [1]}
 
-    monkeypatch.setattr(linear, "time_kernels", timed)
+    monkeypatch.setattr(calibrate, "time_kernels", timed)
     return calls
 
 
+def test_without_a_saved_choice_the_runtime_runs_the_default_and_times_nothing(fresh, monkeypatch, tmp_path):
+    monkeypatch.setattr(ExactLinear, "cpu_kernel", "auto")
+    layer = ExactLinear(8, 4)
+    with torch.inference_mode():
+        assert layer.kernel(torch.zeros(1, 8)) == kc.DEFAULT_KERNEL == kc.chosen_kernel() == "panels"
+        assert layer._plan(torch.zeros(1, 8))[2] == layer.row_plan(torch.zeros(1, 8)).min_rows  # no pad beyond the plan's
+    assert kc.chosen_pad("panels") == kc.DEFAULT_PAD == 1 and not fresh  # nothing timed
+    assert not list(tmp_path.iterdir())  # nothing written, not even a folder
+    assert kc.describe().startswith("panels (the default: no calibration saved for this machine")
+
+
 @needs_onednn
-def test_auto_times_once_per_machine_and_later_processes_read_the_file(fresh, monkeypatch):
-    assert kc.chosen_kernel(linear.time_kernels) == "onednn" and len(fresh) == 1
+def test_the_lab_times_once_per_machine_and_later_processes_read_the_file(fresh, monkeypatch):
+    assert calibrate.calibrate_kernels()["kernel"] == "onednn" and len(fresh) == 1
     path = kc.choice_path()
     assert path.exists() and json.loads(path.read_text())["kernel"] == "onednn"
     assert path.name.endswith(f"-{torch.get_num_threads()}t.json") and torch.__version__.replace("+", "_") in path.name
-    monkeypatch.setattr(kc, "_CHOSEN", {})  # a new process: its own timing would now say "panels"
-    monkeypatch.setattr(linear, "time_kernels", lambda **kw: pytest.fail("timed again although the choice is saved"))
-    monkeypatch.setattr(Linear, "cpu_kernel", "auto")
-    layer = Linear(8, 4)
+    assert calibrate.calibrate_kernels()["kernel"] == "onednn" and len(fresh) == 1  # saved: not timed again
+    monkeypatch.setattr(kc, "_READ", {})  # a new process
+    monkeypatch.setattr(calibrate, "time_kernels", lambda **kw: pytest.fail("timed again although the choice is saved"))
+    monkeypatch.setattr(ExactLinear, "cpu_kernel", "auto")
+    layer = ExactLinear(8, 4)
     with torch.inference_mode():
-        assert layer.kernel(torch.zeros(1, 8)) == "onednn"  # Linear asks kernel_choice, which reads the file
+        assert layer.kernel(torch.zeros(1, 8)) == "onednn"  # the layer asks the profile, which reads the file
+
+
+@needs_onednn
+def test_force_times_again(fresh):
+    calibrate.calibrate_kernels()
+    calibrate.calibrate_kernels(force=True)
+    assert len(fresh) == 2 and kc.read_choice(kc.choice_path())["kernel"] == "onednn"
 
 
 @needs_onednn
@@ -53,7 +75,9 @@ def test_a_process_that_times_it_second_takes_the_first_ones_choice(fresh, monke
         kc.choice_path().write_text(json.dumps({"kernel": "panels", "machine": "the other process"}))
         return {"kernel": "onednn"}
 
-    assert kc.chosen_kernel(timed_while_another_wrote) == "panels"
+    monkeypatch.setattr(calibrate, "time_kernels", timed_while_another_wrote)
+    assert calibrate.calibrate_kernels()["kernel"] == "panels"
+    assert kc.chosen_kernel() == "panels"
     assert json.loads(kc.choice_path().read_text())["machine"] == "the other process"
     assert not list(kc.choice_path().parent.glob(".*.tmp"))  # no temporary file left behind
 
@@ -72,16 +96,21 @@ def test_an_unreadable_record_is_no_choice_and_an_unwritable_cache_keeps_this_pr
 
 def test_without_onednn_auto_is_the_panels(fresh, monkeypatch):
     monkeypatch.setattr(kc, "onednn_available", lambda: False)
-    assert kc.chosen_kernel(linear.time_kernels) == "panels" and not fresh  # nothing to choose between: nothing timed
+    monkeypatch.setattr(calibrate, "onednn_available", lambda: False)
+    assert calibrate.calibrate_kernels()["kernel"] == "panels" and not fresh  # nothing to choose between: nothing timed
     assert not kc.choice_path().exists()
+    kc.choice_path().parent.mkdir(parents=True)
+    kc.choice_path().write_text(json.dumps({"kernel": "onednn"}))  # a record this build cannot follow
+    monkeypatch.setattr(kc, "_READ", {})
+    assert kc.chosen_kernel() == "panels"
 
 
 def test_the_timing_runs_each_kernel_under_its_own_row_plan():
-    """The real timing, on small shapes: every kernel timed at every row count, its plan named, and the
-    faster sum chosen."""
+    """The real timing (the lab's), on small shapes: every kernel timed at every row count, its plan named, and
+    the faster sum chosen."""
     kernels = CPU_KERNELS if onednn_available() else ("panels",)
-    with torch.inference_mode():  # where "auto" is first resolved, as often as not (a decode loop)
-        r = time_kernels(shapes=((64, 96), (96, 64)), layers=2, rows=(1, 3), rounds=1, kernels=kernels)
+    with torch.inference_mode():  # where a calibration may run, as often as not
+        r = calibrate.time_kernels(shapes=((64, 96), (96, 64)), layers=2, rows=(1, 3), rounds=1, kernels=kernels)
     assert set(r["times_ms"]) == set(kernels) and all(set(t) == {"1", "3"} for t in r["times_ms"].values())
     assert all(v > 0 for t in r["times_ms"].values() for v in t.values())
     assert r["kernel"] == min(kernels, key=lambda k: sum(r["times_ms"][k].values()))
@@ -89,12 +118,11 @@ def test_the_timing_runs_each_kernel_under_its_own_row_plan():
     assert r["machine"] == kc.machine_tag()
 
 
-def test_describe_names_the_choice_and_the_times(fresh):
-    line = kc.describe(linear.time_kernels)
-    if onednn_available():
-        assert line.startswith("onednn (timed at 1 rows on this machine: panels 2.0 ms, onednn 1.0 ms;")
-    else:
-        assert line.startswith("panels (this PyTorch build has no oneDNN linear)")
+@needs_onednn
+def test_describe_names_the_saved_choice_and_the_times(fresh):
+    calibrate.calibrate_kernels()
+    line = kc.describe()
+    assert line.startswith("onednn (timed at 1 rows on this machine: panels 2.0 ms, onednn 1.0 ms;")
 
 
 def test_a_choice_holds_for_the_huge_page_mode_it_was_timed_in(monkeypatch):
@@ -130,27 +158,27 @@ def test_the_timing_pads_one_row_calls_to_the_fastest_candidate():
     smaller one are not timed twice), and the row counts are timed under it."""
     kernels = CPU_KERNELS if onednn_available() else ("panels",)
     with torch.inference_mode():
-        r = time_kernels(shapes=((64, 96), (96, 64)), layers=2, rows=(1, 3), rounds=1, kernels=kernels)
+        r = calibrate.time_kernels(shapes=((64, 96), (96, 64)), layers=2, rows=(1, 3), rounds=1, kernels=kernels)
     assert set(r["pad_rows"]) == set(r["pad_ms"]) == set(kernels)
     for k in kernels:
-        assert set(r["pad_ms"][k]) <= {str(c) for c in linear.PAD_CANDIDATES} and "1" in r["pad_ms"][k]
+        assert set(r["pad_ms"][k]) <= {str(c) for c in calibrate.PAD_CANDIDATES} and "1" in r["pad_ms"][k]
         assert r["pad_rows"][k] == int(min(r["pad_ms"][k], key=r["pad_ms"][k].get))
 
 
 @pytest.mark.parametrize("pad", [1, 6])
 def test_auto_pads_a_layers_short_calls_to_the_records_rows_and_keeps_their_bits(fresh, monkeypatch, pad):
-    """Under "auto" a call of fewer rows than the record's ``pad_rows`` for the chosen kernel runs padded to it (never
-    below its row plan's own padding), and every row keeps the bits it has in a call of any other row count; a kernel
-    named explicitly runs under its plan alone. A record without ``pad_rows`` (timed before it existed) pads nothing."""
+    """Under "auto" a call of fewer rows than the saved record's ``pad_rows`` for the chosen kernel runs padded to it
+    (never below its row plan's own padding), and every row keeps the bits it has in a call of any other row count; a
+    kernel named explicitly runs under its plan alone. A record without ``pad_rows`` (timed before it existed) pads
+    nothing."""
     chosen = "onednn" if onednn_available() else "panels"
     record = {"kernel": chosen, "machine": kc.machine_tag(), "times_ms": {chosen: {"1": 1.0}}, "rows": [1]}
     if pad > 1:
         record["pad_rows"] = {chosen: pad}
-    monkeypatch.setattr(linear, "time_kernels", lambda **kw: record)
-    monkeypatch.setattr(kc, "onednn_available", lambda: chosen == "onednn")
-    monkeypatch.setattr(Linear, "cpu_kernel", "auto")
+    kc.write_once(kc.choice_path(), record)
+    monkeypatch.setattr(ExactLinear, "cpu_kernel", "auto")
     torch.manual_seed(0)
-    layer = Linear(64, 96)
+    layer = ExactLinear(64, 96)
     x = torch.randn(9, 64)
     with torch.inference_mode():
         own = layer.row_plan(x[:1]).min_rows
@@ -158,6 +186,6 @@ def test_auto_pads_a_layers_short_calls_to_the_records_rows_and_keeps_their_bits
         full = layer(x)
         for m in range(1, 9):
             assert torch.equal(layer(x[:m]), full[:m]), m
-        monkeypatch.setattr(Linear, "cpu_kernel", chosen)
+        monkeypatch.setattr(ExactLinear, "cpu_kernel", chosen)
         assert layer._plan(x[:1])[2] == own
-    assert kc.chosen_pad(linear.time_kernels, "the other kernel") == 1
+    assert kc.chosen_pad("the other kernel") == 1

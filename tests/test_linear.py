@@ -1,21 +1,21 @@
-"""minispec.linear.Linear: the weight-panel path equals F.linear, and a row's result does not
+"""minispec.exact.linear.ExactLinear: the weight-panel path equals F.linear, and a row's result does not
 depend on how many rows are computed with it (what keeps greedy verification == vanilla)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from minispec.linear import PANEL, Linear
+from minispec.exact.linear import PANEL, ExactLinear
 
 
 @pytest.fixture
 def panels(monkeypatch):
-    monkeypatch.setattr(Linear, "cpu_kernel", "panels")  # whatever this machine's "auto" chose
+    monkeypatch.setattr(ExactLinear, "cpu_kernel", "panels")  # whatever this machine's "auto" chose
 
 
 def _layer(n_in, n_out, bias, seed=0):
     torch.manual_seed(seed)
-    return Linear(n_in, n_out, bias=bias)
+    return ExactLinear(n_in, n_out, bias=bias)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -46,7 +46,7 @@ def test_a_call_is_padded_with_copies_of_its_rows_and_returns_its_own():
     """``pad_rows`` appends copies of the call's rows (one op for the one-row decode step), cut to length, zeros
     only for an empty call; ``_product`` with ``rows`` returns the first rows, for each kernel, with the bits of
     the whole padded call."""
-    from minispec.invariance import pad_rows
+    from minispec.exact.rows import pad_rows
 
     x = torch.arange(6.0).reshape(3, 2)
     assert pad_rows(x, 2) is x and torch.equal(pad_rows(x[:1], 2), x[[0, 0]])
@@ -98,8 +98,8 @@ def test_training_uses_autograd():
 def test_state_dict_is_nn_linear(monkeypatch):
     layer = _layer(16, 8, True)
     assert set(layer.state_dict()) == {"weight", "bias"}
-    monkeypatch.setattr(Linear, "prepack", False)
-    monkeypatch.setattr(Linear, "row_invariant", False)  # as it is: no row padding (which a CPU's plan may add)
+    monkeypatch.setattr(ExactLinear, "prepack", False)
+    monkeypatch.setattr(ExactLinear, "row_invariant", False)  # as it is: no row padding (which a CPU's plan may add)
     x = torch.randn(2, 16)
     with torch.inference_mode():
         assert not layer._use_panels(x)
@@ -109,24 +109,24 @@ def test_state_dict_is_nn_linear(monkeypatch):
 def test_prepack_builds_the_panels_of_every_linear_of_a_loaded_model(monkeypatch):
     from minispec import load
 
-    monkeypatch.setattr(Linear, "cpu_kernel", "panels")  # whatever MINISPEC_LINEAR_KERNEL and "auto" say
+    monkeypatch.setattr(ExactLinear, "cpu_kernel", "panels")  # whatever MINISPEC_LINEAR_KERNEL and "auto" say
     model, _ = load("tiny-llama")  # load() prepacks
-    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    layers = [m for m in model.modules() if isinstance(m, ExactLinear)]
     assert len(layers) == 4 * model.cfg.n_layer + 1  # qkv, out, gate_up, down per layer + LM head
     assert all(m.__dict__.get("_panel_parts") for m in layers)
-    fresh = Linear(8, 4)
+    fresh = ExactLinear(8, 4)
     assert not fresh.__dict__.get("_panel_parts")
 
 
 # --------------------------------------------------------------------------- oneDNN's prepacked kernel
-from minispec.linear import onednn_available  # noqa: E402
+from minispec.exact.profile import onednn_available  # noqa: E402
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN linear")
 
 
 @pytest.fixture
 def onednn(monkeypatch):
-    monkeypatch.setattr(Linear, "cpu_kernel", "onednn")
+    monkeypatch.setattr(ExactLinear, "cpu_kernel", "onednn")
 
 
 @needs_onednn
@@ -187,11 +187,11 @@ def test_onednn_greedy_speculative_equals_vanilla(onednn):
         assert generate(model, tok, prompt, drafter=DraftModel(draft, k=4), max_new_tokens=40).tokens == vanilla.tokens
     with torch.inference_mode():
         assert {layer.kernel(torch.zeros(1, layer.in_features)) for layer in model.modules()
-                if isinstance(layer, Linear)} == {"onednn"}
+                if isinstance(layer, ExactLinear)} == {"onednn"}
 
 
 def test_linear_kernel_from_the_environment(monkeypatch):
-    from minispec import linear
+    from minispec.exact import linear
 
     monkeypatch.setenv("MINISPEC_LINEAR_KERNEL", "onednn")
     assert linear._kernel_from_env() == "onednn"
@@ -213,15 +213,15 @@ def test_a_model_that_has_run_copies_and_pickles_without_its_prepacked_weights(k
 
     from minispec import load
 
-    monkeypatch.setattr(Linear, "cpu_kernel", kernel)
+    monkeypatch.setattr(ExactLinear, "cpu_kernel", kernel)
     cache = {"panels": "_panel_parts", "onednn": "_onednn_parts"}[kernel]
     model = load(name)[0]
     x = torch.tensor([[1, 2, 3, 4]])
     with torch.inference_mode():
         before = model(x).logits
-    assert any(m.__dict__.get(cache) for m in model.modules() if isinstance(m, Linear))  # it prepacked
+    assert any(m.__dict__.get(cache) for m in model.modules() if isinstance(m, ExactLinear))  # it prepacked
     for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
-        assert not any(k in m.__dict__ for m in twin.modules() if isinstance(m, Linear) for k in Linear.PREPACKED)
+        assert not any(k in m.__dict__ for m in twin.modules() if isinstance(m, ExactLinear) for k in ExactLinear.PREPACKED)
         assert (twin.lm_head.weight is twin.tok_emb.weight) == (model.lm_head.weight is model.tok_emb.weight)
         with torch.inference_mode():
             assert torch.equal(twin(x).logits, before)  # rebuilt on first use: the same bits
@@ -231,15 +231,16 @@ def test_a_model_that_has_run_copies_and_pickles_without_its_prepacked_weights(k
 # --------------------------------------------------------------------------- weights in huge pages
 import mmap  # noqa: E402
 
-from minispec import linear  # noqa: E402
+from minispec.config import thp_mode  # noqa: E402
+from minispec.exact import pages  # noqa: E402
 
-linux_madvise = pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or linear.thp_mode() is None,
+linux_madvise = pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or thp_mode() is None,
                                    reason="no transparent huge pages on this OS")
 
 
 @pytest.fixture
 def huge(monkeypatch):
-    monkeypatch.setattr(linear, "HUGE_PAGES", True)  # the mmap path, also where THP is "never" (advice still taken)
+    monkeypatch.setattr(pages, "HUGE_PAGES", True)  # the mmap path, also where THP is "never" (advice still taken)
 
 
 def _vm_flags(addr: int) -> list[str]:
@@ -262,23 +263,23 @@ def test_huge_page_empty_is_aligned_advised_and_outlives_its_mapping(huge):
     reference to the mapping is gone, and has the shape and dtype asked for."""
     import gc
 
-    t = linear.huge_page_empty((3, linear.HUGE_PAGE // 4 // 3 + 7))  # just over one huge page of float32
-    assert t.shape == (3, linear.HUGE_PAGE // 4 // 3 + 7) and t.dtype == torch.float32 and t.is_contiguous()
-    assert t.data_ptr() % linear.HUGE_PAGE == 0
+    t = pages.huge_page_empty((3, pages.HUGE_PAGE // 4 // 3 + 7))  # just over one huge page of float32
+    assert t.shape == (3, pages.HUGE_PAGE // 4 // 3 + 7) and t.dtype == torch.float32 and t.is_contiguous()
+    assert t.data_ptr() % pages.HUGE_PAGE == 0
     assert "hg" in _vm_flags(t.data_ptr())
     t.copy_(torch.arange(t.numel(), dtype=torch.float32).view_as(t))
     gc.collect()
     assert torch.equal(t.flatten(), torch.arange(t.numel(), dtype=torch.float32))
-    b = linear.huge_page_empty((linear.HUGE_PAGE,), torch.bfloat16)  # other dtypes: bytes, not elements, count
-    assert b.dtype == torch.bfloat16 and b.data_ptr() % linear.HUGE_PAGE == 0
+    b = pages.huge_page_empty((pages.HUGE_PAGE,), torch.bfloat16)  # other dtypes: bytes, not elements, count
+    assert b.dtype == torch.bfloat16 and b.data_ptr() % pages.HUGE_PAGE == 0
 
 
 def test_huge_page_empty_is_a_plain_tensor_when_small_or_switched_off(monkeypatch):
-    small = linear.huge_page_empty((4, 8))
+    small = pages.huge_page_empty((4, 8))
     assert small.shape == (4, 8) and small.untyped_storage().nbytes() == 4 * 8 * 4  # no mapping around it
-    monkeypatch.setattr(linear, "HUGE_PAGES", False)
-    big = linear.huge_page_empty((linear.HUGE_PAGE,))
-    assert big.untyped_storage().nbytes() == linear.HUGE_PAGE * 4
+    monkeypatch.setattr(pages, "HUGE_PAGES", False)
+    big = pages.huge_page_empty((pages.HUGE_PAGE,))
+    assert big.untyped_storage().nbytes() == pages.HUGE_PAGE * 4
 
 
 @linux_madvise
@@ -289,8 +290,8 @@ def test_panels_in_huge_pages_compute_the_same_bits(monkeypatch, panels, huge):
     x = torch.randn(9, 576)
     with torch.inference_mode():
         huge = [layer(x[:m]) for m in (1, 2, 9)]
-        assert layer.panel_weight().data_ptr() % linear.HUGE_PAGE == 0
-        monkeypatch.setattr(linear, "HUGE_PAGES", False)
+        assert layer.panel_weight().data_ptr() % pages.HUGE_PAGE == 0
+        monkeypatch.setattr(pages, "HUGE_PAGES", False)
         layer.__dict__.pop("_panel_parts")
         plain = [layer(x[:m]) for m in (1, 2, 9)]
         assert layer.panel_weight().untyped_storage().nbytes() == layer.panel_weight().numel() * 4
@@ -304,5 +305,5 @@ def test_huge_page_empty_falls_back_where_the_kernel_refuses_the_advice(monkeypa
             raise OSError(22, "Invalid argument")
 
     monkeypatch.setattr(mmap, "mmap", Refusing)
-    t = linear.huge_page_empty((linear.HUGE_PAGE,))
-    assert t.shape == (linear.HUGE_PAGE,) and t.untyped_storage().nbytes() == linear.HUGE_PAGE * 4
+    t = pages.huge_page_empty((pages.HUGE_PAGE,))
+    assert t.shape == (pages.HUGE_PAGE,) and t.untyped_storage().nbytes() == pages.HUGE_PAGE * 4

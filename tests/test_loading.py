@@ -80,3 +80,28 @@ def test_the_gguf_conversion_reads_each_file_once_and_leaves_gguf_as_it_was(tmp_
         assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
     assert gguf.GGUFReader is reader and gguf.get_tensor_name_map is name_map
     assert gguf.GGUFReader(str(path)) is not gguf.GGUFReader(str(path))  # unmemoized again
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
+def test_load_and_a_forward_read_no_clock_and_write_nothing(tmp_path, monkeypatch, name):
+    """No clock in the runtime (issue 61): ``load()`` (which gives a CPU float32 model the exact backend, its kernel
+    this machine's saved choice or the default) and a forward on it time nothing and write nothing to the cache:
+    every clock of ``time`` raises while they run, and the cache folder is never made."""
+    import time
+
+    from minispec.exact import profile
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MINISPEC_CACHE", str(cache))
+    monkeypatch.setattr(profile, "_READ", {})  # nothing read in this process yet
+    monkeypatch.setattr(profile, "write_once", lambda *a: pytest.fail("the runtime wrote a kernel choice"))
+    with pytest.MonkeyPatch.context() as clocks:
+        for clock in ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns",
+                      "process_time", "process_time_ns", "thread_time", "thread_time_ns"):
+            def read(*a, _name=clock):
+                raise AssertionError(f"time.{_name} was read")
+            clocks.setattr(time, clock, read)
+        model, _ = load(name)
+        with torch.inference_mode():
+            model(torch.tensor([[3, 1, 4, 1, 5]]))
+    assert model.attention == "exact" and not cache.exists()

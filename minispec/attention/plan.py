@@ -12,8 +12,9 @@ forward runs, as nano-vllm's ``prepare_prefill`` / ``prepare_decode`` build thei
 Building the plan reserves the new tokens' slots in the cache (``kv.begin``), so that a forward
 never runs out of room half way. ``Transformer.forward(tokens, plan=..., kv=...)`` then reads
 top-down (embed, blocks, norm, head), and each attention layer hands its q, k, v to
-``plan.attend``, which stores the new keys and values and attends the way the plan says: one
-call for the whole batch (``Plan``) or one per row (``RaggedPlan``).
+``plan.attend(layer, q, k, v, kv)``, which stores the new keys and values and calls the plan's
+attention backend (``minispec.attention``): once for the whole batch (``Plan``) or once per row
+(``RaggedPlan``).
 
 Shapes: B batch (R rows of a ragged batch), T new tokens, S = prefix + T keys, H query heads,
 Hkv key/value heads, hd head dim, D model width.
@@ -26,15 +27,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from . import attend, causal_mask
-from .invariant import MaskedKeys, masked_keys
+from . import BACKENDS, SPLIT, Backend, causal_mask
 from ..kv.protocol import KVCacheProtocol, RaggedKVCache
 
 
 ROW_CALL_SCORES = 512  # what one row's own attention call costs beyond its scores, counted in (query, key) score
-#                        entries: roughly 200 us a layer against 0.5 us an entry in one timing of SmolLM2's 9 heads
-#                        on one thread of a 2-core AMD EPYC (a rough price; its effect on a whole batched decode is
-#                        what benchmarks/row_vs_paged_kv.py --row-call-scores 0,512 measures). A ragged batch
+#                        entries (a rough price; its effect on a whole batched decode is what
+#                        benchmarks/row_vs_paged_kv.py --row-call-scores 0,512 measures). A ragged batch
 #                        attends in one call, padded to its longest row, unless the padding
 #                        costs more than the calls it saves (a ragged decode step: one call; prompts of very
 #                        different lengths: row by row). Either way the same bits (RaggedPlan)
@@ -45,40 +44,27 @@ class Plan:
     """One attention call for the whole batch: every row sees the same committed prefix.
 
     positions: [B, T] position ids of the new tokens.
-    mask: the dense backend's bool mask [B or 1, 1, T, S] (True = may attend), None for causal.
+    mask: [B or 1, 1, T, S] bool (True = may attend) over prefix + new keys, None for causal (a one-token
+        step, or a split backend's plan: built once here for every layer otherwise, ``mask_pair``).
     tree: the split backends' [B or 1, T, T] mask among the new tokens when every new token sees
-        the whole prefix (None: causal, or a mask that hides part of the prefix: dense then).
+        the whole prefix (None: causal, or a mask that hides part of the prefix).
+    attention: the backend function (``minispec.attention.BACKENDS``); a plan built without one
+        (``cuda_graphs.static_plan``) takes the model's when the forward starts.
+    memo: what a backend works out once per forward and every layer reuses (e.g. from the mask).
     """
 
     positions: torch.Tensor
     mask: torch.Tensor | None = None
     tree: torch.Tensor | None = None
-    keys: MaskedKeys | None = field(default=None, init=False, repr=False)  # the mask worked out once (CPU dense)
+    attention: Backend | None = None
+    memo: dict = field(default_factory=dict, repr=False)
 
-    def attend(self, backend: str, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                kv: KVCacheProtocol | None) -> torch.Tensor:
         """q [B, H, T, hd], the new k, v [B, Hkv, T, hd] -> [B, H, T, hd], the new k, v stored in ``kv``."""
         if kv is not None:
             k, v = kv.write(layer, k, v)  # [B, Hkv, S, hd] committed prefix + new
-        # dense: one pass with the full mask; split_*: mask-free prefix + masked tree, merged by log-sum-exp
-        return attend(backend, q, k, v, k.shape[2] - q.shape[2], self.tree, self.masked(backend, q))
-
-    def masked(self, backend: str, q: torch.Tensor) -> torch.Tensor | MaskedKeys | None:
-        """The mask as ``attend`` takes it: on the CPU's dense path, its ``masked_keys``, worked out by the first
-        layer for all (the hidden keys and key blocks are the same in every layer); elsewhere the mask."""
-        if self.mask is None or backend != "dense" or q.device.type != "cpu":
-            return self.mask
-        if self.keys is None or self.keys.mask is not self.mask:
-            self.keys = masked_keys(self.mask)
-        return self.keys
-
-    def with_keys(self) -> "Plan":
-        """Work out a CPU mask's ``masked_keys`` now rather than in the first layer: past 128 keys that reads the
-        mask on the host, which a forward traced by ``torch.compile`` cannot do without breaking its graph, so a
-        plan built before the traced call does it here. Returns the plan."""
-        if self.mask is not None and self.mask.device.type == "cpu":
-            self.keys = masked_keys(self.mask)
-        return self
+        return self.attention(q, k, v, self)
 
     def last(self, h: torch.Tensor) -> torch.Tensor:
         """Each row's last new token: h [B, T, D] -> [B, 1, D] (a prefill's LM head)."""
@@ -88,43 +74,40 @@ class Plan:
 @dataclass
 class Row:
     """One row of a ragged batch: its sequence in the paged cache, its n new tokens (the first n
-    of the row; the rest is padding) and its own ``Plan`` masks, as its forward alone builds them."""
+    of the row; the rest is padding) and its own ``Plan``, as its forward alone would build it."""
 
     seq: int
     n: int
-    tree: torch.Tensor | None
-    mask: torch.Tensor | None
+    plan: Plan
 
 
 @dataclass
 class RaggedPlan(Plan):
-    """A ragged batch: the linear layers run on all rows at once (row-invariant, ``minispec.linear``), and so
-    does dense attention: every row reads its own sequence (``kv.read_rows``: its prefix and new tokens, then
-    entries its row of ``mask`` hides, up to the longest row), which on the CPU computes, bit for bit, what
-    the row's forward alone computes (``invariant.invariant_attention``: hidden keys add exact zeros, the
-    regime its probe checks). The split backends, whose prefix is one length for the whole batch, attend
-    row by row, and so does dense attention where padding the rows to the longest would cost more than the
-    per-row calls it saves (``ROW_CALL_SCORES``: a prefill of prompts of very different lengths). A padding
-    token's output is meaningless.
+    """A ragged batch: the linear layers run on all rows at once, and so does an attention backend that takes a
+    full mask (not a split one): every row reads its own sequence (``kv.read_rows``: its prefix and new tokens,
+    then entries its row of ``mask`` hides, up to the longest row). With the exact backend that computes, bit
+    for bit, what the row's forward alone computes (``minispec.exact``: hidden keys add exact zeros). The split
+    backends, whose prefix is one length for the whole batch, attend row by row, and so does every backend
+    where padding the rows to the longest would cost more than the per-row calls it saves (``ROW_CALL_SCORES``:
+    a prefill of prompts of very different lengths). A padding token's output is meaningless.
 
-    mask: the dense backend's [R, 1, T, S] mask over the rows' keys (None: row by row), extended with hidden
-        keys to the S' keys ``read_rows`` returns on first use.
+    mask: the [R, 1, T, S] mask over the rows' keys (None: row by row), extended with hidden keys to the S' keys
+        ``read_rows`` returns on first use.
     """
 
     rows: list[Row] = field(default_factory=list)
 
-    def attend(self, backend, layer, q, k, v, kv: RaggedKVCache) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: RaggedKVCache) -> torch.Tensor:
         kv.store(layer, k, v)  # row r's first n_r tokens into its sequence's blocks
-        if self.mask is not None and backend == "dense":
+        if self.mask is not None:
             k_all, v_all = kv.read_rows(layer)  # [R, Hkv, S', hd], S' >= S: the keys past S are hidden too
             if self.mask.shape[-1] != k_all.shape[2]:
                 self.mask = F.pad(self.mask, (0, k_all.shape[2] - self.mask.shape[-1]), value=False)
-            return attend(backend, q, k_all, v_all, 0, None, self.masked(backend, q))
+            return self.attention(q, k_all, v_all, self)
         out = torch.zeros_like(q)  # [R, H, T, hd]; a row's padding stays 0
         for r, row in enumerate(self.rows):
             k_r, v_r = kv.read(layer, row.seq)  # [1, Hkv, prefix_r + n_r, hd]
-            out[r, :, :row.n] = attend(backend, q[r:r + 1, :, :row.n], k_r, v_r, k_r.shape[2] - row.n,
-                                       row.tree, row.mask)[0]
+            out[r, :, :row.n] = row.plan.attention(q[r:r + 1, :, :row.n], k_r, v_r, row.plan)[0]
         return out
 
     def last(self, h: torch.Tensor) -> torch.Tensor:
@@ -142,7 +125,7 @@ def prepare(B: int, T: int, device, kv: KVCacheProtocol | None = None, positions
         positions: [B, T] or [T] position ids; default prefix + arange(T).
         mask: None for causal, or bool (True = may attend) [T, T] / [B, T, T] among the new tokens
             (the committed prefix is always visible), or [T, S] / [B, T, S] over prefix + new keys.
-        backend: the attention backend the plan is for (dense builds its causal mask here, once).
+        backend: the attention backend's name (``minispec.attention.BACKENDS``).
         context: positions must stay below it (the model's context length); None: unchecked.
     Raises:
         ValueError (a mask or position that does not fit), the cache's own error when it lacks room.
@@ -150,12 +133,23 @@ def prepare(B: int, T: int, device, kv: KVCacheProtocol | None = None, positions
     prefix = kv.length if kv is not None else 0
     if positions is None:
         positions = torch.arange(prefix, prefix + T, device=device)
-    tree, mask = mask_pair(mask, B, T, prefix, device, backend)
+    tree, mask = mask_pair(mask, B, T, prefix, device, backend in SPLIT)
     positions = positions.expand(B, T) if positions.dim() == 1 else positions
     check_context(positions, context)
     if kv is not None:
         kv.begin(B, T)  # raises on overflow before anything is written
-    return Plan(positions, mask, tree)
+    return Plan(positions, mask, tree, BACKENDS[backend])
+
+
+def head_plan(plan: Plan | None, backend: str, B: int, T: int, device, kv: KVCacheProtocol | None = None,
+              positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> Plan:
+    """A drafter head's plan: ``plan`` as given (a graphed draft's static plan, which takes the head's
+    ``backend`` here where it names none), else ``prepare``'s for these new tokens."""
+    if plan is None:
+        return prepare(B, T, device, kv, positions, mask, backend)
+    if plan.attention is None:
+        plan.attention = BACKENDS[backend]
+    return plan
 
 
 def _stores_rows(kv) -> bool:
@@ -186,13 +180,16 @@ def prepare_ragged(B: int, T: int, device, kv: RaggedKVCache, ragged: dict[int, 
     prefix = [kv.lengths[s] for s in seqs]
     if positions is None:
         positions = torch.tensor(prefix, device=device)[:, None] + torch.arange(T, device=device)  # [R, T]
-    rows = [Row(s, n, *mask_pair(m, 1, n, p, device, backend)) for s, n, m, p in zip(seqs, ns, row_masks, prefix)]
+    attention = BACKENDS[backend]
+    rows = [Row(s, n, Plan(positions[r:r + 1, :n], *mask_pair(m, 1, n, p, device, backend in SPLIT)[::-1], attention))
+            for r, (s, n, m, p) in enumerate(zip(seqs, ns, row_masks, prefix))]
     check_context(positions, context)
     kv.begin(B, ragged)
     S = max(p + n for p, n in zip(prefix, ns))
     scores = sum(n * (p + n) for p, n in zip(prefix, ns))  # (query, key) pairs the rows' own forwards compute
-    one_call = backend == "dense" and B > 1 and B * T * S <= 2 * scores + B * ROW_CALL_SCORES
-    return RaggedPlan(positions, ragged_mask(rows, prefix, T, S, device) if one_call else None, rows=rows)
+    one_call = backend not in SPLIT and B > 1 and B * T * S <= 2 * scores + B * ROW_CALL_SCORES
+    return RaggedPlan(positions, ragged_mask(rows, prefix, T, S, device) if one_call else None, attention=attention,
+                      rows=rows)
 
 
 def ragged_mask(rows: list[Row], prefix: list[int], T: int, S: int, device) -> torch.Tensor:
@@ -202,7 +199,7 @@ def ragged_mask(rows: list[Row], prefix: list[int], T: int, S: int, device) -> t
     mask = torch.zeros(len(rows), 1, T, S, dtype=torch.bool, device=device)
     for r, (p, row) in enumerate(zip(prefix, rows)):
         n = row.n
-        mask[r, 0, :n, :p + n] = row.mask[0, 0] if row.mask is not None else causal_mask(n, p + n, device)
+        mask[r, 0, :n, :p + n] = row.plan.mask[0, 0] if row.plan.mask is not None else causal_mask(n, p + n, device)
         mask[r, 0, n:, 0] = True
     return mask
 
@@ -214,11 +211,12 @@ def check_context(positions: torch.Tensor, context: int | None) -> None:
 
 
 def mask_pair(mask: torch.Tensor | None, B: int, T: int, prefix: int, device,
-          backend: str = "dense") -> tuple[torch.Tensor | None, torch.Tensor | None]:
+              split: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(tree, mask): the split backends' [B or 1, T, T] suffix mask when the whole prefix is
-    visible (else None), and the dense [B, 1, T, S] mask (None: plain causal)."""
+    visible (else None), and the full [B, 1, T, S] mask (None: plain causal; built here, once for
+    every layer, for a backend that is not ``split`` when T > 1 new tokens follow a prefix)."""
     tree = None
-    if mask is None and T > 1 and prefix and backend == "dense":
+    if mask is None and T > 1 and prefix and not split:
         mask = causal_mask(T, prefix + T, device)  # [T, S] built once, not in every layer
     if mask is not None:
         tree = (mask if mask.dim() == 3 else mask[None]) if mask.shape[-1] == T else None

@@ -33,6 +33,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .dense import attention
+
 
 def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:
     """Validate q [B, H, T, hd], k / v [B, Hkv, S, hd]; return (B, H, Hkv, T, hd)."""
@@ -93,8 +95,8 @@ def sdpa_backend(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = N
                    only when T == S; GQA (Hkv < H) supported
         efficient  sm50+, fp16 / fp32 (bf16 on sm80+), any attn_mask, head dim a multiple of 8
                    (2-byte) / 4 (fp32) where tensor cores are used; no GQA in the torch releases
-                   this was written for (pytorch#191085 proposes it; with it, ``dense_sdpa_inputs``'
-                   copy could be skipped)
+                   this was written for (pytorch#191085 proposes it); ``dense_attention`` folds
+                   the G query heads of a KV head into its rows instead
         math       everything else: upcasts to fp32 and materialises the [B, H, T, S] scores
 
     Not modelled: cuDNN attention (recent torch tries it first on sm90 / sm100 with a new enough
@@ -130,42 +132,35 @@ def sdpa_backend(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = N
     return "efficient" if efficient else "math"
 
 
-def dense_sdpa_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The K / V that ``dense_attention`` hands SDPA: expanded to the H query heads when a mask
-    comes with GQA (flash takes no mask and efficient no GQA, so SDPA would fall to math: fp32
-    scores [B, H, T, S]); as they are otherwise (SDPA's own GQA then reads each KV head once)."""
-    H = q.shape[1]
-    if mask is None or k.shape[1] == H:
-        return k, v
-    return expand_kv(k, H), expand_kv(v, H)  # [B, H, S, hd] each
-
-
 def dense_backend(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, **kw) -> str:
-    """``sdpa_backend`` of the SDPA call ``dense_attention(q, k, v, mask)`` makes (see ``dense_sdpa_inputs``)."""
-    if mask is not None and k.shape[1] != q.shape[1]:
-        k = k[:, :1].expand(k.shape[0], q.shape[1], *k.shape[2:])  # [B, H, S, hd] view: the shapes SDPA gets
+    """``sdpa_backend`` of the SDPA call ``dense_attention(q, k, v, mask)`` makes: with a mask and GQA the G query
+    heads of a KV head are folded into its query rows (``minispec.attention.attention``), so SDPA sees Hkv heads
+    of G*T rows and no GQA."""
+    B, H, T, hd = q.shape
+    Hkv = k.shape[1]
+    if mask is not None and Hkv != H:
+        q = q.reshape(B, Hkv, H // Hkv * T, hd)  # [B, Hkv, G*T, hd]: the shapes SDPA gets
     return sdpa_backend(q, k, mask, **kw)
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """One SDPA call over prefix + tree with a boolean mask: the reference the split must equal.
+    """One SDPA call over prefix + tree with a boolean mask: the reference the split must equal
+    (``minispec.attention.attention``, the "dense" backend's, with its shapes checked).
 
-    With a mask and fewer KV heads than query heads, K / V are first expanded to the query heads
-    (``dense_sdpa_inputs``): on CUDA that lets the memory-efficient kernel run instead of the
-    fp32 math fallback (``sdpa_backend`` says which; only a GPU can time the difference).
+    With a mask and fewer KV heads than query heads, the G query heads of a KV head become its query rows
+    (no K / V copy): on CUDA that lets the memory-efficient kernel run instead of the fp32 math fallback
+    (``dense_backend`` says which; only a GPU can time the difference).
 
     Args:
         q: [B, H, T, hd] queries; k, v: [B, Hkv, S, hd] keys / values (prefix + tree).
-        mask: bool [B or 1, 1, T, S] or [T, S] (True = may attend), or None for no mask.
+        mask: bool [B or 1, 1, T, S] or [T, S] (True = may attend), or None for causal.
     Returns:
         [B, H, T, hd] in q's dtype.
     """
     B, H, Hkv, T, hd = check_shapes(q, k, v)
     if mask is not None and (mask.dtype != torch.bool or mask.shape[-2:] != (T, k.shape[2])):
         raise ValueError(f"mask must be boolean [.., {T}, {k.shape[2]}], got {mask.dtype} {tuple(mask.shape)}")
-    k, v = dense_sdpa_inputs(q, k, v, mask)  # [B, H or Hkv, S, hd]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != H)
+    return attention(q, k, v, mask)
 
 
 def _acc_dtype(x: torch.Tensor) -> torch.dtype:

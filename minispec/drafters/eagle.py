@@ -47,10 +47,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from ..attention.plan import Plan, prepare
+from .. import exact
+from ..attention.plan import Plan, head_plan
 from ..cuda_graphs import StaticKVCache
 from ..kv import KVCache
-from ..linear import Linear, prepack
 from ..model import MLP, Attention, RMSNorm, hf_names, rope_cos_sin
 from .base import Features
 from .graphed_draft import GraphedHead, step_plan
@@ -103,8 +103,7 @@ class EagleConfig:
 
 
 class _Layer(nn.Module):
-    """Decoder layer ``index`` of the head: the target's ``Attention`` and ``MLP`` (GQA, RoPE, prepacked
-    ``Linear``), saved under the official Llama names (``hf_names``). Layer 0 has no input_layernorm
+    """Decoder layer ``index`` of the head: the target's ``Attention`` and ``MLP`` (GQA, RoPE), saved under the official Llama names (``hf_names``). Layer 0 has no input_layernorm
     (EAGLE's: its input is fc's output); layers 1.. are ordinary pre-norm Llama layers. ``index`` is
     also the layer of the head's KV cache that its attention uses."""
 
@@ -123,13 +122,15 @@ class _Layer(nn.Module):
 
 
 class EagleHead(nn.Module):
-    """The EAGLE-1/2 head (``cfg.num_hidden_layers`` decoder layers); ``state_dict()`` keys are the official ones."""
+    """The EAGLE-1/2 head (``cfg.num_hidden_layers`` decoder layers); ``state_dict()`` keys are the official ones.
+    ``attention`` names its attention backend (``minispec.attention``; "exact" where its target runs it)."""
 
     def __init__(self, cfg: EagleConfig):
         super().__init__()
         self.cfg = cfg
-        self.fc = Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
+        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
         self.layers = nn.ModuleList(_Layer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.attention = "dense"
 
     def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor | None = None, kv: KVCache | None = None, plan: Plan | None = None) -> torch.Tensor:
@@ -147,8 +148,7 @@ class EagleHead(nn.Module):
             [B, T, H] predicted features g_{t+1}.
         """
         B, T, _ = emb.shape
-        if plan is None:
-            plan = prepare(B, T, emb.device, kv, positions, mask)  # the target's plan: dense attention, slots reserved
+        plan = head_plan(plan, self.attention, B, T, emb.device, kv, positions, mask)  # the target's kind of plan
         rope = rope_cos_sin(plan.positions, self.cfg.head_dim, self.cfg.rope_theta)  # [B, 1, T, hd] each
         try:
             x = self.fc(torch.cat([emb, feat], dim=-1))  # [B, T, 2H] -> [B, T, H]
@@ -200,9 +200,9 @@ class EagleDrafter(GraphedHead, TreeDrafter):
                 self.lm_head = self.lm_head.to(self.head_dtype)
             else:  # the target's whole LM head
                 V, H = target.lm_head.weight.shape
-                self.lm_head = Linear(H, V, bias=False, device="meta")
+                self.lm_head = nn.Linear(H, V, bias=False, device="meta")
                 self.lm_head.weight = nn.Parameter(target.lm_head.weight.detach().to(self.head_dtype), requires_grad=False)
-        prepack(self.head), prepack(self.lm_head)  # not on the first timed draft
+        exact.follow(target, self.head, self.lm_head)  # the head computes as its target does (prepacked now)
         self.kv = self._head_cache(False, capacity)
         self.prefill([])
 

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ..attention.plan import Plan, prepare
+from .. import exact
+from ..attention.plan import Plan, head_plan
 from ..cuda_graphs import StaticKVCache
 from ..kv import KVCache
-from ..linear import Linear
 from ..model import MLP, Attention, RMSNorm, hf_names, rope_cos_sin
 from .base import Features
 from .graphed_draft import GraphedHead, step_plan
@@ -95,7 +95,7 @@ def eagle3_layers(n_layer: int) -> tuple[int, int, int]:
 
 class _MidLayer(nn.Module):
     """The head's decoder layer: the target's ``Attention`` (from [embedding, hidden], 2H wide) and
-    ``MLP`` (GQA, RoPE, prepacked ``Linear``), saved under the official names (``hf_names``)."""
+    ``MLP`` (GQA, RoPE), saved under the official names (``hf_names``)."""
 
     def __init__(self, c: Eagle3Config):
         super().__init__()
@@ -108,16 +108,18 @@ class _MidLayer(nn.Module):
 
 
 class Eagle3Head(nn.Module):
-    """The EAGLE-3 draft head (official key layout). The token embedding is the target's, passed in."""
+    """The EAGLE-3 draft head (official key layout). The token embedding is the target's, passed in.
+    ``attention`` names its attention backend (``minispec.attention``; "exact" where its target runs it)."""
 
     def __init__(self, c: Eagle3Config):
         super().__init__()
         self.config = c
         H = c.hidden_size
-        self.fc = Linear(3 * H, H, bias=False)
+        self.fc = nn.Linear(3 * H, H, bias=False)
         self.midlayer = _MidLayer(c)
         self.norm = RMSNorm(H, c.rms_norm_eps)
-        self.lm_head = Linear(H, c.draft_vocab_size, bias=False)
+        self.lm_head = nn.Linear(H, c.draft_vocab_size, bias=False)
+        self.attention = "dense"
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
 
@@ -162,12 +164,10 @@ class Eagle3Head(nn.Module):
         if h.shape[-1] == 3 * self.config.hidden_size:
             h = self.fc(h)
         B, T, _ = emb.shape
-        if plan is None:
-            plan = prepare(B, T, emb.device, kv, positions, mask)  # the target's plan: prefix + causal or the tree's mask
+        plan = head_plan(plan, self.attention, B, T, emb.device, kv, positions, mask)  # prefix + causal or the tree's
         try:
-            attn = self.midlayer.self_attn
             q, k, v = self.attn_input(emb, h, plan.positions)
-            return self.finish(h, plan.attend(attn.backend, attn.layer, q, k, v, kv))  # GQA: no K / V repeated
+            return self.finish(h, plan.attend(self.midlayer.self_attn.layer, q, k, v, kv))  # GQA: no K / V repeated
         except BaseException:
             kv.discard()
             raise
@@ -215,6 +215,7 @@ class Eagle3Drafter(GraphedHead, TreeDrafter):
         self.target_layers = eagle3_layers(target.cfg.n_layer)
         self.kv = self._head_cache(False, capacity)
         self.check_target(target)
+        exact.follow(target, head)  # the head computes as its target does
         self.prefill([])
 
     def _head_cache(self, static: bool, capacity: int | None = None) -> KVCache | StaticKVCache:

@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..linear import Linear, prepack
+from .. import exact
 from .base import Features
 from .tree_drafter import TreeDrafter, TreeSpec
 from .registry import default_tree
@@ -47,7 +47,7 @@ class ResBlock(nn.Module):
 
     def __init__(self, hidden: int):
         super().__init__()
-        self.linear = Linear(hidden, hidden)
+        self.linear = nn.Linear(hidden, hidden)
         nn.init.zeros_(self.linear.weight)
 
     def forward(self, x):
@@ -62,7 +62,7 @@ class MedusaHeads(nn.Module):
         super().__init__()
         self.hidden, self.num_heads, self.vocab_size, self.own_lm_head = hidden, num_heads, vocab_size, own_lm_head
         self.heads = nn.ModuleList(
-            nn.Sequential(ResBlock(hidden), *([Linear(hidden, vocab_size, bias=False)] if own_lm_head else []))
+            nn.Sequential(ResBlock(hidden), *([nn.Linear(hidden, vocab_size, bias=False)] if own_lm_head else []))
             for _ in range(num_heads))
 
     # the official files store the ModuleList's items at the top level: "0.0.linear.weight"
@@ -123,8 +123,7 @@ class MedusaDrafter(TreeDrafter):
             self.lm_head = [h[1] if ids is None else ReducedLMHead(h[1], ids) for h in heads.heads]
         else:  # the target's, or its rows of the draft vocabulary: one product for all heads
             self.lm_head = target.lm_head if ids is None else ReducedLMHead(target.lm_head, ids)
-        for m in [heads, *(self.lm_head if heads.own_lm_head else [self.lm_head])]:
-            prepack(m)  # not on the first timed draft
+        exact.follow(target, heads, *(self.lm_head if heads.own_lm_head else [self.lm_head]))  # as the target does
         self.prefill([])
 
     def __repr__(self):

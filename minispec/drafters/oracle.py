@@ -23,7 +23,7 @@ Re-anchoring. The committed context can leave the stream under greedy decoding t
 bf16 weights the top-2 logits of a GPU forward are often close, and a forward over N + 1 rows
 (verification) can break a near-tie differently from the one-row forward of the vanilla run
 that made the stream. (On the CPU minispec's fp32 forward gives a row the same bits whatever
-rows come with it, ``minispec.invariance``, so this cannot happen there.) The target's token
+rows come with it, ``minispec.exact``, so this cannot happen there.) The target's token
 wins, as it must, and from then on the old stream is the continuation of a context that no
 longer exists: an oracle that kept drafting it would be rejected at every step, and one that
 stops drafting makes tau collapse to 1. Given the target (``target=``; ``for_prompt`` passes

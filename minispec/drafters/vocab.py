@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 
-from ..linear import Linear
 from .registry import shipped
 
 DEFAULT_COUNTS = "smollm2-135m-token-counts"
@@ -86,7 +85,7 @@ class ReducedLMHead(torch.nn.Module):
             raise ValueError(f"draft vocabulary ids must be a non-empty 1-D list of ids in [0, {V})")
         self.vocab_size = V
         self.register_buffer("ids", ids, persistent=False)  # [K]
-        self.head = Linear(H, len(ids), bias=False).to(lm_head.weight.device, lm_head.weight.dtype)
+        self.head = torch.nn.Linear(H, len(ids), bias=False).to(lm_head.weight.device, lm_head.weight.dtype)
         with torch.no_grad():
             self.head.weight.copy_(lm_head.weight[ids])  # [K, H]
         self.head.requires_grad_(False)

@@ -29,7 +29,7 @@ from ..transfer import to_device
 def zeros_keys_last(shape, dtype: torch.dtype, device) -> torch.Tensor:
     """A zero key buffer of logical shape [..., C, hd] that on the CPU is stored keys-last ([..., hd, C]
     in memory, returned transposed): then ``k.transpose(-1, -2)`` is a row-major [hd, S] matrix and
-    the row-invariant attention (``minispec.attention.invariant``) computes q @ k^T as a product of
+    the row-invariant attention (``minispec.exact.attention``) computes q @ k^T as a product of
     two row-major operands without copying the keys. Elsewhere (a GPU) the usual hd-last layout that
     fused kernels expect."""
     if torch.device(device).type != "cpu":
@@ -50,6 +50,7 @@ class KVCache:
         self.k = zeros_keys_last(shape, dtype, device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity, self.batch_size = capacity, batch_size
+        self._views()
         self.length = 0  # committed tokens
         self.pending = 0  # tokens written by the last forward, not yet committed
 
@@ -74,14 +75,20 @@ class KVCache:
                 "allocate a larger cache (e.g. prompt length + max_new_tokens + draft tokens)")
         self.pending = n_new
 
+    def _views(self) -> None:
+        """Each layer's k and v [B, Hkv, C, hd], viewed once per buffer rather than in every write."""
+        # select, not unbind: autograd refuses in-place writes into one of unbind's several outputs (training)
+        self.layers = [(self.k[i], self.v[i]) for i in range(self.k.shape[0])]
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store layer's new k, v [B, Hkv, T, hd] after the prefix; return prefix + new [B, Hkv, S, hd]."""
         s, T = self.length, k.shape[2]
         if T != self.pending:
             raise RuntimeError(f"write of {T} tokens but {self.pending} were reserved with begin()")
-        self.k[layer, :, :, s:s + T] = k
-        self.v[layer, :, :, s:s + T] = v
-        return self.k[layer, :, :, :s + T], self.v[layer, :, :, :s + T]
+        k_layer, v_layer = self.layers[layer]  # [B, Hkv, C, hd] each
+        k_layer[:, :, s:s + T] = k
+        v_layer[:, :, s:s + T] = v
+        return k_layer[:, :, :s + T], v_layer[:, :, :s + T]
 
     def commit(self, keep: Sequence[int] | torch.Tensor | None = None) -> None:
         """Keep pending entries: all of them (None), or those at the given indices (0 = first new
@@ -115,6 +122,7 @@ class KVCache:
             buf[:, :, :, :self.length] = old[:, :, :, :self.length]
             setattr(self, name, buf)
         self.capacity = new
+        self._views()
 
     def discard(self) -> None:
         """Drop all pending entries."""

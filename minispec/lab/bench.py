@@ -71,14 +71,19 @@ def _runners(specs: list[MethodSpec], hf_methods, model_name, k, draft_path, pld
     from .. import generate, load
     from ..dispatch import resolve
     from ..methods import Methods
+    from . import calibrate
 
-    target, tok = load(model_name)
+    loaded = None
+    if any(s.base == "auto" for s in specs) and calibrate.needs_calibration(model_name, sampling):
+        print(calibrate.announce(model_name, sampling), flush=True)  # what auto means here, measured once
+        kernel, r, loaded = calibrate.calibrate(model_name, sampling)
+        print("\n".join(calibrate.summary(kernel, r, model_name, sampling)), flush=True)
+    target, tok = loaded or load(model_name)
     made = Methods(target, model_name, k=k, pld_k=pld_k, tree=tree, draft_path=draft_path, drafter_path=drafter_path,
                    draft_vocab=draft_vocab)
     runners, resolved = {}, {}
     for spec in specs:
-        real = resolve(spec, made, tok, batch_size, say=lambda line: print(line, flush=True),
-                       params=sampling)
+        real = resolve(spec, made, batch_size, say=lambda line: print(line, flush=True), params=sampling)
         if spec.base == "auto":
             resolved[spec.name] = real.name
         runners[spec.name] = _minispec_runner(target, tok, made, real, batch_size)

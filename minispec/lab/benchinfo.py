@@ -25,24 +25,16 @@ def device_info() -> dict:
 
 
 def linear_kernel() -> str:
-    """The prepacked CPU kernel ``minispec.linear.Linear`` runs at the running thread count ("auto: onednn" where
-    ``minispec.kernel_choice`` chose it for this machine).
+    """The prepacked CPU kernel ``minispec.exact.linear.ExactLinear`` runs at the running thread count ("auto: onednn"
+    where this machine's saved choice names it, ``minispec.exact.profile``; read, never timed)."""
+    from ..exact.linear import ExactLinear
+    from ..exact.profile import chosen_kernel, onednn_available
 
-    On a host with a CUDA GPU the kernels are never timed for this line: a result file written there reads
-    the machine's recorded choice, if any ("auto: ...", else "auto: not chosen on this machine"). Timing them
-    would cost the GPU run seconds of CPU work for a kernel its forwards do not use."""
-    from ..linear import Linear, onednn_available, time_kernels
-
-    if not Linear.prepack:
+    if not ExactLinear.prepack:
         return "f_linear (prepacking off)"
-    if Linear.cpu_kernel != "auto":
-        return Linear.cpu_kernel if Linear.cpu_kernel != "onednn" or onednn_available() else "panels"
-    from ..kernel_choice import choice_path, chosen_kernel, read_choice
-
-    if torch.cuda.is_available():
-        record = read_choice(choice_path()) if onednn_available() else {"kernel": "panels"}
-        return f"auto: {record['kernel']}" if record else "auto: not chosen on this machine (not timed on a GPU host)"
-    return f"auto: {chosen_kernel(time_kernels)}"
+    if ExactLinear.cpu_kernel != "auto":
+        return ExactLinear.cpu_kernel if ExactLinear.cpu_kernel != "onednn" or onednn_available() else "panels"
+    return f"auto: {chosen_kernel()}"
 
 
 def versions() -> dict:

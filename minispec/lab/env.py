@@ -3,9 +3,9 @@
 One [OK]/[FAIL] line per dependency, and [OK]/[WARN] for JupyterLab (the course extra: the
 notebooks in a browser; nothing else needs it, so its absence fails nothing); CUDA and the Triton
 interpreter are reported as information ([INFO]), since no GPU is a normal setup for the CPU chapters. Then whether the
-decode forward's rows are invariant to the row count on this CPU (``minispec.invariance``): the
+decode forward's rows are invariant to the row count on this CPU (``minispec.exact``): the
 property that makes greedy speculative decoding identical to vanilla by construction; and which
-prepacked linear kernel this machine runs (``minispec.kernel_choice``).
+prepacked linear kernel this machine runs (``minispec.exact.profile``).
 """
 
 from __future__ import annotations
@@ -171,21 +171,18 @@ def row_invariance_lines(shapes=SMOLLM2_LINEARS) -> list[str]:
     alone, and names the plan each runs under."""
     import torch
 
-    from ..attention import invariant_attention
-    from ..attention.invariant import attention_plan
-    from ..linear import Linear
+    from ..exact.attention import attention_plan, invariant_attention
+    from ..exact.linear import ExactLinear
+    from ..exact.profile import describe
 
     n = torch.get_num_threads()
     lines, notes, broken = [], [], []
-    if Linear.cpu_kernel == "auto":
-        from ..kernel_choice import describe
-        from ..linear import time_kernels
-
-        lines.append(f"[INFO] linear kernel ('auto', {n} threads): {describe(time_kernels)}")
+    if ExactLinear.cpu_kernel == "auto":
+        lines.append(f"[INFO] linear kernel ('auto', {n} threads): {describe()}")
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for n_in, n_out in shapes:
-            layer = Linear(n_in, n_out, bias=False)
+            layer = ExactLinear(n_in, n_out, bias=False)
             layer.weight.copy_(torch.randn(n_out, n_in, generator=gen) * n_in ** -0.5)
             x = torch.zeros(1, n_in)
             plan = layer.row_plan(x)
@@ -213,7 +210,7 @@ def row_invariance_lines(shapes=SMOLLM2_LINEARS) -> list[str]:
             out = invariant_attention(q, k, v, mask)
             same &= all(torch.equal(out[0, :, t], invariant_attention(q[:, :, t:t + 1], k[:, :, mask[t]],
                                                                       v[:, :, mask[t]])[0, :, 0]) for t in range(9))
-    lines.append(f"[{'OK' if same else 'WARN'}] attention (dense backend, CPU, {plan.describe()}): a tree row "
+    lines.append(f"[{'OK' if same else 'WARN'}] attention (exact backend, CPU, {plan.describe()}): a tree row "
                  + ("equals the row alone over its own keys, bit for bit" if same else
                     "differs from the row alone over its own keys: greedy speculative output may differ from vanilla here"))
     return lines

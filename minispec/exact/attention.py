@@ -1,4 +1,5 @@
-"""Row-invariant attention: each query row's result does not depend on how many rows or keys come with it.
+"""The exact backend's attention ("exact"): each query row's result does not depend on how many rows or
+keys come with it.
 
 Why: greedy speculative decoding is exact only if the target's logits for a verified token
 equal, bit for bit, the logits vanilla decoding computes for it. Vanilla sends one row per
@@ -79,9 +80,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..invariance import padded_rows, threads
+from ..attention import attention, register
+from ..attention.reference import check_shapes
 from ..tree import Tree
-from .reference import check_shapes
+from .rows import padded_rows, threads
 
 MIN_ROWS = 2  # products over fewer query rows go to a matrix-vector kernel with its own order
 BMM_NAIVE_BELOW = 400  # PyTorch's CPU bmm runs products with rows * cols * inner < 400 in a loop kernel of
@@ -218,7 +220,9 @@ def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if blocks == "per batch":  # trees that differ between batch rows and straddle a block boundary
             return torch.cat([invariant_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], keys.mask[b:b + 1], plan)
                               for b in range(B)])
-    qg = q.reshape(B, Hkv, G * T, hd)  # the G query heads of a KV head as rows (g, t)
+    # scaled first, elementwise: a BLAS may apply a product's alpha in another order for some shapes (MKL at 2
+    # threads, hd = 8); then the G query heads of a KV head as rows (g, t)
+    qg = _view(q * _scale(hd, q.dtype), B, Hkv, G * T, hd)  # [B, Hkv, G*T, hd]
     B_ = batch_for_threads(B, Hkv) if q.device.type == "cpu" else B
     if B_ > B:
         qg, k, v = (F.pad(x, (0, 0, 0, 0, 0, 0, 0, B_ - B)) for x in (qg, k, v))
@@ -231,7 +235,28 @@ def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out = torch.cat([_rows(qg.unflatten(2, (G, T))[:, :, :, t0:t0 + t_chunk].flatten(2, 3), k, v,
                                None if hidden is None else hidden[..., t0:t0 + t_chunk, :], G,
                                min(t_chunk, T - t0), plan, blocks).unflatten(2, (G, -1)) for t0 in range(0, T, t_chunk)], dim=3)
-    return out[:B].reshape(B, H, T, hd)
+    return _view(out if B_ == B else out[:B], B, H, T, hd)
+
+
+def _view(x: torch.Tensor, *shape: int) -> torch.Tensor:
+    """``x.view(shape)`` where x's strides allow it (one op; the common case, as a KV cache's views), else a copy."""
+    try:
+        return x.view(shape)
+    except RuntimeError:
+        return x.reshape(shape)
+
+
+_SCALES: dict[int, torch.Tensor] = {}  # head dim -> 1 / sqrt(hd) as a 0-dim float32 CPU tensor
+
+
+def _scale(hd: int, dtype: torch.dtype) -> torch.Tensor | float:
+    """1 / sqrt(hd) as ``q * scale`` takes it: for float32 a 0-dim tensor (the same float32 value as the Python
+    number, without an op that converts the number in every call); for other dtypes the number itself."""
+    if dtype != torch.float32:
+        return 1.0 / math.sqrt(hd)
+    if hd not in _SCALES:
+        _SCALES[hd] = torch.tensor(1.0 / math.sqrt(hd), dtype=torch.float32, device="cpu")
+    return _SCALES[hd]
 
 
 def batch_for_threads(B: int, Hkv: int) -> int:
@@ -311,7 +336,7 @@ def _rows(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tens
     keys of each block where they are not runs of positions (``key_blocks``).
     """
     B, Hkv, R, hd = qg.shape
-    S = k.shape[2]
+    S, BH = k.shape[2], B * Hkv
     kt = k.transpose(-1, -2)  # [B, Hkv, hd, S]: row-major when the cache stores keys last (KVCache on the CPU)
     S_ = padded_keys(S, plan.pad_keys)
     # past the first block (pad_keys off), a short last block copies neither keys nor values: the scores run
@@ -327,39 +352,69 @@ def _rows(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tens
     hd_ = -(-hd // V_COLS) * V_COLS  # v's columns in the products
     per_row = min(hd * S_, last * hd_)  # multiply-adds per row of the smallest product
     R2 = padded_rows(R, max(MIN_ROWS, -(-BMM_NAIVE_BELOW // per_row)), plan.row_multiple)
-    qg = qg * (1.0 / math.sqrt(hd))  # scaled here, elementwise: a BLAS may apply a product's alpha in another
-    #                                  order for some shapes (MKL at 2 threads, hd = 8)
     if R2 > R:  # pad with zero queries; their results are dropped
         qg = F.pad(qg, (0, 0, 0, R2 - R))
-    s = _product(qg.reshape(B * Hkv, R2, hd), kt.reshape(B * Hkv, hd, Sk)).view(B, Hkv, R2, Sk)  # [B, Hkv, R', Sk]
+    s = _product(_view(qg, BH, R2, hd), _view(kt, BH, hd, Sk))  # [BH, R', Sk]
     if hidden is not None:  # view the first G*T rows as [G, T] so the [., 1, 1, T, Sk] mask broadcasts
-        s[:, :, :R].unflatten(2, (G, T)).masked_fill_(hidden, float("-inf"))
+        s.view(B, Hkv, R2, Sk)[:, :, :R].unflatten(2, (G, T)).masked_fill_(hidden, float("-inf"))
     if torch.is_grad_enabled() and s.requires_grad:  # training (a draft model): autograd keeps s
         p = torch.exp(s - s.amax(dim=-1, keepdim=True))
     else:
-        p = s.sub_(s.amax(dim=-1, keepdim=True)).exp_()  # [B, Hkv, R', Sk]; hidden keys exactly 0
-    l = p.cumsum(-1, dtype=torch.float64).narrow(-1, -1, 1).to(p.dtype)  # [B, Hkv, R', 1]: a running sum in key order
+        p = s.sub_(s.amax(dim=-1, keepdim=True)).exp_()  # [BH, R', Sk]; hidden keys exactly 0
+    l = p.cumsum(-1, dtype=torch.float64)[..., -1:].to(p.dtype)  # [BH, R', 1]: a running sum in key order
     if hd_ > hd:
         v = F.pad(v, (0, hd_ - hd))
     if S_ > Sk:  # a short last block: p padded with zeros (a small copy), so that every product reads p as
         p = F.pad(p, (0, S_ - Sk))  # it would with padded keys; that block's few values are padded below
-    p3, v3 = p.view(B * Hkv, R2, S_), v.reshape(B * Hkv, Sk, hd_)  # [BH, R', S'], [BH, Sk, hd']
-    o = None
-    for block in blocks if blocks is not None else range(0, S_, KEY_BLOCK):  # in key order, block by block
-        if blocks is None:  # a run of keys from s0
-            n_ = min(KEY_BLOCK, S_ - block)  # keys in the product
-            n = min(n_, Sk - block)  # of which v holds n (fewer: the short last block, padded with zeros)
-            pb = p3 if n_ == S_ else p3.narrow(2, block, n_)
-            vb = v3 if n == S_ else v3.narrow(1, block, n)
-            if n < n_:
-                vb = F.pad(vb, (0, 0, 0, n_ - n))
-        else:  # the keys whose rank falls in the block, gathered in key order, padded as a run would be
+    v3 = _view(v, BH, Sk, hd_)  # [BH, Sk, hd']
+    if blocks is None:  # runs of KEY_BLOCK keys from key 0 (the last one shorter), cut in one op each
+        sizes = [min(KEY_BLOCK, S_ - b) for b in range(0, S_, KEY_BLOCK)]
+        held = sizes[:-1] + [sizes[-1] - (S_ - Sk)]  # the keys v holds of each block (the short last one padded)
+        pbs = p.split(sizes, dim=2) if len(sizes) > 1 else (p,)
+        vbs = v3.split(held, dim=1) if len(held) > 1 else (v3,)
+        parts = [(pb, vb if vb.shape[1] == pb.shape[2] else F.pad(vb, (0, 0, 0, pb.shape[2] - vb.shape[1])))
+                 for pb, vb in zip(pbs, vbs)]
+    else:  # the keys whose rank falls in the block, gathered in key order, padded as a run would be
+        parts = []
+        for block in blocks:
             n = block.numel()
             n_ = MAX_PRODUCT_KEYS if plan.pad_keys else max(n, MIN_BLOCK_KEYS)
-            pb, vb = F.pad(p3.index_select(2, block), (0, n_ - n)), F.pad(v3.index_select(1, block), (0, 0, 0, n_ - n))
+            parts.append((F.pad(p.index_select(2, block), (0, n_ - n)), F.pad(v3.index_select(1, block), (0, 0, 0, n_ - n))))
+    o = None
+    for pb, vb in parts:  # in key order, block by block
         ob = _product(pb, vb)  # [BH, R', hd']
         o = ob if o is None else o + ob
-    o = o.view(B, Hkv, R2, hd_)
-    o = (o if hd_ == hd else o.narrow(-1, 0, hd)) / l  # [B, Hkv, R', hd]
-    return o if R2 == R else o.narrow(2, 0, R)  # (methods, and none for a no-op cut: Python indexing costs
-    #                                             microseconds a call, 30 calls a decode step)
+    o = (o if hd_ == hd else o[..., :hd]) / l  # [BH, R', hd]
+    o = o.view(B, Hkv, R2, hd)
+    return o if R2 == R else o[:, :, :R]  # (no op for a no-op cut: each op costs microseconds, 30 calls a decode step)
+
+
+def keys_of(plan) -> MaskedKeys | None:
+    """The ``masked_keys`` of ``plan.mask``, worked out by the first layer for all (the hidden keys and key blocks
+    are the same in every layer) and kept in ``plan.memo``; None for a causal plan without a mask."""
+    if plan.mask is None:
+        return None
+    keys = plan.memo.get("masked_keys")
+    if keys is None or keys.mask is not plan.mask:
+        keys = plan.memo["masked_keys"] = masked_keys(plan.mask)
+    return keys
+
+
+def ready(plan):
+    """Work out a CPU plan's ``masked_keys`` now rather than in the first layer: past 128 keys that reads the mask
+    on the host, which a forward traced by ``torch.compile`` cannot do without breaking its graph, so a plan
+    built before the traced call does it here. Returns the plan."""
+    if plan.mask is not None and plan.mask.device.type == "cpu":
+        keys_of(plan)
+    return plan
+
+
+def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan) -> torch.Tensor:
+    """The "exact" attention backend: ``invariant_attention`` with the plan's mask on the CPU; on any other
+    device, where minispec claims no row invariance, the plain ``minispec.attention.attention``."""
+    if q.device.type != "cpu":
+        return attention(q, k, v, plan.mask)
+    return invariant_attention(q, k, v, keys_of(plan))
+
+
+register("exact", exact_attention)
