@@ -77,7 +77,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d))
         # d and eps as 0-dim CPU tensors: a Python number is converted anew in every op that takes it
-        self.consts = torch.tensor(float(d), device="cpu"), torch.tensor(eps, device="cpu")
+        with torch.inference_mode(False):  # normal tensors, usable under autograd whatever mode builds the model
+            self.consts = torch.tensor(float(d), device="cpu"), torch.tensor(eps, device="cpu")
 
     def forward(self, x):
         d, eps = self.consts
@@ -280,8 +281,8 @@ class Transformer(nn.Module):
             plan = self.plan(tokens, positions, mask, kv)
         elif positions is not None or mask is not None:
             raise ValueError("give positions and mask to the plan, not beside it")
-        elif plan.attention is None:
-            plan.attention = BACKENDS[self.attention]
+        elif plan.attention is None:  # a plan built without a backend takes the model's
+            plan.use(BACKENDS[self.attention])
         try:
             h, layer_inputs = self.run(tokens, plan, kv, hidden_layers)  # [B, T, D]
         except BaseException:

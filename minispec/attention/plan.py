@@ -66,6 +66,12 @@ class Plan:
             k, v = kv.write(layer, k, v)  # [B, Hkv, S, hd] committed prefix + new
         return self.attention(q, k, v, self)
 
+    def use(self, attention: Backend) -> "Plan":
+        """Give a plan built without a backend (``backend=None``: a static plan, or ``prepare`` called without
+        one) the model's, when its forward starts. Returns the plan."""
+        self.attention = attention
+        return self
+
     def last(self, h: torch.Tensor) -> torch.Tensor:
         """Each row's last new token: h [B, T, D] -> [B, 1, D] (a prefill's LM head)."""
         return h[:, -1:]
@@ -97,6 +103,11 @@ class RaggedPlan(Plan):
 
     rows: list[Row] = field(default_factory=list)
 
+    def use(self, attention: Backend) -> "RaggedPlan":
+        for row in self.rows:
+            row.plan.attention = row.plan.attention or attention
+        return super().use(attention)
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: RaggedKVCache) -> torch.Tensor:
         kv.store(layer, k, v)  # row r's first n_r tokens into its sequence's blocks
         if self.mask is not None:
@@ -117,7 +128,7 @@ class RaggedPlan(Plan):
 
 
 def prepare(B: int, T: int, device, kv: KVCacheProtocol | None = None, positions: torch.Tensor | None = None,
-            mask: torch.Tensor | None = None, backend: str = "dense", context: int | None = None) -> Plan:
+            mask: torch.Tensor | None = None, backend: str | None = None, context: int | None = None) -> Plan:
     """The plan of a forward of T new tokens in each of B rows after ``kv``'s committed prefix.
 
     Args:
@@ -125,7 +136,8 @@ def prepare(B: int, T: int, device, kv: KVCacheProtocol | None = None, positions
         positions: [B, T] or [T] position ids; default prefix + arange(T).
         mask: None for causal, or bool (True = may attend) [T, T] / [B, T, T] among the new tokens
             (the committed prefix is always visible), or [T, S] / [B, T, S] over prefix + new keys.
-        backend: the attention backend's name (``minispec.attention.BACKENDS``).
+        backend: the attention backend's name (``minispec.attention.BACKENDS``); None: the model's, given when
+            its forward starts (``Plan.use``).
         context: positions must stay below it (the model's context length); None: unchecked.
     Raises:
         ValueError (a mask or position that does not fit), the cache's own error when it lacks room.
@@ -138,7 +150,7 @@ def prepare(B: int, T: int, device, kv: KVCacheProtocol | None = None, positions
     check_context(positions, context)
     if kv is not None:
         kv.begin(B, T)  # raises on overflow before anything is written
-    return Plan(positions, mask, tree, BACKENDS[backend])
+    return Plan(positions, mask, tree, BACKENDS[backend] if backend else None)
 
 
 def head_plan(plan: Plan | None, backend: str, B: int, T: int, device, kv: KVCacheProtocol | None = None,
@@ -147,9 +159,7 @@ def head_plan(plan: Plan | None, backend: str, B: int, T: int, device, kv: KVCac
     ``backend`` here where it names none), else ``prepare``'s for these new tokens."""
     if plan is None:
         return prepare(B, T, device, kv, positions, mask, backend)
-    if plan.attention is None:
-        plan.attention = BACKENDS[backend]
-    return plan
+    return plan.use(BACKENDS[backend]) if plan.attention is None else plan
 
 
 def _stores_rows(kv) -> bool:
@@ -160,7 +170,7 @@ def _stores_rows(kv) -> bool:
 
 
 def prepare_ragged(B: int, T: int, device, kv: RaggedKVCache, ragged: dict[int, int], positions: torch.Tensor | None = None,
-                   masks: list | None = None, backend: str = "dense", context: int | None = None) -> RaggedPlan:
+                   masks: list | None = None, backend: str | None = None, context: int | None = None) -> RaggedPlan:
     """The plan of a ragged batch (chapter 7): ``ragged = {sequence in kv: its n new tokens}`` in row
     order, the tokens right-padded to [B, T].
 
@@ -180,7 +190,7 @@ def prepare_ragged(B: int, T: int, device, kv: RaggedKVCache, ragged: dict[int, 
     prefix = [kv.lengths[s] for s in seqs]
     if positions is None:
         positions = torch.tensor(prefix, device=device)[:, None] + torch.arange(T, device=device)  # [R, T]
-    attention = BACKENDS[backend]
+    attention = BACKENDS[backend] if backend else None  # None: the model's, when its forward starts
     rows = [Row(s, n, Plan(positions[r:r + 1, :n], *mask_pair(m, 1, n, p, device, backend in SPLIT)[::-1], attention))
             for r, (s, n, m, p) in enumerate(zip(seqs, ns, row_masks, prefix))]
     check_context(positions, context)

@@ -255,7 +255,8 @@ def _scale(hd: int, dtype: torch.dtype) -> torch.Tensor | float:
     if dtype != torch.float32:
         return 1.0 / math.sqrt(hd)
     if hd not in _SCALES:
-        _SCALES[hd] = torch.tensor(1.0 / math.sqrt(hd), dtype=torch.float32, device="cpu")
+        with torch.inference_mode(False):  # a normal tensor, usable under autograd even if first made in inference
+            _SCALES[hd] = torch.tensor(1.0 / math.sqrt(hd), dtype=torch.float32, device="cpu")
     return _SCALES[hd]
 
 
