@@ -370,6 +370,7 @@ def test_sampled_auto_is_calibrated_sampled_and_saved_apart_from_greedy(tiny, tm
     assert greedy_path != hot_path and hot_path.name.endswith("-b1-T0.7-p0.9.json")
     greedy_path.parent.mkdir(parents=True)
     greedy_path.write_text(json.dumps({"choice": "pld", "calibration_s": 1.0, "quick": ["pld", "sps"]}))  # a greedy choice
+    calibrate.write_once(calibrate.choice_path(), {"kernel": "panels", "machine": calibrate.machine_tag()})  # and a kernel
     assert calibrate.needs_calibration("tiny-llama", hot) and not calibrate.needs_calibration("tiny-llama")
     assert "at temperature 0.7, top-p 0.9" in dispatch.resolve_auto("tiny-llama", params=hot)[1] and not calls
     _, r, _ = calibrate.calibrate("tiny-llama", hot, model=(model, tok))

@@ -357,30 +357,30 @@ def test_a_method_named_with_bf16_loads_a_bfloat16_head(target, head, tmp_path):
 
 
 def test_tune_times_the_head_in_each_dtype_and_its_candidates_draft_in_the_faster(target, head, tmp_path, monkeypatch):
-    """``dispatch.head_dtype_costs`` times one draft per dtype; ``tune`` (head_dtype "auto") renames its plain EAGLE-1/2
+    """``lab.tune.head_dtype_costs`` times one draft per dtype; ``tune`` (head_dtype "auto") renames its plain EAGLE-1/2
     candidates to the faster dtype, keeps a candidate that names its own, and reports both times."""
-    from minispec import dispatch
+    from minispec.lab import tune
     from minispec.lab.tune_report import format_tune
 
     model, tok = target
     methods = _methods_with_saved(head, model, tmp_path)
-    costs = dispatch.head_dtype_costs(model, methods, context=16, reps=1)
+    costs = tune.head_dtype_costs(model, methods, context=16, reps=1)
     assert set(costs) == {"f32", "bf16"} and all(s > 0 for s in costs.values())
     kw = dict(candidates=("vanilla", "eagle@chain:2", "eagle+f32@chain:3", "pld"), max_new_tokens=8, context=16,
               sizes=(0, 2, 4), methods=methods, progress=False, reps=1)
     for fake, want, renamed in (({"f32": 2.0, "bf16": 1.0}, "bf16", "eagle+bf16@chain:2"),
                                 ({"f32": 1.0, "bf16": 2.0}, "f32", "eagle@chain:2")):
-        monkeypatch.setattr(dispatch, "head_dtype_costs", lambda *a, **k: dict(fake))
-        r = dispatch.tune(model, tok, ["abcabcabc"], model.cfg.name, **kw)
+        monkeypatch.setattr(tune, "head_dtype_costs", lambda *a, **k: dict(fake))
+        r = tune.tune(model, tok, ["abcabcabc"], model.cfg.name, **kw)
         assert (r.head_dtype, r.head_dtype_s) == (want, fake)
         assert {c.method for c in r.candidates} == {"vanilla", renamed, "eagle+f32@chain:3", "pld"}
         assert f"the candidates draft in {want}" in format_tune(r)
-    r = dispatch.tune(model, tok, ["abcabcabc"], model.cfg.name, head_dtype="bf16", **kw)  # asked for: not timed
+    r = tune.tune(model, tok, ["abcabcabc"], model.cfg.name, head_dtype="bf16", **kw)  # asked for: not timed
     assert r.head_dtype == "bf16" and r.head_dtype_s == {} and "eagle+bf16@chain:2" in {c.method for c in r.candidates}
-    r = dispatch.tune(model, tok, ["abcabcabc"], model.cfg.name, head_dtype="target", **kw)
+    r = tune.tune(model, tok, ["abcabcabc"], model.cfg.name, head_dtype="target", **kw)
     assert r.head_dtype is None and "eagle@chain:2" in {c.method for c in r.candidates}
     with pytest.raises(ValueError, match="head_dtype must be"):
-        dispatch.tune(model, tok, ["abc"], model.cfg.name, head_dtype="fp8", **kw)
+        tune.tune(model, tok, ["abc"], model.cfg.name, head_dtype="fp8", **kw)
 
 
 def test_warm_start_copies_a_saved_head_and_refuses_another_shape(target, tmp_path):
