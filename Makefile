@@ -50,7 +50,7 @@ JOBS ?= 2
 # its own merits fails both times
 test: install
 	$(BIN)/python tools/make_exercises.py --check
-	$(BIN)/python -c "from minispec.models import ensure_smollm2; ensure_smollm2()"
+	$(BIN)/python -c "from minispec.loading import ensure_smollm2; ensure_smollm2()"
 	MINISPEC_FAST=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) --dist worksteal --durations=25 \
 	  --nbmake --nbmake-timeout=600 --reruns 1 --only-rerun "timed out" -m "not two_threads" notebooks tests
 	@# the tests that compute on two torch threads, alone: beside a busy worker two threads wait on each other

@@ -19,12 +19,12 @@ import time
 
 import torch
 
-from minispec import dispatch, generate, load
+from minispec import auto, generate, load
 from minispec.lab import calibrate, tune
 from minispec.cli import compare_prompts
 from minispec.lab.benchinfo import save_json
 from minispec.methods import HEAD_DTYPES, Methods, with_head_dtype
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 from minispec.sampling import GREEDY, SamplingParams
 
 DEMO_PROMPT = "Explain in three sentences why speculative decoding makes LLM inference faster."
@@ -55,7 +55,7 @@ def main():
     ap.add_argument("--budgets", default=f"{calibrate.QUICK_BUDGET_S:g},15", help="comma list of seconds")
     ap.add_argument("--max-new-tokens", type=int, default=128, help="per reference prompt, as the demo")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (as the demo); else sampled")
-    ap.add_argument("--candidates", default=",".join(dispatch.QUICK_CANDIDATES), help="comma list (default QUICK_CANDIDATES)")
+    ap.add_argument("--candidates", default=",".join(auto.QUICK_CANDIDATES), help="comma list (default QUICK_CANDIDATES)")
     ap.add_argument("--versus", default=None,
                     help="a second comma list, calibrated as many times and scored on the same reference")
     ap.add_argument("--reference-prompts", type=int, default=3, help="minispec's own prompts beside the demo's")
@@ -73,7 +73,7 @@ def main():
     t = time.perf_counter()
     ref = reference(model, tok, methods, union, args.max_new_tokens, params, args.reference_prompts)
     ratio = {c: r / ref["vanilla"] for c, r in ref.items()}
-    print(f"reference on {args.reference_prompts + 1} prompts, {dispatch.describe_sampling(params)} "
+    print(f"reference on {args.reference_prompts + 1} prompts, {auto.describe_sampling(params)} "
           f"({time.perf_counter() - t:.0f} s): "
           + ", ".join(f"{c} {r:.2f}x" for c, r in sorted(ratio.items(), key=lambda x: -x[1])), flush=True)
     best = max(ratio.values())

@@ -18,7 +18,7 @@ import minispec
 from minispec import generate
 from minispec.lab.benchinfo import device_info, versions
 from minispec.drafters.loader import load_drafter
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 from minispec.prompts import own_prompts
 
 

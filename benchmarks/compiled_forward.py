@@ -32,7 +32,7 @@ from minispec import load
 from minispec.cuda_graphs import StaticKVCache, static_forward, static_plan, static_prefill
 from minispec.exact.attention import ready
 from minispec.lab.benchinfo import save_json
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 
 PROMPT = "Explain, step by step, how a bicycle's gears let a rider climb a steep hill with less effort."
 

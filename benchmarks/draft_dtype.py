@@ -20,7 +20,7 @@ import torch
 from minispec import generate, load
 from minispec.drafters.eagle import EagleDrafter
 from minispec.lab.benchinfo import save_json
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 from minispec.methods import Methods
 from minispec.prompts import own_prompts
 

@@ -25,7 +25,7 @@ from minispec import generate, load
 from minispec.lab.benchinfo import save_json
 from minispec.drafters.base import Features
 from minispec.kv import KVCache
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 from minispec.methods import Methods
 from minispec.prompts import own_prompts
 from minispec.tokenizer import encode_prompt

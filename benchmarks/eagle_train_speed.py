@@ -23,7 +23,7 @@ from minispec import load
 from minispec.lab.benchinfo import device_info, versions
 from minispec.drafters.eagle import EagleConfig, EagleHead
 from minispec.drafters.vocab import load_counts, top_tokens
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 from minispec.train.eagle import selfdistill_data, train_step
 
 

@@ -26,7 +26,7 @@ PROMPTS = 24  # the batch decoder's prompts: its first prefill forward runs the 
 def one_process(threads: int, offset: int) -> dict:
     """In this process: the two forwards, three times each; the rows of run 1 and run 3 that differ from run 2."""
     from minispec.batch import BatchDecoder, prefill_groups
-    from minispec.models import load
+    from minispec.loading import load
     from minispec.train import selfdistill as sd
 
     torch.set_num_threads(threads)
@@ -56,7 +56,7 @@ def one_process(threads: int, offset: int) -> dict:
 
 def main(argv=None) -> int:
     from minispec.lab.benchinfo import save_json
-    from minispec.lab.env import at_least, thread_count
+    from minispec.args import at_least, thread_count
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=at_least(1), default=8)

@@ -42,7 +42,7 @@ def count_ops(model, context: int = 300, forwards: int = 3) -> dict:
 
 
 def main(argv=None) -> int:
-    from minispec.lab.env import thread_count
+    from minispec.args import thread_count
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, default=300)

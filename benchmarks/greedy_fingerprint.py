@@ -38,7 +38,7 @@ def fingerprint(methods, n_prompts: int, max_new_tokens: int) -> dict:
 
 
 def main(argv=None) -> int:
-    from minispec.lab.env import thread_count
+    from minispec.args import thread_count
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", default=",".join(METHODS))

@@ -39,13 +39,13 @@ import torch
 
 import minispec
 from minispec.lab.benchinfo import save_json
-from minispec.dispatch import predicted_tokens_per_s
+from minispec.auto import predicted_tokens_per_s
 from minispec.drafters.base import Features
 from minispec.drafters.layouts import read_checkpoint
 from minispec.drafters.loader import load_drafter
-from minispec.drafters.registry import TABLE
+from minispec.drafters.defaults import TABLE
 from minispec.lab.tune import verify_cost_curve
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 from minispec.sampling import GREEDY
 from minispec.train.data import training_sequences
 from minispec.train.measure import measure, measure_prompts

@@ -19,7 +19,7 @@ import torch
 import minispec
 from minispec.drafters.eagle import load_eagle
 from minispec.lab.benchinfo import device_info, versions
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 from minispec.train.data import feature_data
 from minispec.train.eagle import evaluate
 

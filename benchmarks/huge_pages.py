@@ -26,7 +26,7 @@ from minispec.exact.linear import ExactLinear as Linear, panels, prepack
 from minispec.exact.pages import huge_page_empty
 from minispec.exact.profile import chosen_kernel
 from minispec.lab.benchinfo import save_json
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 from minispec.lab.profile import _decode_forward
 
 SIDES = ("4k", "2m")

@@ -61,7 +61,7 @@ def binary_tree_mask(T: int) -> torch.Tensor:
 
 
 def main() -> None:
-    from minispec.lab.env import thread_count
+    from minispec.args import thread_count
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", required=True, help="git revision whose invariant attention is the baseline")

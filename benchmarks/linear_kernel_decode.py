@@ -25,7 +25,7 @@ from minispec import generate, load
 from minispec.lab.benchinfo import save_json
 from minispec.exact.linear import ExactLinear as Linear, prepack
 from minispec.exact.profile import CPU_KERNELS, describe, onednn_available
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 from minispec.methods import Methods
 from minispec.prompts import own_prompts
 

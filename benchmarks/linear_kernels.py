@@ -63,12 +63,12 @@ def numpy_blas(threads: int):
 
 
 def main(argv=None) -> int:
-    from minispec.lab.env import thread_count
+    from minispec.args import thread_count
 
     from minispec.lab.benchinfo import save_json
     from minispec.exact.rows import varying_rows
     from torch.nn import Linear
-    from minispec.models import load
+    from minispec.loading import load
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")

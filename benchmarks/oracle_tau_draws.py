@@ -2,7 +2,7 @@
 
     python benchmarks/oracle_tau_draws.py [--seeds 2000] [--json PATH]
 
-``gpu-suite``'s ``llama_speedup`` (the oracle of ``minispec.drafters.oracle``, corruption p = 0.15, depth 5 for
+``gpu-suite``'s ``llama_speedup`` (the oracle of ``minispec.lab.oracle``, corruption p = 0.15, depth 5 for
 the chain and a 60-node tree of depth 6, 128 new tokens, seed 0) promises tau = sum_{i<=k} (1 - p)^i = 4.15 for
 the chain and 4.53 for the tree, and measured 3.63 and 3.97 on an H100 (2026-11-24) and again on an H200
 (2026-11-28). Whether a draft survives is decided by the oracle's own random generator, not by the model: with
@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from minispec.drafters.oracle import OracleDrafter, expected_tau, tree_shape
+from minispec.lab.oracle import OracleDrafter, expected_tau, tree_shape
 from minispec.sampling import GREEDY
 
 VOCAB = 128256  # Llama-3.1-8B's vocabulary, as in gpu-suite

@@ -17,7 +17,7 @@ from minispec import load
 from minispec.lab.benchinfo import save_json
 from minispec.exact.linear import PANEL, panels
 from torch.nn import Linear
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 
 WIDTHS = (16, 32, 64, 128)
 

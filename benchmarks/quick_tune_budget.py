@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from minispec import dispatch, load
+from minispec import auto, load
 from minispec.lab import calibrate
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 from minispec.lab.tune_report import format_tune
 from minispec.methods import Methods
 
@@ -35,7 +35,7 @@ def main():
             t = time.perf_counter()
             r = calibrate.quick_tune(model, tok, methods=methods, budget_s=budget)
             print(f"{name}: {time.perf_counter() - t:.1f} s, choice {r.choice}, prompts run "
-                  f"{max(c.prompts for c in r.candidates)} ({args.threads} threads, {dispatch.machine_key()})", flush=True)
+                  f"{max(c.prompts for c in r.candidates)} ({args.threads} threads, {auto.machine_key()})", flush=True)
             print(format_tune(r), flush=True)
         finally:
             calibrate.QUICK_RACE = race

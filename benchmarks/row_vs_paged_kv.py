@@ -26,8 +26,8 @@ def main(argv=None) -> int:
     from minispec.attention import plan
     from minispec.batch import BatchDecoder, generate_batch
     from minispec.lab.benchinfo import save_json
-    from minispec.lab.env import at_least, thread_count
-    from minispec.models import load
+    from minispec.args import at_least, thread_count
+    from minispec.loading import load
     from minispec.train import selfdistill as sd
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -23,7 +23,7 @@ import minispec
 from minispec.drafters.eagle import load_eagle
 from minispec.drafters.vocab import load_counts, top_tokens
 from minispec.lab.benchinfo import device_info, versions
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 from minispec.methods import DRAFT_VOCAB
 from minispec.train.data import feature_data
 from minispec.train.eagle import teacher_forced

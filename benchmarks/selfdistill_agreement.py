@@ -18,7 +18,7 @@ import torch
 
 import minispec
 from minispec.lab.benchinfo import device_info, versions
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 from minispec.train.selfdistill import ids_dir, part_path, read_ids
 
 

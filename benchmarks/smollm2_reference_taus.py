@@ -20,7 +20,7 @@ from minispec import generate, load  # noqa: E402
 from minispec.drafters import DraftModel, PromptLookup  # noqa: E402
 from minispec.drafters.draft_checkpoint import load_draft_model  # noqa: E402
 from minispec.drafters.eagle import EagleDrafter  # noqa: E402
-from minispec.lab.env import thread_count  # noqa: E402
+from minispec.args import thread_count# noqa: E402
 from minispec.methods import Methods  # noqa: E402
 from minispec.tokenizer import encode_prompt  # noqa: E402
 from minispec.train.distill_draft import build_draft  # noqa: E402

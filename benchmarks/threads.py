@@ -20,7 +20,8 @@ import torch
 
 from minispec import generate, load
 from minispec.lab.benchinfo import save_json
-from minispec.lab.env import default_threads, thread_counts
+from minispec.lab.env import default_threads
+from minispec.args import thread_counts
 from minispec.prompts import own_prompts
 
 

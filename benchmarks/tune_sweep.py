@@ -22,9 +22,9 @@ import torch
 from minispec import load
 from minispec.lab.bench import format_table, run_bench
 from minispec.lab.benchinfo import save_json
-from minispec.dispatch import DEFAULT_CANDIDATES
+from minispec.auto import DEFAULT_CANDIDATES
 from minispec.lab.tune import save_choice, tune
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 from minispec.lab.tune_report import format_tune
 from minispec.methods import Methods
 from minispec.prompts import spec_bench

@@ -17,7 +17,7 @@ import torch
 
 from minispec.lab.bench import run_bench
 from minispec.lab.benchinfo import save_json
-from minispec.lab.env import thread_count
+from minispec.args import thread_count
 from minispec.prompts import spec_bench
 
 

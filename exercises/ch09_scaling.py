@@ -18,7 +18,7 @@ and the output projection ``wo`` (head_dim per query head in, d_model out), then
 and up (``gate_up``: d_model in, d_ff each out) and ``down`` (d_ff in, d_model out); after the last
 layer the LM head maps d_model to vocab_size. The embedding table is read one row per token and
 counted nowhere; the norms' weights are negligible and not counted. The library's versions are in
-``minispec.lab.scale`` and ``minispec.drafters.oracle``.
+``minispec.lab.scale`` and ``minispec.lab.oracle``.
 
 Units: bytes, seconds, bytes/s (``bandwidth``), FLOP/s (``peak``).
 
@@ -91,7 +91,7 @@ def corruption_for_tau(tau: float, k: int) -> float:
     The oracle drafts the target's own next k tokens, each replaced, independently with
     probability p, by a wrong one; greedy verification accepts the drafts up to the first wrong
     one and adds the target's own token, so tokens per forward range from k + 1 (p = 0) down to 1
-    (p = 1). ``minispec.drafters.oracle.expected_tau(p, k)`` gives the promise for a p; return the
+    (p = 1). ``minispec.lab.oracle.expected_tau(p, k)`` gives the promise for a p; return the
     p that gives ``tau``, to within 1e-9 in tau. The promise falls as p grows (strictly), so there
     is exactly one.
 

@@ -25,7 +25,7 @@ if not _torch.cuda.is_available():  # before any import below: torch.compile's f
 from .generate import GenerationResult, GenerationStats, generate
 from .kv import KVCache, KVCacheOverflow
 from .model import ModelConfig, ModelOutput, Transformer
-from .models import ModelNotFound, load, load_hf
+from .loading import ModelNotFound, load, load_hf
 from .sampling import SamplingParams, probs, sample
 
 __version__ = "0.1.0"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .lab.env import thread_count
+from .args import thread_count
 
 
 def _threads(args) -> int:
@@ -36,7 +36,7 @@ def _threads(args) -> int:
 
 def _demo(args) -> int:
     from . import SamplingParams, load
-    from .dispatch import resolve
+    from .auto import resolve
     from .lab import calibrate
     from .methods import Methods, parse_method
 
@@ -95,7 +95,7 @@ def compare_prompts(prompt: str, n: int) -> list[str]:
 def demo_table(runs, sampled: bool) -> str:
     """method | tokens/s | speedup | tau | identical output, for (name, [GenerationResult per prompt]) pairs,
     vanilla first: tokens over the summed wall time, tau over the summed forwards."""
-    from .lab.tables import Col, text_table
+    from .lab.text_table import Col, text_table
 
     def rate(rs):
         return sum(r.stats.new_tokens for r in rs) / sum(r.stats.total_s for r in rs)
@@ -221,7 +221,7 @@ def _tune_flags(t) -> None:
     t.add_argument("--limit", type=int, default=8, help="calibration prompts (spread over Spec-Bench categories)")
     t.add_argument("--max-new-tokens", type=int, default=64)
     t.add_argument("--batch-size", type=int, default=1, help="choose for this batch size")
-    t.add_argument("--candidates", default=None, help="comma list of methods (default: minispec.dispatch.DEFAULT_CANDIDATES)")
+    t.add_argument("--candidates", default=None, help="comma list of methods (default: minispec.auto.DEFAULT_CANDIDATES)")
     t.add_argument("--head-dtype", default="auto", choices=["auto", "target", "f32", "bf16"],
                    help="the dtype the EAGLE-1/2 candidates draft in (auto: the faster on this machine, timed first)")
     t.add_argument("--threads", type=thread_count, default=None, help=THREADS_HELP)

@@ -23,9 +23,9 @@ The output is the same, only the draft's cost and acceptance can differ, so ``tu
 calibration) times the head in both and drafts in the faster (``dispatch.head_dtype_costs``).
 
 The table itself (head, default tree, draft vocabulary, Medusa's default, ``auto``'s candidates)
-is ``TABLE`` in ``drafters/registry.py``, re-exported here: it sits below the drafters, which read
+is ``TABLE`` in ``drafters/defaults.py``, re-exported here: it sits below the drafters, which read
 their default trees from it. A name is parsed once (``parse_method``) into a ``MethodSpec`` that
-goes unchanged to ``Methods.drafter``; ``auto`` is resolved by ``minispec.dispatch.resolve``.
+goes unchanged to ``Methods.drafter``; ``auto`` is resolved by ``minispec.auto.resolve``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import torch
 from .drafters import DraftModel, PromptLookup, TreeSpec, load_drafter
 from .drafters.copying import CopyingDrafter
 from .drafters.draft_checkpoint import load_draft_model
-from .drafters.registry import (DEFAULT_AUTO, DEFAULT_TREES, HF_METHODS, TABLE, Row, shipped_head)  # noqa: F401  (re-exported)
+from .drafters.defaults import (DEFAULT_AUTO, DEFAULT_TREES, HF_METHODS, TABLE, Row, shipped_head)  # noqa: F401  (re-exported)
 
 # methods that draft through the target's LM head over a frequency-ranked draft vocabulary (FR-Spec)
 DRAFT_VOCAB = {m: r.draft_vocab for m, r in TABLE.items() if r.draft_vocab}
@@ -148,7 +148,7 @@ class Methods:
         """The drafter of ``method`` (None for vanilla); heads are loaded once and reused."""
         spec = parse_method(method)
         if spec.base == "auto":
-            raise ValueError("resolve 'auto' with minispec.dispatch.resolve first")
+            raise ValueError("resolve 'auto' with minispec.auto.resolve first")
         if spec.base == "vanilla":
             return None
         if spec.base == "pld":

@@ -47,7 +47,7 @@
 # **Exercises.** You write them in `exercises/ch05_dynamic_trees.py`; each check cell below
 # grades your file and prints PASS or FAIL (it never raises). From a terminal:
 # `python -m minispec grade 5`. Library code: `minispec/drafters/tree_drafter.py`
-# (`TreeDrafter._dynamic`, `expand_level`, `rerank`) and `minispec/dispatch.py`.
+# (`TreeDrafter._dynamic`, `expand_level`, `rerank`) and `minispec/auto.py`.
 
 # %%
 # Versions, FAST mode and the device: the first cell of every chapter (minispec.lab.notebook.setup).
@@ -555,7 +555,7 @@ for name in configs:
 # $E[\tau](N)$ of the best tree of $N$ nodes (section 2 says which nodes those are) is
 # **concave** in $N$: each node added is worth less than the ones before. A concave gain over a
 # growing cost has a best $N$, and it depends on the machine through $v(N)$.
-# `minispec.dispatch.predicted_tokens_per_s` prices every candidate tree this way.
+# `minispec.auto.predicted_tokens_per_s` prices every candidate tree this way.
 
 # %% [markdown]
 # ### Exercise 5.4 — `best_tree_size(path_probs, verify_s, draft_s, max_nodes)`
@@ -578,7 +578,7 @@ check("5.4")
 # %% [markdown]
 # ### The verify-cost curve and the dispatcher
 #
-# `minispec.dispatch.verify_cost_curve` times one target forward of $N + 1$ tokens with a tree
+# `minispec.auto.verify_cost_curve` times one target forward of $N + 1$ tokens with a tree
 # mask after a cached context. The dispatcher predicts each candidate's tokens/s as
 # `tau / (t_verify(N) + t_draft + t_loop)` from a short calibration run and picks the best
 # (`python -m minispec tune` does this from the command line and saves the choice that
@@ -589,18 +589,18 @@ check("5.4")
 # The choice depends on how the user decodes. Greedy, a drafted token is accepted whenever it is
 # the target's argmax; sampled, with probability $\min(1, p(x)/q(x))$, so a drafter that copies
 # (one-hot $q$) keeps only $p(x)$ of each copied token, while a head's proposals keep
-# $\sum_x \min(p, q)$ on average. `dispatch.tune(..., params=SamplingParams(0.7))` calibrates
+# $\sum_x \min(p, q)$ on average. `auto.tune(..., params=SamplingParams(0.7))` calibrates
 # sampled (seeded) and saves that choice apart from the greedy one; `auto` reads the one that
 # matches the request.
 
 # %%
 import json
 from pathlib import Path
-from minispec import dispatch
+from minispec import auto
 from minispec.lab import tune as tuning, tune_report
 
-show(dispatch.predicted_tokens_per_s)
-sizes = (0, 4, 16, 32, 64) if FAST else dispatch.DEFAULT_SIZES
+show(auto.predicted_tokens_per_s)
+sizes = (0, 4, 16, 32, 64) if FAST else auto.DEFAULT_SIZES
 curve = tuning.verify_cost_curve(smol, sizes=sizes, context=256, reps=3 if FAST else 7)
 plt.figure(figsize=(6, 4))
 plt.plot(list(curve[1]), [s * 1e3 for s in curve[1].values()], "o-", label="this machine (CPU), batch 1")
@@ -634,7 +634,7 @@ ns = np.arange(0, len(sc) + 1)
 tau_n = 1 + np.concatenate([[0.0], np.cumsum(np.sort(np.exp(sc))[::-1])])  # [N + 1] E[tau] of the best N
 ks = sorted(curve[1])
 verify_n = np.interp(ns, ks, [curve[1][k] for k in ks])  # [N + 1] seconds (flat beyond the last size)
-pred = dispatch.predicted_tokens_per_s(torch.tensor(tau_n), torch.tensor(verify_n),
+pred = auto.predicted_tokens_per_s(torch.tensor(tau_n), torch.tensor(verify_n),
                                        torch.tensor(np.where(ns > 0, draft_s, 0.0))).numpy()
 fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
 a.plot(ns, tau_n); a.set(xlabel="N (nodes kept)", ylabel="E[tau] estimate", title="gain: concave in N")
@@ -656,7 +656,7 @@ assert n_ref == ns[pred.argmax()]
 # `naive_dynamic_tree`, drawn as in section 4, each node labelled with its token and its path
 # product). Its $E[\tau]$ is $1 + $ the sum of the kept path products, exact for the toy's
 # calibrated target (section 2). The predicted tokens/s prices that tree with this machine's
-# numbers: the verify curve measured above at $N$ (`dispatch.interpolate`, extrapolated past
+# numbers: the verify curve measured above at $N$ (`auto.interpolate`, extrapolated past
 # the last size) and $D$ draft levels at the cost per level of the SmolLM2 tree timed above
 # (its draft time divided by its depth). Vanilla is one token per forward over the root alone.
 # (The widget needs a live Jupyter frontend; in a static view it shows the default setting.)
@@ -666,7 +666,7 @@ from minispec.lab.notebook import interact
 from minispec.tree import Tree
 
 level_s = draft_s / spec.depth  # seconds per draft level, from the SmolLM2 tree timed above
-vanilla_tps = dispatch.predicted_tokens_per_s(1.0, dispatch.interpolate(curve[1], 0), 0.0)
+vanilla_tps = auto.predicted_tokens_per_s(1.0, auto.interpolate(curve[1], 0), 0.0)
 
 def explore_tree(D=3, K=2, N=5):
     n_cands = K + (D - 1) * K * K
@@ -677,8 +677,8 @@ def explore_tree(D=3, K=2, N=5):
         paths.append((paths[p] if p >= 0 else ()) + (t,))
     probs = [path_product(v) for v in paths]
     tau = 1 + sum(probs)
-    verify = dispatch.interpolate(curve[1], N)
-    tps = dispatch.predicted_tokens_per_s(tau, verify, D * level_s)
+    verify = auto.interpolate(curve[1], N)
+    tps = auto.predicted_tokens_per_s(tau, verify, D * level_s)
     fig, ax = plt.subplots(figsize=(8, min(8, 0.25 * N + 2.5)))
     draw(Tree(tokens=tokens, parents=parents), [f"{t}: {q:.3f}" for t, q in zip(tokens, probs)], ax,
          f"toy tree D={D}, K={K}, N={N} ({n_cands} candidates); token: path product")
@@ -697,7 +697,7 @@ interact(explore_tree, D=(1, 5), K=(1, V_TOY), N=(1, 40));  # sliders (fast mode
 # candidate then drafts in the faster (`eagle2+bf16@...` when that is bfloat16).
 
 # %%
-cands = ["vanilla", "pld", f"{BASE}@chain:4", f"{BASE}@eagle", f"{BASE}@4/4/12"] if FAST else list(dispatch.DEFAULT_CANDIDATES)
+cands = ["vanilla", "pld", f"{BASE}@chain:4", f"{BASE}@eagle", f"{BASE}@4/4/12"] if FAST else list(auto.DEFAULT_CANDIDATES)
 r = tuning.tune(smol, smol_tok, tune_report.calibration_prompts(2 if FAST else 8), candidates=cands,
                   max_new_tokens=16 if FAST else 64, sizes=sizes, reps=3 if FAST else 7, methods=methods,
                   progress=False)

@@ -80,9 +80,9 @@ import numpy as np
 from minispec import load
 
 from minispec.lab import profile, scale
-from minispec.dispatch import interpolate
+from minispec.auto import interpolate
 from minispec.lab.tune import verify_cost_curve
-from minispec.drafters.oracle import OracleDrafter, expected_tau
+from minispec.lab.oracle import OracleDrafter, expected_tau
 from minispec.generate import generate
 from minispec.grading import check, load_impl  # check("9.1"): grade one exercise of exercises/ (prints, never raises)
 from minispec.model import Transformer
@@ -272,7 +272,7 @@ plt.tight_layout(); plt.show()
 # ## 3. The oracle draft: a known $\tau$, output equal to vanilla
 #
 # A model with random weights has no draft that agrees with it, so we make one. The **oracle**
-# (`minispec.drafters.oracle.OracleDrafter`) knows the target's greedy continuation — a vanilla
+# (`minispec.lab.oracle.OracleDrafter`) knows the target's greedy continuation — a vanilla
 # run beforehand, the *stream* — and drafts its next $k$ tokens, replacing each, independently
 # with probability $p$, by a wrong token. Greedy verification accepts the drafts up to the first
 # wrong one and adds the target's own token, so a step commits $1 + \min(G, k)$ tokens with
@@ -314,7 +314,7 @@ check("9.3", impl="exercises")
 # the formula inverted: exercise 9.3's answer):
 
 # %%
-from minispec.drafters.oracle import corruption_for_tau
+from minispec.lab.oracle import corruption_for_tau
 
 K, TAU = 5, 3.0
 P_CORRUPT = corruption_for_tau(TAU, K)

@@ -11,7 +11,7 @@ import torch
 if not torch.cuda.is_available():  # Triton kernels run on CPU through the interpreter (chapter 6)
     os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of triton
 
-from minispec.models import load, load_hf
+from minispec.loading import load, load_hf
 
 # pytest-xdist workers share the cores: one more torch thread than there are free cores makes every
 # matrix product wait (benchmarks/threads.py), so each worker gets its share

@@ -256,7 +256,7 @@ def test_every_command_refuses_threads_below_one_by_name(path, value, capsys):
 
 
 def test_thread_count_parses_counts_and_lists():
-    from minispec.lab.env import thread_count, thread_counts
+    from minispec.args import thread_count, thread_counts
 
     assert thread_count("3") == 3 and thread_counts("1, 2") == [1, 2]
     for bad in ("0", "-1", "x", "1.5"):

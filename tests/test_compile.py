@@ -13,7 +13,7 @@ import torch
 from minispec.cuda_graphs import StaticKVCache, static_forward, static_plan, static_prefill
 from minispec.exact.attention import ready
 from minispec.exact.linear import ExactLinear
-from minispec.models import load
+from minispec.loading import load
 
 
 def _steps(model, forward, n: int = 3, capacity: int = 48, T: int = 1):

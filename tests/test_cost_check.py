@@ -8,7 +8,7 @@ from minispec import generate
 from minispec.lab.cost_check import CostCheck, cost_check
 from minispec.drafters import DraftModel
 from minispec.generate import GenerationStats
-from minispec.models import load
+from minispec.loading import load
 from minispec.lab.analysis import speedup
 
 

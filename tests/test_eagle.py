@@ -341,7 +341,7 @@ def test_a_method_named_with_bf16_loads_a_bfloat16_head(target, head, tmp_path):
     """``eagle+bf16@chain:3`` (``minispec.methods``): the checkpoint's head drafts in bfloat16, beside the float32
     one of ``eagle@chain:3`` from the same file, and the greedy output is still vanilla's."""
     from minispec.drafters import load_drafter
-    from minispec.drafters.registry import shipped_head
+    from minispec.drafters.defaults import shipped_head
 
     model, tok = target
     methods = _methods_with_saved(head, model, tmp_path)

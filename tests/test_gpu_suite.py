@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minispec.cli import main
-from minispec.drafters.oracle import expected_tau
+from minispec.lab.oracle import expected_tau
 
 FILES = ("gpu_tests", "copy_bandwidth", "attention_grid", "cuda_graphs", "llama_latency", "llama_speedup", "suite")
 GPU_WORDS = ("nvidia", "cuda", "gpu", "h100", "h200", "a100")

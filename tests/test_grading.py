@@ -774,8 +774,8 @@ WRONG += [
     ("6.6", dict(split_tree_attention=_split_without_tree_mask), "out differs from the reference"),
     ("9.1", dict(step_bytes=_library_call("minispec.lab.scale", "step_bytes")), "calls minispec.lab.scale.step_bytes"),
     ("9.2", dict(roofline_step_s=_library_call("minispec.lab.scale", "roofline_step_s")), "minispec's own answer"),
-    ("9.3", dict(corruption_for_tau=Lazy(lambda: __import__("minispec.drafters.oracle", fromlist=["x"])
-                                         .corruption_for_tau)), "calls minispec.drafters.oracle.corruption_for_tau"),
+    ("9.3", dict(corruption_for_tau=Lazy(lambda: __import__("minispec.lab.oracle", fromlist=["x"])
+                                         .corruption_for_tau)), "calls minispec.lab.oracle.corruption_for_tau"),
     ("9.4", dict(crossover_batch=_library_call("minispec.lab.scale", "crossover_batch")), "minispec's own answer"),
 ]
 WRONG.sort(key=lambda w: tuple(map(int, w[0].split("."))))  # chapter by chapter, stable within an exercise

@@ -25,7 +25,7 @@ def test_otherwise_ipywidgets_interact_gets_the_controls(monkeypatch):
 
 
 def test_setup_prints_the_versions_and_the_device_and_returns_fast_mode(monkeypatch, capsys):
-    monkeypatch.setattr("minispec.models.hub_reachable", lambda *a, **k: False)  # no network wait in the test
+    monkeypatch.setattr("minispec.loading.hub_reachable", lambda *a, **k: False)  # no network wait in the test
     for value, want in (("1", True), ("", False)):
         monkeypatch.setenv("MINISPEC_FAST", value)
         assert notebook.setup() is want

@@ -5,7 +5,7 @@ import torch
 import transformers
 
 from minispec import ModelNotFound, load, load_hf
-from minispec.models import config_from_hf
+from minispec.loading import config_from_hf
 
 
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
@@ -45,7 +45,7 @@ def test_unsupported_architecture_is_rejected():
 
 
 def test_to_hf_round_trip():
-    from minispec.models import to_hf
+    from minispec.loading import to_hf
 
     model, _ = load("tiny-llama")
     hf = to_hf(model)
@@ -64,7 +64,7 @@ def test_the_gguf_conversion_reads_each_file_once_and_leaves_gguf_as_it_was(tmp_
     import gguf
     import numpy as np
 
-    from minispec.models import _gguf_read_once
+    from minispec.loading import _gguf_read_once
 
     path = tmp_path / "tiny.gguf"
     w = gguf.GGUFWriter(str(path), "llama")

@@ -453,7 +453,7 @@ NEAR_MISSES = [
     ("6.4", _one_shot_attention, "at once"),
     ("9.1", _delegate("minispec.lab.scale", "step_bytes"), "calls minispec.lab.scale.step_bytes"),
     ("9.2", _delegate("minispec.lab.scale", "roofline_step_s"), "calls minispec.lab.scale.roofline_step_s"),
-    ("9.3", _delegate("minispec.drafters.oracle", "corruption_for_tau"), "calls minispec.drafters.oracle.corruption_for_tau"),
+    ("9.3", _delegate("minispec.lab.oracle", "corruption_for_tau"), "calls minispec.lab.oracle.corruption_for_tau"),
     ("9.4", _delegate("minispec.lab.scale", "crossover_batch"), "calls minispec.lab.scale.crossover_batch"),
 ]
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from minispec import generate, load
-from minispec.drafters.oracle import OracleDrafter, expected_tau
+from minispec.lab.oracle import OracleDrafter, expected_tau
 from minispec.sampling import SamplingParams
 
 GREEDY = SamplingParams(0.0, 0, 1.0)

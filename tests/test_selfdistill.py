@@ -111,10 +111,10 @@ def test_ids_round_trip_and_features_rebuilt_from_them_equal_the_recorded(tmp_pa
 def test_main_resumes_at_the_next_part_and_keeps_its_settings(tmp_path, monkeypatch):
     import pytest
 
-    import minispec.models
+    import minispec.loading
 
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(minispec.models, "load", lambda name: load("tiny-llama"))
+    monkeypatch.setattr(minispec.loading, "load", lambda name: load("tiny-llama"))
     monkeypatch.setattr(selfdistill, "prompt_order", lambda seed=0: [f"prompt {i}" for i in range(5)])
     flags = ["--part-prompts", "2", "--batch-size", "2", "--max-new-tokens", "4", "--ids-out", str(tmp_path / "ids")]
     selfdistill.main(flags + ["--parts", "1"])
@@ -133,10 +133,10 @@ def test_main_resumes_at_the_next_part_and_keeps_its_settings(tmp_path, monkeypa
 def test_a_batch_of_several_parts_writes_the_parts_of_one_part_at_a_time(tmp_path, monkeypatch):
     """``--batch-size`` a multiple of ``--part-prompts``: the parts' prompts are decoded together, and each part
     (ids and recorded features) is what decoding it alone writes."""
-    import minispec.models
+    import minispec.loading
 
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(minispec.models, "load", lambda name: load("tiny-llama"))
+    monkeypatch.setattr(minispec.loading, "load", lambda name: load("tiny-llama"))
     monkeypatch.setattr(selfdistill, "prompt_order", lambda seed=0: [f"prompt {i} " * (i + 1) for i in range(5)])
     calls = []
     make_part = selfdistill.make_part
@@ -161,12 +161,12 @@ def test_transformers_generator_gives_minispecs_greedy_answers_from_an_exported_
     """The GPU path (transformers' batched generate, several parts per call, prompts read from an
     ``--export-prompts`` file on a machine without ShareGPT) writes the parts minispec's batch decoder writes
     on the CPU: the same sequences, token for token (tiny-llama, float32, no EOS: every answer runs to the end)."""
-    import minispec.models
+    import minispec.loading
 
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(minispec.models, "load", lambda name: load("tiny-llama"))
-    load_hf = minispec.models.load_hf
-    monkeypatch.setattr(minispec.models, "load_hf", lambda name: load_hf("tiny-llama"))
+    monkeypatch.setattr(minispec.loading, "load", lambda name: load("tiny-llama"))
+    load_hf = minispec.loading.load_hf
+    monkeypatch.setattr(minispec.loading, "load_hf", lambda name: load_hf("tiny-llama"))
     monkeypatch.setattr(selfdistill, "prompt_order", lambda seed=0: [f"prompt number {i}" for i in range(7)])
     prompts = tmp_path / "prompts.npz"
     selfdistill.main(_flags(tmp_path, "--parts", "4", "--export-prompts", str(prompts)))
@@ -216,11 +216,11 @@ def test_transformers_generator_on_the_gpu(tmp_path, monkeypatch):
     """``--generator transformers --device cuda`` (what tools/gpu_heads.sh runs): the parts are written whole,
     their index names the GPU, and the prompts are the file's. Without CUDA it is skipped; the CPU test above
     runs every other line of that path."""
-    import minispec.models
+    import minispec.loading
 
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path / "cache"))
-    load_hf = minispec.models.load_hf
-    monkeypatch.setattr(minispec.models, "load_hf", lambda name: load_hf("tiny-llama"))
+    load_hf = minispec.loading.load_hf
+    monkeypatch.setattr(minispec.loading, "load_hf", lambda name: load_hf("tiny-llama"))
     _, tok = load("tiny-llama")
     prompts = tmp_path / "prompts.npz"
     sent = {0: [list(b"first prompt"), list(b"second")], 1: [list(b"third one here")]}

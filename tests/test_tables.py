@@ -1,6 +1,6 @@
-"""The one result-table formatter (``minispec.lab.tables``), used by bench, tune, profile and demo."""
+"""The one result-table formatter (``minispec.lab.text_table``), used by bench, tune, profile and demo."""
 
-from minispec.lab.tables import Col, text_table
+from minispec.lab.text_table import Col, text_table
 
 
 def test_columns_widen_to_fit_and_align():

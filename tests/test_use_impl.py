@@ -14,7 +14,7 @@ from minispec.attention import reference
 from minispec.drafters import DraftModel
 from minispec.grading import load_impl
 from minispec.grading.inside import use_impl
-from minispec.models import load
+from minispec.loading import load
 from minispec.tree import Tree
 
 gen_module = importlib.import_module("minispec.generate")

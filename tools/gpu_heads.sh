@@ -11,7 +11,7 @@
 # GEN_MINUTES, TRAIN_MINUTES   wall-time budgets of the generation and of each training
 #
 # Needs: torch with CUDA, transformers, gguf; SmolLM2 converted in $MINISPEC_CACHE (or its wheel in
-# $MINISPEC_CACHE/wheels: minispec.models.ensure_smollm2 converts it); the 32 held-out examples of the distill
+# $MINISPEC_CACHE/wheels: minispec.loading.ensure_smollm2 converts it); the 32 held-out examples of the distill
 # cache in $MINISPEC_CACHE/distill (python -m minispec.train.data --distill-prompts 0 --extra-sharegpt 0
 # --count-only makes them on the CPU). Both heads start from the shipped head (the second layer as the identity)
 # and train side by side on the same parts with the same settings: issue item 3's same training budget.
@@ -47,7 +47,7 @@ timeout -s ABRT 180 python -X importtime -c "import torch, minispec; print(torch
 ids=$(mktemp -d)/selfdistill
 cp -r data/selfdistill "$ids"  # the committed parts; the new ones follow them
 step "SmolLM2"
-timeout -s ABRT 300 python -c "from minispec.models import ensure_smollm2; print(ensure_smollm2())"
+timeout -s ABRT 300 python -c "from minispec.loading import ensure_smollm2; print(ensure_smollm2())"
 if [ "$gen_min" != 0 ]; then
   step "self-distillation"
   # --minutes stops after the batch that crosses it; the timeout (a batch's margin more) keeps a stall from eating

@@ -7,7 +7,6 @@
     EagleDrafter   EAGLE-1/2 head: one decoder layer (or more) over the target's last hidden state (chapter 3)
     Eagle3Drafter  EAGLE-3 head: fused low/mid/high features, reduced draft vocabulary
     MedusaDrafter  Medusa heads: one residual block per future position on the last hidden state
-    OracleDrafter  replays a known greedy stream with tokens corrupted at rate p: tau known in advance
     load_drafter   any of the heads from a checkpoint (official EAGLE layouts detected)
     TreeDrafter    the base of branching drafters: chains, static trees, EAGLE-2 dynamic trees;
                    TreeSpec says which shape to draft (chapters 4-5)
@@ -20,10 +19,9 @@ from .eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from .eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
 from .loader import load_drafter
 from .medusa import MedusaDrafter, MedusaHeads
-from .oracle import OracleDrafter
 from .prompt_lookup import PromptLookup
 from .tree_drafter import STATIC_TREES, TreeDrafter, TreeSpec
 
 __all__ = ["CopyingDrafter", "Drafter", "DraftModel", "EagleConfig", "EagleDrafter", "EagleHead", "load_eagle", "Eagle3Config",
            "Eagle3Drafter", "Eagle3Head", "build_vocab_map", "eagle3_layers", "load_drafter", "MedusaDrafter",
-           "MedusaHeads", "OracleDrafter", "PromptLookup", "STATIC_TREES", "TreeDrafter", "TreeSpec", "Vanilla"]
+           "MedusaHeads", "PromptLookup", "STATIC_TREES", "TreeDrafter", "TreeSpec", "Vanilla"]

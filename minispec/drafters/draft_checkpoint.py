@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..model import ModelConfig, Transformer
-from .registry import shipped
+from .defaults import shipped
 
 FORMAT = "minispec-draft-v1"
 DEFAULT_NAME = "smollm2-135m-draft"

@@ -56,7 +56,7 @@ from .base import Features
 from .graphed_draft import GraphedHead, step_plan
 from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
 from .layouts import check_embed, fit, load_strict, read_checkpoint
-from .registry import default_tree, shipped
+from .defaults import default_tree, shipped
 from .vocab import ReducedLMHead, draft_ids
 
 DEFAULT_NAME = "smollm2-135m-eagle"

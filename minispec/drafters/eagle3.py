@@ -46,7 +46,7 @@ from ..model import MLP, Attention, RMSNorm, hf_names, rope_cos_sin
 from .base import Features
 from .graphed_draft import GraphedHead, step_plan
 from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
-from .registry import default_tree
+from .defaults import default_tree
 
 
 @dataclass

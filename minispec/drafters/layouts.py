@@ -36,7 +36,7 @@ def resolve(path_or_hub_id) -> Path:
     p = Path(path_or_hub_id)
     if p.exists():
         return p
-    from ..models import hub_reachable
+    from ..loading import hub_reachable
 
     text = str(path_or_hub_id)
     if text.count("/") != 1 or text.startswith((".", "/")):

@@ -33,7 +33,7 @@ from .eagle import eagle_from_state
 from .eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
 from .layouts import MEDUSA_KEY, check_embed, detect, fit, load_strict, read_checkpoint  # noqa: F401  (detect: re-exported)
 from .medusa import MedusaDrafter, MedusaHeads
-from .registry import default_tree
+from .defaults import default_tree
 
 
 def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True, draft_vocab: int | None = None,

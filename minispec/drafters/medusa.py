@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from .. import exact
 from .base import Features
 from .tree_drafter import TreeDrafter, TreeSpec
-from .registry import default_tree
+from .defaults import default_tree
 from .vocab import ReducedLMHead, draft_ids
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .registry import shipped
+from .defaults import shipped
 
 DEFAULT_COUNTS = "smollm2-135m-token-counts"
 

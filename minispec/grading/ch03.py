@@ -345,7 +345,7 @@ def _ttt_case(seed: int, layers: int):
     """(head, embedding module, tokens [B, T], features [B, T, H], valid [B, T-1]): a random float64 EAGLE-1/2
     head on minispec's tiny Llama target, its features of random token sequences (response positions: the
     second half)."""
-    from minispec.models import load
+    from minispec.loading import load
 
     target, _ = load("tiny-llama")
     g = torch.Generator().manual_seed(360 + seed)

@@ -13,7 +13,7 @@ return logits from a seeded table indexed by the path below the root. 5.1 and 5.
 ``_dynamic`` line for line, and (b) end to end: the learner's function, composed with the
 reference of the other phase, must draft exactly the tree ``TreeDrafter`` drafts. 5.4 is compared
 with a brute force: for every n, the best E[tau] over every subset of n candidates, divided by the
-step time (``dispatch.predicted_tokens_per_s``), on hand-made cases (ties, vanilla winning, a
+step time (``auto.predicted_tokens_per_s``), on hand-made cases (ties, vanilla winning, a
 budget above the number of candidates) and on the candidates of real toy-model expansions.
 """
 
@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from minispec import dispatch
+from minispec import auto
 from minispec.drafters import tree_drafter
 from minispec.drafters.tree_drafter import TreeDrafter, TreeSpec
 from minispec.sampling import GREEDY
@@ -122,14 +122,14 @@ def compose(expand: Callable, rerank: Callable, next_logits, depth: int, top_k: 
 
 def library_best_tree_size(path_probs, verify_s, draft_s: float, max_nodes: int):
     """5.4 with the library's cost model: E[tau](n) of the n best candidates, priced by
-    ``dispatch.predicted_tokens_per_s`` for every n at once (torch.argmax: the first best n)."""
+    ``auto.predicted_tokens_per_s`` for every n at once (torch.argmax: the first best n)."""
     m = min(max_nodes, len(path_probs))
     top = torch.sort(torch.tensor(list(path_probs), dtype=torch.float64), descending=True).values[:m]
     tau = torch.cat([torch.ones(1, dtype=torch.float64), 1 + torch.cumsum(top, 0)])  # [m + 1]
     verify = torch.tensor(list(verify_s)[:m + 1], dtype=torch.float64)  # [m + 1]
     draft = torch.full((m + 1,), float(draft_s), dtype=torch.float64)
     draft[0] = 0.0  # vanilla drafts nothing
-    speed = dispatch.predicted_tokens_per_s(tau, verify, draft)
+    speed = auto.predicted_tokens_per_s(tau, verify, draft)
     n = int(torch.argmax(speed))
     return n, float(speed[n])
 
@@ -139,7 +139,7 @@ def library():
 
     5.1 / 5.2 are ``tree_drafter.expand_level`` / ``tree_drafter.rerank``, the two phases of
     ``TreeDrafter._dynamic``; 5.3 runs ``TreeDrafter._dynamic`` itself on the toy model; 5.4
-    prices every size with ``dispatch.predicted_tokens_per_s``.
+    prices every size with ``auto.predicted_tokens_per_s``.
     """
     return SimpleNamespace(
         __name__="minispec.drafters.tree_drafter (chapter 5 adapter)",
@@ -282,10 +282,10 @@ def brute_force_speeds(path_probs, verify_s, draft_s: float, max_nodes: int) -> 
     """Predicted tokens/s of the best tree of n nodes, n = 0..min(max_nodes, M): the largest
     E[tau] = 1 + sum over any n of the candidates (every subset tried, exact sums), over the time
     of a step (no drafting for n = 0)."""
-    speeds = [dispatch.predicted_tokens_per_s(1.0, verify_s[0], 0.0)]
+    speeds = [auto.predicted_tokens_per_s(1.0, verify_s[0], 0.0)]
     for n in range(1, min(max_nodes, len(path_probs)) + 1):
         tau = max(math.fsum((1.0, *subset)) for subset in itertools.combinations(path_probs, n))
-        speeds.append(dispatch.predicted_tokens_per_s(tau, verify_s[n], draft_s))
+        speeds.append(auto.predicted_tokens_per_s(tau, verify_s[n], draft_s))
     return speeds
 
 

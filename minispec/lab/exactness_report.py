@@ -34,7 +34,7 @@ import sys
 import torch
 
 from . import exactness as ex
-from .tables import Col, text_table
+from .text_table import Col, text_table
 from ..config import fast
 from ..sampling import SamplingParams, probs
 
@@ -59,7 +59,7 @@ def reduced_vocab(lp: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
 
 def model_pair():
     """(target name, draft name, p logits [V], q logits [V]) at the end of PROMPT."""
-    from ..models import ModelNotFound, load
+    from ..loading import ModelNotFound, load
 
     try:
         (t, tok), (d, _) = load("gpt2"), load("distilgpt2")
@@ -115,7 +115,7 @@ def run_batched_suite(n_samples: int, alpha: float, seed: int = 0, batch: int = 
     Returns (records, controls)."""
     from ..drafters import CopyingDrafter, DraftModel
     from .joint_law import claim_uniform_q, first_tokens_law, loop_tv_check
-    from ..models import load
+    from ..loading import load
 
     (t, tok), (d, _) = load("tiny-gpt2"), load("tiny-gpt2")
     with torch.no_grad():  # the draft: a noisy copy of the target, so its drafts are often right (an

@@ -217,7 +217,7 @@ class Check:
                    join_s=time.perf_counter() - t, errors=[])
         import gguf  # noqa: F401  (the carried wheel, installed by tools/gpu_check.sh when the image lacks it)
         from ..generate import generate
-        from ..models import ensure_smollm2, load
+        from ..loading import ensure_smollm2, load
 
         t = time.perf_counter()
         path = ensure_smollm2()
@@ -230,7 +230,7 @@ class Check:
     def smollm2(self, until: float) -> dict:
         from . import gpu_bench
         from ..methods import Methods
-        from ..models import load
+        from ..loading import load
         from ..prompts import own_prompts, spec_bench
 
         sm = self.s["smollm2"]

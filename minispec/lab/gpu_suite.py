@@ -333,7 +333,7 @@ class Suite:
 
 
 def main(argv=None) -> int:
-    from .env import thread_count
+    from ..args import thread_count
 
     ap = argparse.ArgumentParser(prog="python -m minispec gpu-suite", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="directory for the JSON files")

@@ -27,7 +27,7 @@ import torch
 
 from . import exactness as ex
 from .. import verify as vf
-from ..models import load
+from ..loading import load
 from ..sampling import probs
 
 

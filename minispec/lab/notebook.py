@@ -28,7 +28,7 @@ def setup() -> bool:
     import torch
 
     import minispec
-    from ..models import hub_reachable
+    from ..loading import hub_reachable
 
     fast = config.fast()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -49,7 +49,7 @@ def smollm2_and_draft(loaded: tuple | None = None):
     """(SmolLM2-135M, its tokenizer, minispec's distilled draft or None when its checkpoint is missing): the
     models chapters 1-2 time. ``loaded``: ``joint_law.load_tv_models``'s (target name, draft name, target, draft,
     tokenizer), reused when it holds SmolLM2."""
-    from ..models import load
+    from ..loading import load
 
     if loaded is not None and loaded[0].startswith("SmolLM2"):
         return loaded[2], loaded[4], loaded[3]

@@ -36,7 +36,7 @@ from collections import Counter
 import torch
 
 from ..generate import PHASES
-from .tables import Col, text_table
+from .text_table import Col, text_table
 
 
 def copy_bandwidth(mib: int = 256, reps: int = 5, device=None) -> float:
@@ -272,7 +272,7 @@ def run_profile(model_name: str, methods: list[str], prompts: list[str], max_new
                 reps: int, draft_vocab=None, params=None, breakdown: bool = True) -> dict:
     """Everything ``python -m minispec profile`` reports, as one dict (``breakdown``: with ``forward_breakdown``)."""
     from .. import load
-    from ..dispatch import resolve
+    from ..auto import resolve
     from ..methods import Methods
     from ..sampling import GREEDY
     from .tune import verify_cost_curve
@@ -339,7 +339,8 @@ def format_profile(r: dict) -> str:
 def main(argv=None) -> int:
     from .benchinfo import save_json
     from ..config import fast
-    from .env import at_least, default_threads, thread_count
+    from .env import default_threads
+    from ..args import at_least, thread_count
     from ..methods import parse_method
     from ..prompts import own_prompts
 

@@ -49,7 +49,7 @@ import torch
 
 from .attention_grid import timed
 from ..cuda_graphs import GraphedForward, StaticKVCache
-from ..drafters.oracle import OracleDrafter, expected_tau, tree_shape
+from .oracle import OracleDrafter, expected_tau, tree_shape
 from ..kv import KVCache
 from ..model import ModelConfig, Transformer
 from ..tree import Tree

@@ -1,9 +1,9 @@
 """The tree dispatcher's measurements (chapter 5): the verify-cost curve, each candidate's tau and draft
-cost in calibration runs, and ``tune``, which chooses among them by the cost model of ``minispec.dispatch``.
+cost in calibration runs, and ``tune``, which chooses among them by the cost model of ``minispec.auto``.
 
 A lab step, never run by the runtime: ``python -m minispec tune`` runs it at length, and
 ``python -m minispec calibrate`` (``minispec.lab.calibrate``, which ``make demo`` runs once) runs its quick
-form; the choice is saved where ``minispec.dispatch.saved_choice`` reads it (``save_choice``). The calibration
+form; the choice is saved where ``minispec.auto.saved_choice`` reads it (``save_choice``). The calibration
 runs are interleaved (every candidate on prompt 1, then every candidate on prompt 2, ...) so that the drift
 of a shared machine hits every candidate alike.
 
@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from ..dispatch import DEFAULT_CANDIDATES, DEFAULT_SIZES, TuneResult, _candidate, choose, tune_path
+from ..auto import DEFAULT_CANDIDATES, DEFAULT_SIZES, TuneResult, _candidate, choose, tune_path
 from ..drafters.base import Features
-from ..drafters.registry import HEAD_DTYPE_PROBE
+from ..drafters.defaults import HEAD_DTYPE_PROBE
 from ..kv import KVCache
 from ..methods import HEAD_DTYPES, Methods, with_head_dtype
 from ..sampling import GREEDY, SamplingParams
@@ -253,7 +253,7 @@ def _within(active: list, last_s: dict, left_s: float, runs: dict, curve_b: dict
 
 def save_choice(r: TuneResult):
     """Write a tuning result where ``dispatch.saved_choice`` reads it (the choice ``auto`` then means here)."""
-    from ..drafters.registry import shipped_fingerprint
+    from ..drafters.defaults import shipped_fingerprint
 
     r.drafters = shipped_fingerprint(r.model)
     path = tune_path(r.model, r.batch_size, r.params)

@@ -1,11 +1,11 @@
 """What ``python -m minispec tune`` prints and asks: the cost curve and candidate table of a
 ``dispatch.TuneResult`` as text, and the calibration prompts it runs on. The dispatcher itself
-(``minispec.dispatch``) measures and chooses; this is its report."""
+(``minispec.auto``) measures and chooses; this is its report."""
 
 from __future__ import annotations
 
-from ..dispatch import HEAD_DTYPE_PROBE, TuneResult, describe_sampling
-from .tables import Col, text_table
+from ..auto import HEAD_DTYPE_PROBE, TuneResult, describe_sampling
+from .text_table import Col, text_table
 
 TUNE_COLUMNS = [Col("method", width=18, left=True), Col("N", "d", 3), Col("tau", ".2f", 5), Col("tok/step", ".2f"),
                 Col("draft ms", ".1f"), Col("verify ms", ".1f"), Col("loop ms", ".1f"), Col("predicted tok/s", ".1f"),

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..lab.env import at_least, thread_count
+from ..args import at_least, thread_count
 from ..config import cache_dir
 from ..tokenizer import encode_prompt
 from . import TARGET
@@ -315,7 +315,7 @@ def main(argv=None) -> None:
     """
     import argparse
 
-    from ..models import load
+    from ..loading import load
 
     ap = argparse.ArgumentParser(description=main.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--extra-sharegpt", type=int, default=600)

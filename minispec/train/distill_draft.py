@@ -54,10 +54,10 @@ from pathlib import Path
 import torch
 
 from . import TARGET, bf16_help, ddp, loop, native_bf16
-from ..lab.env import thread_count
+from ..args import thread_count
 from ..config import cache_dir
 from ..drafters.draft_checkpoint import FORMAT, SHARED, check_fits, load_draft_model, own_keys
-from ..drafters.registry import shipped_head
+from ..drafters.defaults import shipped_head
 from ..model import ModelConfig, Transformer
 from ..tokenizer import encode_prompt
 from .sharegpt import sharegpt_prompts
@@ -161,7 +161,7 @@ def load_or_make_data(args, tok) -> dict:
             raise ValueError(f"only {len(prompts)} ShareGPT prompts pass the filters; asked for {need}")
         assert all(ex["prompt"].tolist() == p for ex, p in zip(cache["examples"], prompts)), "stale cache"
 
-        from ..models import load_hf
+        from ..loading import load_hf
 
         hf, _ = load_hf(TARGET)
         path.parent.mkdir(parents=True, exist_ok=True)

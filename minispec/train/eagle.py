@@ -47,10 +47,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..lab.env import at_least, thread_count
+from ..args import at_least, thread_count
 from ..drafters.base import Features
 from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
-from ..drafters.registry import shipped_head
+from ..drafters.defaults import shipped_head
 from ..model import rope_cos_sin
 from ..sampling import GREEDY
 from . import TARGET, bf16_help, ddp, loop, native_bf16

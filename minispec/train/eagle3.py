@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..lab.env import thread_count
+from ..args import thread_count
 from ..drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, build_vocab_map, eagle3_layers
-from ..drafters.registry import shipped_head
+from ..drafters.defaults import shipped_head
 from . import TARGET, bf16_help, ddp, loop, native_bf16
 from .data import FeatureData, add_selfdistill_args, feature_data, selfdistill_data
 from .eagle import level_attention

@@ -297,7 +297,7 @@ def start(args):
     """A trainer's first steps: join the ranks torchrun describes (``ddp.setup``: gloo, one CPU
     process per rank), set the threads and the seed, load the frozen target on ``args.device``
     (default cpu). Returns (target, tok)."""
-    from ..models import load
+    from ..loading import load
 
     device = getattr(args, "device", "cpu")
     if device != "cpu" and int(os.environ.get("WORLD_SIZE", 1)) > 1:  # torchrun's ranks

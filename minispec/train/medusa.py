@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from ..lab.env import thread_count
+from ..args import thread_count
 from ..drafters.medusa import MedusaDrafter, MedusaHeads
-from ..drafters.registry import shipped_head
+from ..drafters.defaults import shipped_head
 from . import TARGET, bf16_help, ddp, loop, native_bf16
 from .data import FeatureData, feature_data
 from .measure import record_measurement

@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..lab.env import at_least, thread_count
+from ..args import at_least, thread_count
 from ..config import cache_dir
 from ..drafters.base import Features, Vanilla
 from . import TARGET
@@ -327,7 +327,7 @@ def save_part(folder: Path, index: dict, i: int, part: dict, seconds: float, arg
 def main(argv=None) -> None:
     from tqdm import tqdm
 
-    from ..models import load, load_hf
+    from ..loading import load, load_hf
 
     args = parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     from ..lab.benchinfo import versions
-    from ..models import load
+    from ..loading import load
 
     args = parse_args(argv)
     model, tok = load(args.model)

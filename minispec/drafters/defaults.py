@@ -48,7 +48,7 @@ TABLE = {
 HF_METHODS = ("hf", "hf_assisted", "hf_pld")
 """transformers' baselines: ``bench`` runs them beside the table's methods (``minispec.lab.bench``)."""
 
-# --- how ``auto`` resolves (minispec.dispatch): a saved ``tune`` choice for this machine, else a quick
+# --- how ``auto`` resolves (minispec.auto): a saved ``tune`` choice for this machine, else a quick
 # calibration over QUICK_CANDIDATES (batch 1), else DEFAULT_AUTO; ``tune`` tries DEFAULT_CANDIDATES
 DEFAULT_AUTO = "eagle@chain:2"
 QUICK_CANDIDATES = ("copy@chain:2", "copy", "eagle2@4/4/12")

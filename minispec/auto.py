@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .config import cache_dir, cpu_tag, file_tag
-from .drafters.registry import DEFAULT_AUTO, DEFAULT_CANDIDATES, HEAD_DTYPE_PROBE, QUICK_CANDIDATES  # noqa: F401  (the table's)
+from .drafters.defaults import DEFAULT_AUTO, DEFAULT_CANDIDATES, HEAD_DTYPE_PROBE, QUICK_CANDIDATES  # noqa: F401  (the table's)
 from .methods import MethodSpec, Methods, parse_method
 from .sampling import GREEDY, SamplingParams
 
@@ -162,7 +162,7 @@ def saved_choice(model_name: str, batch_size: int = 1, params: SamplingParams = 
     there is none or it was measured with other shipped checkpoints than these (a release with a new head), or
     it is a quick calibration over another candidate list than ``QUICK_CANDIDATES`` (a release that changed
     the list): a stale choice is not a choice."""
-    from .drafters.registry import shipped_fingerprint
+    from .drafters.defaults import shipped_fingerprint
 
     path = tune_path(model_name, batch_size, params)
     if not path.exists():

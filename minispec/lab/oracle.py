@@ -52,7 +52,7 @@ import torch
 
 from ..sampling import SamplingParams
 from ..tree import Tree
-from .base import Drafter
+from ..drafters.base import Drafter
 
 
 def expected_tau(p_corrupt: float, k: int) -> float:

@@ -1,5 +1,5 @@
 """The tree dispatcher (chapter 5): cost model, cost curve, tune's choice, and the 'auto' method: measured by the
-lab (``minispec.lab.tune``, ``minispec.lab.calibrate``), read by the runtime (``minispec.dispatch``)."""
+lab (``minispec.lab.tune``, ``minispec.lab.calibrate``), read by the runtime (``minispec.auto``)."""
 
 import dataclasses
 import json
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from minispec import dispatch, load
+from minispec import auto, load
 
 from minispec.lab import calibrate, tune_report
 from minispec.lab import tune as tuning
@@ -24,16 +24,16 @@ def tiny():
 
 
 def test_cost_model_and_interpolation():
-    assert dispatch.predicted_tokens_per_s(3.0, 0.02, 0.01) == pytest.approx(100.0)
-    assert dispatch.predicted_tokens_per_s(1.0, 0.02, 0.0, loop_s=0.03) == pytest.approx(20.0)
-    assert dispatch.predicted_tokens_per_s(1.0, 0.05, 0.0, loop_s=-0.01) == pytest.approx(25.0)  # a residual
+    assert auto.predicted_tokens_per_s(3.0, 0.02, 0.01) == pytest.approx(100.0)
+    assert auto.predicted_tokens_per_s(1.0, 0.02, 0.0, loop_s=0.03) == pytest.approx(20.0)
+    assert auto.predicted_tokens_per_s(1.0, 0.05, 0.0, loop_s=-0.01) == pytest.approx(25.0)  # a residual
     with pytest.raises(ValueError, match="positive time"):
-        dispatch.predicted_tokens_per_s(1.0, 0.01, 0.0, loop_s=-0.02)
+        auto.predicted_tokens_per_s(1.0, 0.01, 0.0, loop_s=-0.02)
     curve = {0: 1.0, 4: 3.0, 8: 4.0}
-    assert dispatch.interpolate(curve, 2) == pytest.approx(2.0)
-    assert dispatch.interpolate(curve, 6) == pytest.approx(3.5)
-    assert dispatch.interpolate(curve, 12) == pytest.approx(5.0)  # the last segment extended
-    assert dispatch.interpolate(curve, 0) == 1.0
+    assert auto.interpolate(curve, 2) == pytest.approx(2.0)
+    assert auto.interpolate(curve, 6) == pytest.approx(3.5)
+    assert auto.interpolate(curve, 12) == pytest.approx(5.0)  # the last segment extended
+    assert auto.interpolate(curve, 0) == 1.0
 
 
 def test_method_names():
@@ -84,7 +84,7 @@ def test_tune_chooses_the_best_predicted_candidate(tiny):
     assert got["sps"].nodes == 3 and got["sps@2/2/4"].nodes == 4 and got["sps"].draft_s > 0
     for c in r.candidates:
         assert c.predicted_tok_s == pytest.approx(
-            dispatch.predicted_tokens_per_s(c.step_tokens, c.verify_s, c.draft_s, c.loop_s))
+            auto.predicted_tokens_per_s(c.step_tokens, c.verify_s, c.draft_s, c.loop_s))
         assert c.step_tokens >= 1.0 and c.verify_s + c.draft_s + c.loop_s > 0
     assert r.choice == max(r.candidates, key=lambda c: c.predicted_tok_s).method
     text = tune_report.format_tune(r)
@@ -94,7 +94,7 @@ def test_tune_chooses_the_best_predicted_candidate(tiny):
 @pytest.mark.ch05
 def test_each_candidate_pays_its_own_loop_overhead(tiny, monkeypatch):
     """t_loop(c): the phases of c's own steps but the draft and the target forward, per step (module docstring of
-    ``minispec.dispatch``), not vanilla's: a cheap drafter with a costly loop is not flattered. The calibration
+    ``minispec.auto``), not vanilla's: a cheap drafter with a costly loop is not flattered. The calibration
     runs report known phase times (the generations stubbed: pld's loop costs 5 ms a step, vanilla's 1 ms), so the
     loop overhead each candidate must carry, and its prediction, are known in advance."""
     import types
@@ -132,7 +132,7 @@ def test_a_racing_calibration_stops_running_the_losers(tiny, monkeypatch):
     methods = Methods(model, "tiny-llama", draft_model=draft, k=3)
     cands, prompts = ("vanilla", "pld", "sps", "sps@2/2/4"), ["abcabcabc", "1, 2, 3, 4", "x y x y x y"]
     speed = {"vanilla": 1.0, "pld": 0.5, "sps": 1.5, "sps@2/2/4": 1.4}  # tokens/s the stub predicts
-    real = dispatch._candidate
+    real = auto._candidate
     monkeypatch.setattr(tuning, "_candidate", lambda c, m, curve_b: dataclasses.replace(
         real(c, m, curve_b), predicted_tok_s=speed[c]))
     ran = {}
@@ -174,7 +174,7 @@ def test_a_calibration_with_a_budget_starts_no_prompt_it_cannot_finish(tiny, mon
     monkeypatch.setattr(gen_module, "generate", slow_generate)
     monkeypatch.setattr(tuning, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0]))
     speed = {"vanilla": 1.0, "pld": 0.5, "sps": 1.5}
-    real = dispatch._candidate
+    real = auto._candidate
     monkeypatch.setattr(tuning, "_candidate", lambda c, m, curve_b: dataclasses.replace(
         real(c, m, curve_b), predicted_tok_s=speed[c]))
     ran = {}
@@ -198,23 +198,23 @@ def test_the_choice_is_made_among_the_candidates_that_ran_the_most_prompts():
     """A candidate a race or the budget left behind after one prompt keeps a prediction from fewer prompts
     than the others: it is not compared with them; vanilla, whose step is the same on every prompt, is."""
     def row(method, predicted, prompts):
-        return dispatch.CandidateResult(method, 0, 1.0, 1.0, 0.0, 0.01, 0.0, predicted, predicted, prompts)
+        return auto.CandidateResult(method, 0, 1.0, 1.0, 0.0, 0.01, 0.0, predicted, predicted, prompts)
 
-    assert dispatch.choose([row("vanilla", 20, 1), row("eagle2", 37, 1), row("copy", 32, 3), row("eagle", 30, 3)]) == "copy"
-    assert dispatch.choose([row("vanilla", 20, 1), row("copy", 19, 3), row("eagle", 18, 3)]) == "vanilla"
-    assert dispatch.choose([row("vanilla", 20, 1), row("eagle2", 37, 1), row("copy", 32, 1)]) == "eagle2"
+    assert auto.choose([row("vanilla", 20, 1), row("eagle2", 37, 1), row("copy", 32, 3), row("eagle", 30, 3)]) == "copy"
+    assert auto.choose([row("vanilla", 20, 1), row("copy", 19, 3), row("eagle", 18, 3)]) == "vanilla"
+    assert auto.choose([row("vanilla", 20, 1), row("eagle2", 37, 1), row("copy", 32, 1)]) == "eagle2"
 
 
 def test_auto_reads_the_saved_choice(tmp_path, monkeypatch):
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="minispec tune"):
-        dispatch.auto_method("tiny-llama", strict=True)
-    assert dispatch.auto_method("tiny-llama") == DEFAULT_AUTO  # no saved tune: the shipped default, nothing measured
-    assert not dispatch.tune_path("tiny-llama").exists()
-    path = dispatch.tune_path("tiny-llama")
+        auto.auto_method("tiny-llama", strict=True)
+    assert auto.auto_method("tiny-llama") == DEFAULT_AUTO  # no saved tune: the shipped default, nothing measured
+    assert not auto.tune_path("tiny-llama").exists()
+    path = auto.tune_path("tiny-llama")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"choice": "pld"}))
-    assert dispatch.auto_method("tiny-llama") == "pld"
+    assert auto.auto_method("tiny-llama") == "pld"
 
 
 def test_a_choice_measured_with_other_shipped_heads_is_stale(tmp_path, monkeypatch):
@@ -234,22 +234,22 @@ def test_a_choice_measured_with_other_shipped_heads_is_stale(tmp_path, monkeypat
     (heads / "m-draft.st").write_bytes(b"a draft")
     assert len({one, two, registry.shipped_fingerprint("m")}) == 3 and len(one) == 16
     (heads / "m-draft.st").unlink()
-    path = dispatch.tune_path("m")
+    path = auto.tune_path("m")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"choice": "pld", "drafters": one}))
-    assert dispatch.saved_choice("m") is None and dispatch.auto_method("m") == DEFAULT_AUTO
+    assert auto.saved_choice("m") is None and auto.auto_method("m") == DEFAULT_AUTO
     with pytest.raises(FileNotFoundError, match="shipped checkpoints"):
-        dispatch.auto_method("m", strict=True)
+        auto.auto_method("m", strict=True)
     path.write_text(json.dumps({"choice": "pld", "drafters": two}))
-    assert dispatch.auto_method("m") == "pld"
-    r = dispatch.TuneResult("m", 1, 16, {1: {0: 0.01}}, choice="sps")
+    assert auto.auto_method("m") == "pld"
+    r = auto.TuneResult("m", 1, 16, {1: {0: 0.01}}, choice="sps")
     (heads / "m-eagle.st").write_bytes(b"head three")
-    assert dispatch.resolve_auto("m") == (DEFAULT_AUTO, f"auto = {DEFAULT_AUTO} (minispec's default: its last "
+    assert auto.resolve_auto("m") == (DEFAULT_AUTO, f"auto = {DEFAULT_AUTO} (minispec's default: its last "
                                           "calibration measured other shipped heads; python -m minispec calibrate "
                                           "measures it)")
     tuning.save_choice(r)
     assert json.loads(path.read_text())["drafters"] == registry.shipped_fingerprint("m") != two
-    assert dispatch.auto_method("m") == "sps"
+    assert auto.auto_method("m") == "sps"
 
 
 def test_tune_cli_on_a_tiny_model(tmp_path):
@@ -279,7 +279,7 @@ def test_auto_is_calibrated_by_the_lab_once_on_own_prompts_and_read_by_the_runti
     model, tok, draft = tiny
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(calibrate, "QUICK_CANDIDATES", ("pld", "sps"))
-    monkeypatch.setattr(dispatch, "QUICK_CANDIDATES", ("pld", "sps"))
+    monkeypatch.setattr(auto, "QUICK_CANDIDATES", ("pld", "sps"))
     seen = {}
     real_tune = calibrate.tune
 
@@ -288,7 +288,7 @@ def test_auto_is_calibrated_by_the_lab_once_on_own_prompts_and_read_by_the_runti
         return real_tune(target, tok_, prompts, *a, **kw)
 
     monkeypatch.setattr(calibrate, "tune", spy)
-    method, line = dispatch.resolve_auto("tiny-llama")
+    method, line = auto.resolve_auto("tiny-llama")
     assert (method, line) == (DEFAULT_AUTO, f"auto = {DEFAULT_AUTO} (minispec's default: no calibration saved for this "
                                             "machine; python -m minispec calibrate measures it)") and not seen
     assert calibrate.needs_calibration("tiny-llama")
@@ -298,14 +298,14 @@ def test_auto_is_calibrated_by_the_lab_once_on_own_prompts_and_read_by_the_runti
     own, reuse = [p["prompt"] for p in own_prompts()], [p["prompt"] for p in reuse_prompts()]
     assert seen["prompts"] == [reuse[0], own[0], own[1]]  # minispec's own, one reusing its input; never a benchmark's
     assert seen["budget_s"] == calibrate.QUICK_BUDGET_S
-    path = dispatch.tune_path("tiny-llama")
+    path = auto.tune_path("tiny-llama")
     assert path.exists() and f"-{torch.get_num_threads()}t-" in path.name
     saved = json.loads(path.read_text())
     assert saved["choice"] == r.choice and saved["calibration_s"] > 0 and saved["quick"] == ["pld", "sps"]
     assert r.choice in ("vanilla", "pld", "sps") and calibrate.summary(kernel, r, "tiny-llama")[1].startswith(
         f"auto = {r.choice} (calibrated in")
     seen.clear()
-    again, line2 = dispatch.resolve_auto("tiny-llama")
+    again, line2 = auto.resolve_auto("tiny-llama")
     assert again == r.choice and "calibrated on this machine" in line2 and not seen  # read back, not measured again
     assert calibrate.calibrate("tiny-llama", model=(model, tok))[1] is None and not seen  # calibrated once
 
@@ -315,22 +315,22 @@ def test_a_quick_choice_over_another_candidate_list_is_stale(tiny, tmp_path, mon
     stale (``auto`` is the default again, and says why, until calibrated again), as one saved before the list was
     recorded; ``python -m minispec tune``'s choice (no ``calibration_s``) is not a quick one and stays."""
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(dispatch, "QUICK_CANDIDATES", ("pld", "sps"))
+    monkeypatch.setattr(auto, "QUICK_CANDIDATES", ("pld", "sps"))
     monkeypatch.setattr(calibrate, "QUICK_CANDIDATES", ("pld", "sps"))
-    path = dispatch.tune_path("tiny-llama")
+    path = auto.tune_path("tiny-llama")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"choice": "pld", "calibration_s": 1.0, "quick": ["pld", "sps"]}))
-    assert dispatch.auto_method("tiny-llama") == "pld"
+    assert auto.auto_method("tiny-llama") == "pld"
     for stale in ({"quick": ["pld"]}, {}):  # another list; none recorded
         path.write_text(json.dumps({"choice": "pld", "calibration_s": 1.0, **stale}))
-        assert dispatch.saved_choice("tiny-llama") is None and dispatch.auto_method("tiny-llama") == DEFAULT_AUTO
-    assert "its last calibration ran other candidates" in dispatch.resolve_auto("tiny-llama")[1]
+        assert auto.saved_choice("tiny-llama") is None and auto.auto_method("tiny-llama") == DEFAULT_AUTO
+    assert "its last calibration ran other candidates" in auto.resolve_auto("tiny-llama")[1]
     model, tok, draft = tiny
     monkeypatch.setattr(calibrate, "calibrate_kernels", lambda force=False: {"kernel": "panels"})
     _, r, _ = calibrate.calibrate("tiny-llama", model=(model, tok))
-    assert json.loads(path.read_text())["quick"] == ["pld", "sps"] and dispatch.auto_method("tiny-llama") == r.choice
+    assert json.loads(path.read_text())["quick"] == ["pld", "sps"] and auto.auto_method("tiny-llama") == r.choice
     path.write_text(json.dumps({"choice": "pld", "calibration_s": None, "quick": None}))  # tune's, over its own list
-    assert dispatch.auto_method("tiny-llama") == "pld"
+    assert auto.auto_method("tiny-llama") == "pld"
 
 
 def test_the_calibration_set_mixes_own_prompts_with_input_reuse(tmp_path):
@@ -353,7 +353,7 @@ def test_sampled_auto_is_calibrated_sampled_and_saved_apart_from_greedy(tiny, tm
 
     model, tok, draft = tiny
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(dispatch, "QUICK_CANDIDATES", ("pld", "sps"))
+    monkeypatch.setattr(auto, "QUICK_CANDIDATES", ("pld", "sps"))
     monkeypatch.setattr(calibrate, "QUICK_CANDIDATES", ("pld", "sps"))
     monkeypatch.setattr(calibrate, "calibrate_kernels", lambda force=False: {"kernel": "panels"})
     calls = []
@@ -366,25 +366,25 @@ def test_sampled_auto_is_calibrated_sampled_and_saved_apart_from_greedy(tiny, tm
 
     monkeypatch.setattr(gen_module, "generate", spy)
     hot = SamplingParams(temperature=0.7, top_p=0.9)
-    greedy_path, hot_path = dispatch.tune_path("tiny-llama"), dispatch.tune_path("tiny-llama", params=hot)
+    greedy_path, hot_path = auto.tune_path("tiny-llama"), auto.tune_path("tiny-llama", params=hot)
     assert greedy_path != hot_path and hot_path.name.endswith("-b1-T0.7-p0.9.json")
     greedy_path.parent.mkdir(parents=True)
     greedy_path.write_text(json.dumps({"choice": "pld", "calibration_s": 1.0, "quick": ["pld", "sps"]}))  # a greedy choice
     calibrate.write_once(calibrate.choice_path(), {"kernel": "panels", "machine": calibrate.machine_tag()})  # and a kernel
     assert calibrate.needs_calibration("tiny-llama", hot) and not calibrate.needs_calibration("tiny-llama")
-    assert "at temperature 0.7, top-p 0.9" in dispatch.resolve_auto("tiny-llama", params=hot)[1] and not calls
+    assert "at temperature 0.7, top-p 0.9" in auto.resolve_auto("tiny-llama", params=hot)[1] and not calls
     _, r, _ = calibrate.calibrate("tiny-llama", hot, model=(model, tok))
     assert calls and {p for p, _ in calls} == {hot}  # every calibration generation sampled at hot
     prompts = len({s for _, s in calls})
     assert sorted({s for _, s in calls}) == list(range(prompts))  # seeded by prompt, alike for every candidate
-    method, line = dispatch.resolve_auto("tiny-llama", params=hot)
+    method, line = auto.resolve_auto("tiny-llama", params=hot)
     assert method == r.choice and "at temperature 0.7, top-p 0.9" in line and "calibrated on this machine" in line
     saved = json.loads(hot_path.read_text())
     assert saved["choice"] == method and saved["params"] == {"temperature": 0.7, "top_k": 0, "top_p": 0.9}
     assert json.loads(greedy_path.read_text())["choice"] == "pld"  # greedy's choice untouched
     calls.clear()
-    assert dispatch.resolve_auto("tiny-llama")[0] == "pld" and not calls
-    assert dispatch.auto_method("tiny-llama", params=hot) == method and dispatch.auto_method("tiny-llama") == "pld"
+    assert auto.resolve_auto("tiny-llama")[0] == "pld" and not calls
+    assert auto.auto_method("tiny-llama", params=hot) == method and auto.auto_method("tiny-llama") == "pld"
     with pytest.raises(FileNotFoundError, match="--temperature 0.5"):
-        dispatch.auto_method("tiny-llama", strict=True, params=SamplingParams(temperature=0.5))
-    assert dispatch.sampling_tag(GREEDY) == "" and dispatch.sampling_tag(SamplingParams(1.0, 50)) == "-T1-k50"
+        auto.auto_method("tiny-llama", strict=True, params=SamplingParams(temperature=0.5))
+    assert auto.sampling_tag(GREEDY) == "" and auto.sampling_tag(SamplingParams(1.0, 50)) == "-T1-k50"
