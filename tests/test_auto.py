@@ -220,19 +220,19 @@ def test_auto_reads_the_saved_choice(tmp_path, monkeypatch):
 def test_a_choice_measured_with_other_shipped_heads_is_stale(tmp_path, monkeypatch):
     """A release that ships another head changes ``shipped_fingerprint``; a choice saved with the old
     heads is then no choice: ``auto_method`` falls back to the default and ``resolve_auto`` says why."""
-    from minispec.drafters import registry
+    from minispec.drafters import defaults
 
     monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
     heads = tmp_path / "ckpt"
     heads.mkdir()
-    monkeypatch.setattr(registry, "shipped_head", lambda kind, model_name="m": heads / f"{model_name}-{kind}.st")
-    assert registry.shipped_fingerprint("m") == ""  # nothing shipped
+    monkeypatch.setattr(defaults, "shipped_head", lambda kind, model_name="m": heads / f"{model_name}-{kind}.st")
+    assert defaults.shipped_fingerprint("m") == ""  # nothing shipped
     (heads / "m-eagle.st").write_bytes(b"head one")
-    one = registry.shipped_fingerprint("m")
+    one = defaults.shipped_fingerprint("m")
     (heads / "m-eagle.st").write_bytes(b"head two")
-    two = registry.shipped_fingerprint("m")
+    two = defaults.shipped_fingerprint("m")
     (heads / "m-draft.st").write_bytes(b"a draft")
-    assert len({one, two, registry.shipped_fingerprint("m")}) == 3 and len(one) == 16
+    assert len({one, two, defaults.shipped_fingerprint("m")}) == 3 and len(one) == 16
     (heads / "m-draft.st").unlink()
     path = auto.tune_path("m")
     path.parent.mkdir(parents=True)
@@ -248,7 +248,7 @@ def test_a_choice_measured_with_other_shipped_heads_is_stale(tmp_path, monkeypat
                                           "calibration measured other shipped heads; python -m minispec calibrate "
                                           "measures it)")
     tuning.save_choice(r)
-    assert json.loads(path.read_text())["drafters"] == registry.shipped_fingerprint("m") != two
+    assert json.loads(path.read_text())["drafters"] == defaults.shipped_fingerprint("m") != two
     assert auto.auto_method("m") == "sps"
 
 

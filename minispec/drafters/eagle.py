@@ -166,7 +166,7 @@ class EagleDrafter(GraphedHead, TreeDrafter):
         target: the minispec Transformer whose features the head reads (its tok_emb and lm_head are used).
         head: an ``EagleHead`` trained for this target.
         tree: a ``TreeSpec`` or its string form ('chain:5', 'eagle', '6,10,60', ...);
-            default ``registry.DEFAULT_TREES['eagle']``.
+            default ``defaults.DEFAULT_TREES['eagle']``.
         capacity: the head's KV cache size in tokens (grown on demand).
         draft_vocab: draft over the K most frequent tokens only (FR-Spec, ``minispec.drafters.vocab``);
             None: the full vocabulary. Verification stays over the full vocabulary (lossless).

@@ -201,7 +201,7 @@ class Eagle3Drafter(GraphedHead, TreeDrafter):
             ``prefill`` and ``commit``).
         head: a trained ``Eagle3Head``.
         tree: a ``TreeSpec`` or its string form ('chain:5', 'eagle', '5,8,32', ...); default
-            ``registry.DEFAULT_TREES['eagle3']``.
+            ``defaults.DEFAULT_TREES['eagle3']``.
         capacity: the head's KV cache size in tokens (grown on demand).
     ``use_graphs()`` (chapter 8, ``generate(..., cuda_graphs=True)``) drafts chains and dynamic trees as one
     CUDA graph per bucket (``graphed_draft.GraphedDraft``) over a static cache of the head.

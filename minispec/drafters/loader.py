@@ -46,8 +46,8 @@ def load_drafter(path_or_hub_id, target, tree=None, verbose: bool = True, draft_
             or a Hugging Face hub id (downloaded only when the hub is reachable).
         target: the minispec Transformer the drafter serves.
         tree: the tree to draft (``TreeSpec`` or its string); default: the kind's method's tree in
-            ``registry.TABLE`` (Medusa: a chain as deep as the heads when they are fewer than the
-            'medusa' tree needs, ``registry.default_tree``).
+            ``defaults.TABLE`` (Medusa: a chain as deep as the heads when they are fewer than the
+            'medusa' tree needs, ``defaults.default_tree``).
         verbose: print one line with what was inferred.
         draft_vocab: EAGLE-1/2 and Medusa heads (which draft through an LM head of the target's vocabulary):
             draft over the K most frequent tokens (FR-Spec, ``minispec.drafters.vocab``); None: the full

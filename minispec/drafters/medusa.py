@@ -16,7 +16,7 @@ t against the target's distribution at position t+i+1.
 
 Drafting: Medusa heads never see the drafted tokens, so every child of a node at depth d takes
 the logits of head d, computed once per step from f_{n-2}: the K residual blocks, then ONE product
-of their K outputs with the LM head they share. The ``medusa`` method (``registry.TABLE``) drafts
+of their K outputs with the LM head they share. The ``medusa`` method (``defaults.TABLE``) drafts
 over the 8,192 most frequent tokens (FR-Spec, ``minispec.drafters.vocab``, as the EAGLE-1/2 head
 does): that LM head is the target's rows of those tokens (``ReducedLMHead``), so a step reads about
 a sixth of SmolLM2's 49,152-row LM head once, where one product per head would read all of it K
