@@ -47,6 +47,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .. import exact
 from ..lab.env import at_least, thread_count
 from ..drafters.base import Features
 from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
@@ -461,12 +462,19 @@ def save_head(head: EagleHead, path: Path, record: dict) -> None:
 
 def new_head(args, target) -> EagleHead:
     """The head of ``--layers`` layers to train: random (seeded), or layer 0 from a target layer
-    (``--init-layer``), or from a checkpoint (``--init-from``; further layers start as the identity)."""
+    (``--init-layer``), or from a checkpoint (``--init-from``; further layers start as the identity).
+
+    It computes as its target does from the first step on (``exact.follow``: the exact backend on a CPU
+    float32 target). ``evaluate`` drafts through an ``EagleDrafter``, which makes that same swap in place;
+    were the head to start plain, the steps after the first evaluation would compute their attention
+    otherwise than the steps before it, and a run resumed from a checkpoint (whose held-out metrics before
+    training are not rerun) would take its first step otherwise than the uninterrupted run took it."""
     head = EagleHead(EagleConfig.for_target(target.cfg, num_hidden_layers=args.layers)).to(target.device)
     if args.init_layer is not None:
         init_from_target(head, target, args.init_layer % target.cfg.n_layer)
     if args.init_from is not None:
         warm_start(head, args.init_from, target)
+    exact.follow(target, head)
     return head
 
 
