@@ -462,19 +462,12 @@ def save_head(head: EagleHead, path: Path, record: dict) -> None:
 
 def new_head(args, target) -> EagleHead:
     """The head of ``--layers`` layers to train: random (seeded), or layer 0 from a target layer
-    (``--init-layer``), or from a checkpoint (``--init-from``; further layers start as the identity).
-
-    It computes as its target does from the first step on (``exact.follow``: the exact backend on a CPU
-    float32 target). ``evaluate`` drafts through an ``EagleDrafter``, which makes that same swap in place;
-    were the head to start plain, the steps after the first evaluation would compute their attention
-    otherwise than the steps before it, and a run resumed from a checkpoint (whose held-out metrics before
-    training are not rerun) would take its first step otherwise than the uninterrupted run took it."""
+    (``--init-layer``), or from a checkpoint (``--init-from``; further layers start as the identity)."""
     head = EagleHead(EagleConfig.for_target(target.cfg, num_hidden_layers=args.layers)).to(target.device)
     if args.init_layer is not None:
         init_from_target(head, target, args.init_layer % target.cfg.n_layer)
     if args.init_from is not None:
         warm_start(head, args.init_from, target)
-    exact.follow(target, head)
     return head
 
 
@@ -507,7 +500,16 @@ def loop_settings(args) -> loop.Settings:
 
 def trainer(args, target, head: EagleHead, data: FeatureData, draft_head: torch.Tensor | None) -> loop.Trainer:
     """``head`` and ``eagle_loss`` on ``data`` for ``loop.fit``; the history keeps the SmoothL1, CE,
-    accuracy and grad norm of the step and the held-out acceptance / chain tau."""
+    accuracy and grad norm of the step and the held-out acceptance / chain tau.
+
+    ``head`` computes as its target does from here on, on every rank (``exact.follow``, in place: the exact
+    backend on a CPU float32 target). The held-out evaluation drafts through an ``EagleDrafter``, which makes
+    that same swap; were the head left plain until then, the steps after the first evaluation would compute
+    their attention otherwise than the steps before it, a run resumed from its checkpoint (which reruns no
+    evaluation before its first step) would take that step otherwise than the uninterrupted run, and under
+    torchrun rank 0 (which alone evaluates) otherwise than the other ranks."""
+    exact.follow(target, head)
+
     def heldout() -> dict:
         return evaluate(head, target, data.held, data.fheld, tau_seqs=args.eval_tau_seqs)
 
