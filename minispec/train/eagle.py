@@ -47,12 +47,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .. import exact
 from ..lab.env import at_least, thread_count
 from ..drafters.base import Features
 from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from ..drafters.registry import shipped_head
 from ..model import rope_cos_sin
+from .. import exact  # the trained head follows its target's backend (trainer)
 from ..sampling import GREEDY
 from . import TARGET, bf16_help, ddp, loop, native_bf16
 from .data import FeatureData, add_selfdistill_args, feature_data, selfdistill_data
