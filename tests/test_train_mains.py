@@ -181,6 +181,31 @@ def test_train_eagle_two_layers_from_a_one_layer_head_and_resume(patched, tmp_pa
         assert torch.equal(v, again.state_dict()[k]), k
 
 
+def test_a_held_out_evaluation_leaves_the_eagle_training_step_as_it_was(tiny):
+    """``train eagle`` evaluates between steps through an ``EagleDrafter``, which swaps its target's backend into
+    the head in place; ``eagle.trainer`` makes that swap before the first step, so a step's gradients are the same
+    bits before and after an evaluation (else a run resumed from a checkpoint, which runs no evaluation before its
+    first step, trains otherwise than the uninterrupted run)."""
+    from minispec.train import ddp
+
+    target, _, data = tiny
+    args = eagle.parse_args(["--draft-vocab", "0", "--layers", "2", "--eval-tau-seqs", "1", "--no-bf16"])
+    torch.manual_seed(0)
+    t = eagle.trainer(args, target, eagle.new_head(args, target), data, None)
+    batch = t.batch([0, 4])
+
+    def grads() -> dict[str, torch.Tensor]:
+        t.model.zero_grad(set_to_none=True)
+        loss, _ = t.loss(t.model, batch, torch.Generator().manual_seed(0), ddp.local)
+        loss.backward()
+        return {n: p.grad.clone() for n, p in t.model.named_parameters()}
+
+    first = grads()
+    t.before()  # the held-out evaluation ``loop.fit`` runs before a fresh run's first step
+    again = grads()
+    assert set(first) == set(again) and all(torch.equal(first[n], again[n]) for n in first), \
+        [n for n in first if not torch.equal(first[n], again[n])]
+
 def test_train_eagle3_from_a_checkpoint_on_selfdistilled_ids(patched, tmp_path, monkeypatch):
     """``train eagle3 --init-from --selfdistill-parts``: the head starts as the checkpoint (its held-out figures
     before training are that head's), keeps its draft vocabulary, and trains on the self-distilled sequences

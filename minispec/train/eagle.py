@@ -52,6 +52,7 @@ from ..drafters.base import Features
 from ..drafters.eagle import EagleConfig, EagleDrafter, EagleHead, load_eagle
 from ..drafters.defaults import shipped_head
 from ..model import rope_cos_sin
+from .. import exact  # the trained head follows its target's backend (trainer)
 from ..sampling import GREEDY
 from . import TARGET, bf16_help, ddp, loop, native_bf16
 from .data import FeatureData, add_selfdistill_args, feature_data, selfdistill_data
@@ -499,7 +500,16 @@ def loop_settings(args) -> loop.Settings:
 
 def trainer(args, target, head: EagleHead, data: FeatureData, draft_head: torch.Tensor | None) -> loop.Trainer:
     """``head`` and ``eagle_loss`` on ``data`` for ``loop.fit``; the history keeps the SmoothL1, CE,
-    accuracy and grad norm of the step and the held-out acceptance / chain tau."""
+    accuracy and grad norm of the step and the held-out acceptance / chain tau.
+
+    ``head`` computes as its target does from here on, on every rank (``exact.follow``, in place: the exact
+    backend on a CPU float32 target). The held-out evaluation drafts through an ``EagleDrafter``, which makes
+    that same swap; were the head left plain until then, the steps after the first evaluation would compute
+    their attention otherwise than the steps before it, a run resumed from its checkpoint (which reruns no
+    evaluation before its first step) would take that step otherwise than the uninterrupted run, and under
+    torchrun rank 0 (which alone evaluates) otherwise than the other ranks."""
+    exact.follow(target, head)
+
     def heldout() -> dict:
         return evaluate(head, target, data.held, data.fheld, tau_seqs=args.eval_tau_seqs)
 
