@@ -87,8 +87,9 @@ import matplotlib.pyplot as plt
 from minispec import KVCache, generate, load
 from minispec.lab.attention_grid import timed
 from minispec.attention.plan import check_context
-from minispec.cuda_graphs import (BATCH_BUCKETS, TOKEN_BUCKETS, GraphedForward, StaticKVCache, pad_inputs, pick_bucket,
-                                  static_forward, static_plan, static_prefill)
+from minispec.cuda_graphs import (BATCH_BUCKETS, TOKEN_BUCKETS, GraphedForward, pad_inputs, pick_bucket, static_forward,
+                                  static_plan, static_prefill)
+from minispec.kv import StaticKVCache
 from minispec.drafters.eagle import EagleConfig, EagleHead
 from minispec.grading import check, load_impl
 from minispec.lab.graph_rules import dispatch_cost_s, find_hazards, padding_waste, record_ops

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from minispec import KVCache, generate, load
-from minispec.cuda_graphs import GraphedForward, StaticKVCache, greedy_decode, pad_inputs, pick_bucket, static_forward
-from minispec.kv import KVCacheOverflow
+from minispec.cuda_graphs import GraphedForward, greedy_decode, pad_inputs, pick_bucket, static_forward
+from minispec.kv import KVCacheOverflow, StaticKVCache
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TREE = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 1, 1, 0], [1, 1, 0, 0, 1]], dtype=torch.bool)

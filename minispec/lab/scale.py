@@ -48,9 +48,9 @@ import time
 import torch
 
 from .attention_grid import timed
-from ..cuda_graphs import GraphedForward, StaticKVCache
+from ..cuda_graphs import GraphedForward
 from ..drafters.oracle import OracleDrafter, expected_tau, tree_shape
-from ..kv import KVCache
+from ..kv import KVCache, StaticKVCache
 from ..model import ModelConfig, Transformer
 from ..tree import Tree
 
