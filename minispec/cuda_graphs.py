@@ -26,9 +26,15 @@ What cannot be captured, and what this module does instead:
                     as the tree mask allows, built on the device.
   The host's share (``StaticKVCache.begin``: room, pending entries) runs before the replay.
   Attending over the whole capacity with a mask is what gpt-fast does; it costs attention over
-  C keys instead of length + T (size the cache to the request, not the model's context). The
-  split attention backends need the prefix length as a Python int and so run in eager mode
-  only; a split kernel that reads the lengths from a tensor would lift that.
+  C keys instead of length + T (size the cache to the request, not the model's context).
+  Each bucket picks its attention backend once, when it is set up: ``attention.table.choose_backend(
+  B_b, C, T_b, table)``, the table measured on this GPU if one was saved here (``table_for``), else
+  the default (a CPU: dense). "dense" is the model's own masked backend (the exact one on a CPU),
+  "flash" SDPA's fused path, and "split" the one-launch Triton split kernel
+  (``SplitAttention``): it reads each row's prefix length from ``kv.lengths`` on the device, attends
+  the prefix without a mask and the bucket's tree under its tree mask (no [B, 1, T, C] mask is
+  built), into a ``SplitWorkspace`` and an output buffer the bucket holds: no host read, no
+  allocation per call after the first, so a graph captures it and replays it for new lengths.
   Padding is harmless by construction: padded tokens write only into slots past a row's committed
   length (never committed, overwritten later), real tokens never see them, and padded rows see
   only their own token (no all-masked softmax row).
@@ -68,7 +74,9 @@ from typing import Callable, Sequence
 
 import torch
 
+from .attention import BACKENDS, check_backend
 from .attention.plan import Plan
+from .attention.table import BackendTable, choose_backend, table_for
 from .kv.static import StaticKVCache
 from .model import ModelOutput
 
@@ -77,8 +85,32 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
+class SplitAttention:
+    """The "split" backend of one graph bucket: ``triton_split.split_attention_triton`` over a ``StaticKVCache``,
+    each row's prefix length read from ``kv.lengths`` on the device, the new tokens under the plan's tree mask.
+
+    The bucket's ``SplitWorkspace`` (partials, ticket counters) and its output buffer are allocated on the
+    first call (a graph's warm-up) and reused by every later call and replay; nothing reads a value on the
+    host (``validate=False``: the host checked the room, ``StaticKVCache.check_room``). One instance per
+    bucket: its calls run one after another on one stream (the layers of a forward), each layer's output
+    read by its output projection before the next layer writes the buffer again.
+    """
+
+    def __init__(self, kv: StaticKVCache):
+        from .attention.triton_split import SplitWorkspace  # imports triton on first use
+
+        self.kv, self.workspace = kv, SplitWorkspace()
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan) -> torch.Tensor:
+        """q [b, H, T, hd]; k, v the cache's slots [b, Hkv, C, hd] (the new ones written at lengths + j) -> [b, H, T, hd]."""
+        from .attention.triton_split import split_attention_triton
+
+        return split_attention_triton(q, k, v, self.kv.lengths[:q.shape[0]], plan.tree, out=self.workspace.output(q),
+                                      workspace=self.workspace, validate=False)
+
+
 def static_plan(kv: StaticKVCache, positions: torch.Tensor, tree_mask: torch.Tensor | None = None,
-                slot_mask: torch.Tensor | None = None) -> Plan:
+                slot_mask: torch.Tensor | None = None, attention=None) -> Plan:
     """The attention plan of a forward on ``kv``, built on the device: capturable, unlike ``prepare``
     (no host synchronisation, no value-dependent shape; the pending slots are reserved by the caller,
     ``kv.begin``, outside any graph).
@@ -89,26 +121,34 @@ def static_plan(kv: StaticKVCache, positions: torch.Tensor, tree_mask: torch.Ten
             visible. Or instead ``slot_mask``: bool [B, T, C] over the cache's slots (the new tokens sit
             at slots length[b] + j), for drafts that see only part of what is cached (a draft tree's
             earlier levels).
+        attention: the plan's backend (None: the model's, when its forward starts); a ``SplitAttention``
+            takes the tree mask as it is and no mask over the slots.
     Returns:
-        ``Plan(positions, mask [B, 1, T, C])``: dense attention over the cache's whole capacity; the
-        new tokens' slots length[b] + arange(T) are set in ``kv.write_pos`` [B, T].
+        ``Plan(positions, mask [B, 1, T, C])``: masked attention over the cache's whole capacity, or for a
+        ``SplitAttention`` ``Plan(positions, tree=tree_mask [B, T, T])``; either way the new tokens' slots
+        length[b] + arange(T) are set in ``kv.write_pos`` [B, T].
     """
     B, T = positions.shape
     dev = positions.device
     lengths = kv.lengths[:B]  # [B]
     kv.write_pos = lengths[:, None] + torch.arange(T, device=dev)  # [B, T] slots of the new tokens
+    if isinstance(attention, SplitAttention):
+        if tree_mask is None:
+            raise ValueError("the split attention sees each row's whole committed prefix: give a tree_mask, not a "
+                             "slot_mask")
+        return Plan(positions, tree=tree_mask, attention=attention)  # tree [B, T, T]
     if slot_mask is None:
         keys = torch.arange(kv.capacity, device=dev)  # [C]
         mask = (keys[None, None, :] < lengths[:, None, None]).expand(B, T, kv.capacity).clone()  # [B, T, C] prefix
         mask.scatter_(2, kv.write_pos[:, None, :].expand(B, T, T), tree_mask)  # [b, i, slot_j] = tree_mask[b, i, j]
     else:
         mask = slot_mask  # [B, T, C]
-    return Plan(positions, mask=mask[:, None])  # [B, 1, T, C]
+    return Plan(positions, mask=mask[:, None], attention=attention)  # [B, 1, T, C]
 
 
 def static_forward(model, kv: StaticKVCache, tokens: torch.Tensor, positions: torch.Tensor,
                    tree_mask: torch.Tensor | None = None, slot_mask: torch.Tensor | None = None,
-                   hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False) -> ModelOutput:
+                   hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False, attention=None) -> ModelOutput:
     """One forward of ``model`` over new tokens, written to ``kv``: the body a CUDA graph captures.
 
     The model's own ``forward`` on the plan ``static_plan`` builds: no host synchronisation and no
@@ -119,10 +159,11 @@ def static_forward(model, kv: StaticKVCache, tokens: torch.Tensor, positions: to
         tokens: [B, T] ids; positions, tree_mask, slot_mask: as ``static_plan`` takes them.
         hidden_layers: layer indices whose input hidden states to return (EAGLE-3).
         last_logits_only: the LM head for the last token only (a prefill).
+        attention: the plan's backend, as ``static_plan`` takes it (None: the model's).
     Returns:
         ModelOutput(logits [B, T or 1, V], hidden [B, T, D], layer_inputs {i: [B, T, D]}).
     """
-    plan = static_plan(kv, positions, tree_mask, slot_mask)
+    plan = static_plan(kv, positions, tree_mask, slot_mask, attention)
     return model(tokens, kv=kv, plan=plan, hidden_layers=hidden_layers, last_logits_only=last_logits_only)
 
 
@@ -228,14 +269,20 @@ class GraphedForward:
         pad: pad calls to their bucket (default: only when graphs are used).
         warmup: eager runs on a side stream before each capture (lazy initialisation, autotuning).
         hidden_layers: layers whose input hidden states to return too (EAGLE-3 reads them).
-        slot_masks: calls give a ``slot_mask`` over the cache's slots instead of a ``tree_mask``.
+        slot_masks: calls give a ``slot_mask`` over the cache's slots instead of a ``tree_mask`` (attended
+            by the model's masked backend: the split needs every committed slot visible).
+        table: the attention backend table each bucket looks its backend up in (``choose_backend(B_b,
+            kv.capacity, T_b, table)``: "dense", "flash" or "split"); None: ``attention.table.table_for``
+            (the table measured on this GPU if saved here, else the default: dense on a CPU).
     Calls return views of static buffers, valid until the next call: clone what must outlive it.
-    ``captures`` counts the graphs recorded (or buckets set up), ``replays`` the calls per bucket.
+    ``captures`` counts the graphs recorded (or buckets set up), ``replays`` the calls per bucket,
+    ``backends`` the backend each bucket attends with.
     """
 
     def __init__(self, model, kv: StaticKVCache, batch_buckets: Sequence[int] = BATCH_BUCKETS,
                  token_buckets: Sequence[int] = TOKEN_BUCKETS, enabled: bool = True, pad: bool | None = None,
-                 warmup: int = 2, hidden_layers: tuple[int, ...] = (), slot_masks: bool = False):
+                 warmup: int = 2, hidden_layers: tuple[int, ...] = (), slot_masks: bool = False,
+                 table: BackendTable | None = None):
         self.model, self.kv = model, kv
         self.batch_buckets = tuple(sorted({b for b in batch_buckets if b <= kv.batch_size} | {kv.batch_size}))
         self.token_buckets = tuple(sorted(token_buckets))
@@ -245,10 +292,18 @@ class GraphedForward:
         self.graphs: dict[tuple[int, int], tuple] = {}  # (B_b, T_b) -> (replay, static inputs)
         self.pool = None  # one memory pool for all graphs: they never run concurrently and keep their outputs
         self.captures, self.replays = 0, {}
+        self.table = table if table is not None else table_for(model.device)
+        self.backends: dict[tuple[int, int], str] = {}  # (B_b, T_b) -> "dense" | "flash" | "split"
         self._generation = kv.generation
 
     def bucket(self, B: int, T: int) -> tuple[int, int]:
         return pick_bucket(B, self.batch_buckets), pick_bucket(T, self.token_buckets)
+
+    def backend_for(self, B_b: int, T_b: int) -> str:
+        """The attention backend of bucket (B_b, T_b): looked up in ``table`` (host ints only); "dense" for slot masks."""
+        if self.slot_masks:
+            return "dense"
+        return choose_backend(B_b, self.kv.capacity, T_b, self.table)
 
     @torch.inference_mode()
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
@@ -306,26 +361,33 @@ class GraphedForward:
             static["slot_mask"] = torch.zeros(B_b, T_b, self.kv.capacity, dtype=torch.bool, device=dev)
         else:
             static["tree_mask"] = torch.eye(T_b, dtype=torch.bool, device=dev).repeat(B_b, 1, 1)
+        name = self.backend_for(B_b, T_b)
+        if name == "split":
+            check_backend("split_triton", dev)  # a GPU, or the Triton interpreter on a CPU: else a clear error
+        # dense: None, the model's own masked backend (the exact one on a CPU)
+        attention = SplitAttention(self.kv) if name == "split" else BACKENDS["flash"] if name == "flash" else None
 
         def forward() -> ModelOutput:
-            return static_forward(self.model, self.kv, hidden_layers=self.hidden_layers, **static)
+            return static_forward(self.model, self.kv, hidden_layers=self.hidden_layers, attention=attention, **static)
         with torch.inference_mode():
             replay, self.pool = capture(forward, dev if self.use_graphs else torch.device("cpu"), self.pool,
                                         self.warmup)
         self.graphs[(B_b, T_b)] = (replay, static)
+        self.backends[(B_b, T_b)] = name
         self.captures += 1
         return self.graphs[(B_b, T_b)]
 
 
 @torch.inference_mode()
 def greedy_decode(model, prompts: torch.Tensor, max_new_tokens: int, enabled: bool = True, pad: bool | None = None,
-                  **buckets) -> torch.Tensor:
+                  **options) -> torch.Tensor:
     """Vanilla greedy decoding of a batch of equal-length prompts through ``GraphedForward``.
 
     The prefill runs eagerly (one long forward, no bucket); every decode step replays a graph.
 
     Args:
         prompts: [B, P] token ids on the model's device.
+        enabled, pad, options: ``GraphedForward``'s (buckets, ``table``).
     Returns:
         [B, max_new_tokens] new token ids.
     """
@@ -333,7 +395,7 @@ def greedy_decode(model, prompts: torch.Tensor, max_new_tokens: int, enabled: bo
     kv = StaticKVCache.for_model(model, capacity=P + max_new_tokens, batch_size=B)
     x = static_prefill(model, kv, prompts).logits[:, -1].argmax(-1)  # [B]
     kv.commit()
-    step = GraphedForward(model, kv, enabled=enabled, pad=pad, **buckets)
+    step = GraphedForward(model, kv, enabled=enabled, pad=pad, **options)
     new = [x]
     for _ in range(max_new_tokens - 1):
         x = step(x[:, None]).logits[:, -1].argmax(-1)  # [B]
