@@ -47,7 +47,10 @@ attention and linear plans (``minispec.exact``) the CPU path gives the eager for
 bit, padded or not, over the whole capacity or not: that is what CI proves. What only a GPU can
 show: that capture succeeds (no host synchronisation, no allocation outside the graph's pool),
 that a replay launches the same kernels as the eager padded forward (bitwise equal there too),
-and how much launch time it saves (``gpu-suite``; ``tests/test_cuda_graphs.py``'s CUDA tests).
+and how much launch time it saves (``gpu-suite``; ``tests/test_cuda_graphs.py``'s CUDA tests). A split
+bucket runs on the CPU too, its kernel in the Triton interpreter (greedy tokens equal to dense's, its
+workspace reused, no host read: ``tests/test_cuda_graphs.py``); that it captures, and whether it beats
+the masked path at long contexts, only a GPU shows (``tools/gpu_check.sh``'s ``split`` section).
 The model's call on such a plan also traces under ``torch.compile`` as one graph, without a graph break
 or a recompile from step to step (``tests/test_compile.py``): on a CPU, compiling it is capture's
 counterpart (``benchmarks/compiled_forward.py`` times it against eager).

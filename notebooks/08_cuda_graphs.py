@@ -546,9 +546,11 @@ plt.tight_layout(); plt.show()
 # %% [markdown]
 # At small $S$ the step is dominated by the weights (section 1) and the extra keys cost little;
 # the longer the context, the larger the attention's share and the more a loose capacity costs.
-# (gpt-fast accepts this price; a split attention kernel that reads the lengths from a device
-# tensor — chapter 6's, with the prefix length in a tensor — would attend over $S$ keys inside a
-# graph.)
+# (gpt-fast accepts this price. Chapter 6's Triton split kernel reads each row's prefix length from a
+# device tensor, so it attends over $S$ keys inside a graph: `GraphedForward` picks, per bucket, the
+# masked path or the split from the attention backend table a GPU measured —
+# `minispec.attention.table`, `GraphedForward(..., table=...)` — and on this CPU the default table
+# keeps the masked, row-invariant path.)
 #
 # ### Exercise 8.2 — `static_mask`
 #

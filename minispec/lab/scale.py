@@ -48,6 +48,7 @@ import time
 import torch
 
 from .attention_grid import timed
+from ..attention.table import BackendTable
 from ..cuda_graphs import GraphedForward
 from ..drafters.oracle import OracleDrafter, expected_tau, tree_shape
 from ..kv import KVCache, StaticKVCache
@@ -197,6 +198,9 @@ def step_latency(model, batch: int, prompt: int, tree: Tree, mode: str, reps: in
             (``GraphedForward`` over a ``StaticKVCache``: a CUDA graph replay on a GPU, its eager
             fallback elsewhere, which the result says) or "static" (the same without graphs: what
             attending over the static cache costs by itself).
+        attention: eager: a backend name (``minispec.attention.BACKENDS``); graph / static: the bucket's
+            backend, "dense", "flash" or "split" (forced), or "table" (the runner's own choice:
+            ``attention.table.table_for``).
     Returns:
         dict(step_s, graphs_used, attention).
     """
@@ -220,12 +224,15 @@ def step_latency(model, batch: int, prompt: int, tree: Tree, mode: str, reps: in
             model.set_attention(own)
             kv = StaticKVCache.for_model(model, capacity=prompt + T, batch_size=batch)
             kv.set_lengths([prompt] * batch)
-            gf = GraphedForward(model, kv, batch_buckets=(batch,), token_buckets=(T,), enabled=mode == "graph")
+            forced = None if attention == "table" else BackendTable(f"forced: {attention}", {(1, 1, 1): attention})
+            gf = GraphedForward(model, kv, batch_buckets=(batch,), token_buckets=(T,), enabled=mode == "graph",
+                                table=forced)
 
             def step():
                 gf(tokens, pos, mask)
                 kv.discard()
-            used, attn = gf.use_graphs, "dense (full capacity)"
+            name = gf.backend_for(batch, T)
+            used, attn = gf.use_graphs, name + (" (full capacity)" if name != "split" else " (device lengths)")
         else:
             raise ValueError(f"mode must be 'eager', 'graph' or 'static', got {mode!r}")
         for _ in range(warmup):
