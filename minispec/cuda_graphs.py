@@ -96,7 +96,9 @@ class SplitAttention:
     first call (a graph's warm-up) and reused by every later call and replay; nothing reads a value on the
     host (``validate=False``: the host checked the room, ``StaticKVCache.check_room``). One instance per
     bucket: its calls run one after another on one stream (the layers of a forward), each layer's output
-    read by its output projection before the next layer writes the buffer again.
+    read by its output projection before the next layer writes the buffer again. (On a CPU the static
+    cache stores its keys keys-last for the exact backend, and the kernel, in the interpreter there,
+    reads a contiguous copy of them each call; a GPU's cache is head-dim-last and read in place.)
     """
 
     def __init__(self, kv: StaticKVCache):
@@ -279,7 +281,7 @@ class GraphedForward:
             (the table measured on this GPU if saved here, else the default: dense on a CPU).
     Calls return views of static buffers, valid until the next call: clone what must outlive it.
     ``captures`` counts the graphs recorded (or buckets set up), ``replays`` the calls per bucket,
-    ``backends`` the backend each bucket attends with.
+    ``backends`` the backend each bucket attends with, ``workspaces`` each split bucket's ``SplitWorkspace``.
     """
 
     def __init__(self, model, kv: StaticKVCache, batch_buckets: Sequence[int] = BATCH_BUCKETS,
@@ -297,6 +299,7 @@ class GraphedForward:
         self.captures, self.replays = 0, {}
         self.table = table if table is not None else table_for(model.device)
         self.backends: dict[tuple[int, int], str] = {}  # (B_b, T_b) -> "dense" | "flash" | "split"
+        self.workspaces: dict[tuple[int, int], object] = {}  # (B_b, T_b) -> its SplitWorkspace (split buckets)
         self._generation = kv.generation
 
     def bucket(self, B: int, T: int) -> tuple[int, int]:
@@ -349,6 +352,7 @@ class GraphedForward:
         """The bucket's graph (captured on first use) replayed on ``inputs`` copied into its static buffers."""
         if self.kv.generation != self._generation:  # the cache grew: its buffers moved
             self.graphs, self.pool, self._generation = {}, None, self.kv.generation
+            self.backends, self.workspaces = {}, {}
         replay, static = self.graphs.get((B_b, T_b)) or self._capture(B_b, T_b)
         for name, x in inputs.items():
             static[name].copy_(x)  # into the captured addresses
@@ -377,6 +381,8 @@ class GraphedForward:
                                         self.warmup)
         self.graphs[(B_b, T_b)] = (replay, static)
         self.backends[(B_b, T_b)] = name
+        if name == "split":
+            self.workspaces[(B_b, T_b)] = attention.workspace
         self.captures += 1
         return self.graphs[(B_b, T_b)]
 
