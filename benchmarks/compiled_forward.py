@@ -29,7 +29,8 @@ import time
 import torch
 
 from minispec import load
-from minispec.cuda_graphs import StaticKVCache, static_forward, static_plan, static_prefill
+from minispec.cuda_graphs import static_forward, static_plan, static_prefill
+from minispec.kv import StaticKVCache
 from minispec.exact.attention import ready
 from minispec.lab.benchinfo import save_json
 from minispec.args import thread_count

@@ -16,7 +16,7 @@ the same addresses and with the same shapes. So a step that is to be captured
   - has one of a few shapes: the batch and the new tokens of a step are padded up to a bucket,
     one graph per bucket, and the buckets are chosen to waste little (8.4).
 
-The library's versions are in ``minispec.cuda_graphs`` (``StaticKVCache``, ``static_forward``,
+The library's versions are in ``minispec.kv`` (``StaticKVCache``), ``minispec.cuda_graphs`` (``static_forward``,
 ``capture``, ``pad_inputs``, ``pick_bucket``, ``GraphedForward``) and ``minispec.lab.graph_rules``
 (``record_ops``, ``find_hazards``, ``padding_waste``, ``best_buckets``).
 

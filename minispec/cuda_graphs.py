@@ -26,9 +26,15 @@ What cannot be captured, and what this module does instead:
                     as the tree mask allows, built on the device.
   The host's share (``StaticKVCache.begin``: room, pending entries) runs before the replay.
   Attending over the whole capacity with a mask is what gpt-fast does; it costs attention over
-  C keys instead of length + T (size the cache to the request, not the model's context). The
-  split attention backends need the prefix length as a Python int and so run in eager mode
-  only; a split kernel that reads the lengths from a tensor would lift that.
+  C keys instead of length + T (size the cache to the request, not the model's context).
+  Each bucket picks its attention backend once, when it is set up: ``attention.table.choose_backend(
+  B_b, C, T_b, table)``, the table measured on this GPU if one was saved here (``table_for``), else
+  the default (a CPU: dense). "dense" is the model's own masked backend (the exact one on a CPU),
+  "flash" SDPA's fused path, and "split" the one-launch Triton split kernel
+  (``SplitAttention``): it reads each row's prefix length from ``kv.lengths`` on the device, attends
+  the prefix without a mask and the bucket's tree under its tree mask (no [B, 1, T, C] mask is
+  built), into a ``SplitWorkspace`` and an output buffer the bucket holds: no host read, no
+  allocation per call after the first, so a graph captures it and replays it for new lengths.
   Padding is harmless by construction: padded tokens write only into slots past a row's committed
   length (never committed, overwritten later), real tokens never see them, and padded rows see
   only their own token (no all-masked softmax row).
@@ -41,7 +47,10 @@ attention and linear plans (``minispec.exact``) the CPU path gives the eager for
 bit, padded or not, over the whole capacity or not: that is what CI proves. What only a GPU can
 show: that capture succeeds (no host synchronisation, no allocation outside the graph's pool),
 that a replay launches the same kernels as the eager padded forward (bitwise equal there too),
-and how much launch time it saves (``gpu-suite``; ``tests/test_cuda_graphs.py``'s CUDA tests).
+and how much launch time it saves (``gpu-suite``; ``tests/test_cuda_graphs.py``'s CUDA tests). A split
+bucket runs on the CPU too, its kernel in the Triton interpreter (greedy tokens equal to dense's, its
+workspace reused, no host read: ``tests/test_cuda_graphs.py``); that it captures, and whether it beats
+the masked path at long contexts, only a GPU shows (``tools/gpu_check.sh``'s ``split`` section).
 The model's call on such a plan also traces under ``torch.compile`` as one graph, without a graph break
 or a recompile from step to step (``tests/test_compile.py``): on a CPU, compiling it is capture's
 counterpart (``benchmarks/compiled_forward.py`` times it against eager).
@@ -68,153 +77,45 @@ from typing import Callable, Sequence
 
 import torch
 
+from .attention import BACKENDS, check_backend
 from .attention.plan import Plan
-from .kv import KVCacheOverflow
-from .kv.contiguous import zeros_keys_last
+from .attention.table import BackendTable, choose_backend, table_for
+from .kv.static import StaticKVCache
 from .model import ModelOutput
-from .transfer import to_device
 
 CAPTURE_MODE = "thread_local"  # torch.cuda.graph's capture_error_mode (``capture``)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
-class StaticKVCache:
-    """A contiguous KV cache with device-side lengths, so a forward that writes to it can be captured.
+class SplitAttention:
+    """The "split" backend of one graph bucket: ``triton_split.split_attention_triton`` over a ``StaticKVCache``,
+    each row's prefix length read from ``kv.lengths`` on the device, the new tokens under the plan's tree mask.
 
-    ``write`` puts the new keys / values at ``write_pos`` (a [B, T] tensor set by ``static_forward``)
-    and returns the whole buffer [B, Hkv, C, hd]; ``commit`` (outside any graph) keeps accepted
-    entries, compacting a tree's accepted path as ``KVCache.commit`` does. A host mirror of the
-    lengths lets the caller check capacity without reading the device.
+    The bucket's ``SplitWorkspace`` (partials, ticket counters) and its output buffer are allocated on the
+    first call (a graph's warm-up) and reused by every later call and replay; nothing reads a value on the
+    host (``validate=False``: the host checked the room, ``StaticKVCache.check_room``). One instance per
+    bucket: its calls run one after another on one stream (the layers of a forward), each layer's output
+    read by its output projection before the next layer writes the buffer again. (On a CPU the static
+    cache stores its keys keys-last for the exact backend, and the kernel, in the interpreter there,
+    reads a contiguous copy of them each call; a GPU's cache is head-dim-last and read in place.)
     """
 
-    def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, capacity: int, batch_size: int = 1,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        shape = (n_layer, batch_size, n_kv_head, capacity, head_dim)  # [L, B, Hkv, C, hd]
-        self.k = zeros_keys_last(shape, dtype, device)  # keys-last in memory on the CPU (row-invariant attention)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.capacity, self.batch_size = capacity, batch_size
-        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] committed, read in graphs
-        self.host_lengths = [0] * batch_size  # the same, on the host
-        self.write_pos: torch.Tensor | None = None  # [B, T] slots of the forward in progress
-        self.pending = (0, 0)  # (rows, tokens) written by the last forward, not yet committed
-        self.generation = 0  # bumped when the buffers are reallocated: graphs captured before are stale
+    def __init__(self, kv: StaticKVCache):
+        from .attention.triton_split import SplitWorkspace  # imports triton on first use
 
-    @classmethod
-    def for_model(cls, model, capacity: int, batch_size: int = 1) -> "StaticKVCache":
-        c = model.cfg
-        return cls(c.n_layer, c.n_kv_head, c.head_dim, capacity, batch_size, model.dtype, model.device)
+        self.kv, self.workspace = kv, SplitWorkspace()
 
-    def __repr__(self):
-        return (f"StaticKVCache(lengths={self.host_lengths}, pending={self.pending}, capacity={self.capacity}, "
-                f"batch={self.batch_size})")
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan) -> torch.Tensor:
+        """q [b, H, T, hd]; k, v the cache's slots [b, Hkv, C, hd] (the new ones written at lengths + j) -> [b, H, T, hd]."""
+        from .attention.triton_split import split_attention_triton
 
-    @property
-    def length(self) -> int:
-        """Committed tokens of every row (the rows must agree), as ``KVCache.length``."""
-        if len(set(self.host_lengths)) != 1:
-            raise ValueError(f"rows hold different lengths {self.host_lengths}: read host_lengths")
-        return self.host_lengths[0]
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store new k, v [b, Hkv, T, hd] at ``write_pos``; return all slots [b, Hkv, C, hd]."""
-        b = k.shape[0]
-        rows = torch.arange(b, device=k.device)[:, None]  # [b, 1]
-        self.k[layer][rows, :, self.write_pos] = k.transpose(1, 2)  # indexed view [b, T, Hkv, hd]
-        self.v[layer][rows, :, self.write_pos] = v.transpose(1, 2)
-        return self.k[layer, :b], self.v[layer, :b]
-
-    def begin(self, batch_size: int, n_new: int) -> None:
-        """Declare the next forward's rows 0..batch_size-1 and n_new tokens each (host bookkeeping,
-        outside any graph; ``static_plan`` sets the slots on the device); raises without changing
-        anything when entries are pending or the rows lack room."""
-        if self.pending != (0, 0):
-            raise RuntimeError("the last forward's KV entries are pending: call kv.commit() or kv.discard() first")
-        self.check_room(batch_size, n_new)
-        self.pending = (batch_size, n_new)
-
-    def check_room(self, rows: int, tokens: int) -> None:
-        """Raise KVCacheOverflow unless rows 0..rows-1 can take ``tokens`` more slots each."""
-        if rows > self.batch_size:
-            raise ValueError(f"{rows} rows but the cache holds {self.batch_size}")
-        if max(self.host_lengths[:rows]) + tokens > self.capacity:
-            raise KVCacheOverflow(f"static KV cache: {max(self.host_lengths[:rows])} cached + {tokens} new (padded) "
-                                  f"tokens > capacity {self.capacity}")
-
-    def commit(self, keep: Sequence[Sequence[int]] | Sequence[int] | None = None) -> None:
-        """Keep the last forward's entries: all of them (None), or per row the indices (strictly
-        increasing, 0 = the row's first new token) of the accepted ones, moved to contiguous slots
-        (one flat list for a forward of one row, as ``KVCache.commit`` takes)."""
-        rows, T = self.pending
-        if keep is not None and rows == 1 and (len(keep) == 0 or not isinstance(keep[0], (list, tuple))):
-            keep = [keep]
-        if keep is None:  # everything: a device add, no host round trip
-            self.lengths[:rows] += T
-            self.host_lengths[:rows] = [n + T for n in self.host_lengths[:rows]]
-            self.pending = (0, 0)
-            return
-        keep = [[int(i) for i in row] for row in keep]
-        if len(keep) != rows:
-            raise ValueError(f"keep has {len(keep)} rows, the last forward wrote {rows}")
-        for b, idx in enumerate(keep):
-            if any(not 0 <= i < T for i in idx) or any(x >= y for x, y in zip(idx, idx[1:])):
-                raise ValueError(f"keep[{b}]={idx} must be strictly increasing indices into {T} new tokens")
-            n0 = self.host_lengths[b]
-            if idx != list(range(len(idx))):  # compaction: gather the path, store it contiguously
-                src = to_device(idx, self.k.device) + n0  # pinned, asynchronous: no wait for the GPU
-                self.k[:, b, :, n0:n0 + len(idx)] = self.k[:, b].index_select(2, src)  # [L, Hkv, n, hd]
-                self.v[:, b, :, n0:n0 + len(idx)] = self.v[:, b].index_select(2, src)
-            self.host_lengths[b] = n0 + len(idx)
-        self._upload_lengths()
-        self.pending = (0, 0)
-
-    def _upload_lengths(self) -> None:
-        self.lengths.copy_(to_device(self.host_lengths, self.lengths.device, torch.long))  # pinned on CUDA: no wait
-
-    def discard(self) -> None:
-        self.pending = (0, 0)
-
-    def rollback(self, n: int) -> None:
-        """Forget the last n committed tokens of every row."""
-        if self.pending != (0, 0):
-            raise RuntimeError("commit() or discard() the pending entries before rolling back")
-        if not 0 <= n <= min(self.host_lengths):
-            raise ValueError(f"cannot roll back {n} tokens: the rows hold {self.host_lengths}")
-        self.host_lengths = [m - n for m in self.host_lengths]
-        self._upload_lengths()
-
-    def reset(self) -> None:
-        self.set_lengths([0] * self.batch_size)
-
-    def reserve(self, capacity: int) -> None:
-        """Grow to at least ``capacity`` slots (doubling), keeping what is cached. New buffers mean new
-        addresses: graphs captured on the old ones are stale (``generation`` counts reallocations)."""
-        if capacity <= self.capacity:
-            return
-        if self.pending != (0, 0):
-            raise RuntimeError("commit() or discard() the pending entries before growing the cache")
-        new = max(capacity, 2 * self.capacity)
-        n = max(self.host_lengths)
-        for name in ("k", "v"):
-            old = getattr(self, name)
-            shape = (*old.shape[:3], new, old.shape[4])  # [L, B, Hkv, C', hd]
-            buf = zeros_keys_last(shape, old.dtype, old.device) if name == "k" else old.new_zeros(shape)
-            buf[:, :, :, :n] = old[:, :, :, :n]
-            setattr(self, name, buf)
-        self.capacity, self.generation = new, self.generation + 1
-
-    def set_lengths(self, lengths: Sequence[int]) -> None:
-        """Declare rows 0..len-1 to hold that many committed tokens (benchmarks: a cache filled with
-        arbitrary keys stands for a prefilled prompt, the cost of attention does not depend on them)."""
-        if len(lengths) > self.batch_size or max(lengths) > self.capacity or min(lengths) < 0:
-            raise ValueError(f"lengths {list(lengths)} do not fit batch {self.batch_size}, capacity {self.capacity}")
-        self.host_lengths[:len(lengths)] = [int(n) for n in lengths]
-        self._upload_lengths()
-        self.pending = (0, 0)
+        return split_attention_triton(q, k, v, self.kv.lengths[:q.shape[0]], plan.tree, out=self.workspace.output(q),
+                                      workspace=self.workspace, validate=False)
 
 
 def static_plan(kv: StaticKVCache, positions: torch.Tensor, tree_mask: torch.Tensor | None = None,
-                slot_mask: torch.Tensor | None = None) -> Plan:
+                slot_mask: torch.Tensor | None = None, attention=None) -> Plan:
     """The attention plan of a forward on ``kv``, built on the device: capturable, unlike ``prepare``
     (no host synchronisation, no value-dependent shape; the pending slots are reserved by the caller,
     ``kv.begin``, outside any graph).
@@ -225,26 +126,34 @@ def static_plan(kv: StaticKVCache, positions: torch.Tensor, tree_mask: torch.Ten
             visible. Or instead ``slot_mask``: bool [B, T, C] over the cache's slots (the new tokens sit
             at slots length[b] + j), for drafts that see only part of what is cached (a draft tree's
             earlier levels).
+        attention: the plan's backend (None: the model's, when its forward starts); a ``SplitAttention``
+            takes the tree mask as it is and no mask over the slots.
     Returns:
-        ``Plan(positions, mask [B, 1, T, C])``: dense attention over the cache's whole capacity; the
-        new tokens' slots length[b] + arange(T) are set in ``kv.write_pos`` [B, T].
+        ``Plan(positions, mask [B, 1, T, C])``: masked attention over the cache's whole capacity, or for a
+        ``SplitAttention`` ``Plan(positions, tree=tree_mask [B, T, T])``; either way the new tokens' slots
+        length[b] + arange(T) are set in ``kv.write_pos`` [B, T].
     """
     B, T = positions.shape
     dev = positions.device
     lengths = kv.lengths[:B]  # [B]
     kv.write_pos = lengths[:, None] + torch.arange(T, device=dev)  # [B, T] slots of the new tokens
+    if isinstance(attention, SplitAttention):
+        if tree_mask is None:
+            raise ValueError("the split attention sees each row's whole committed prefix: give a tree_mask, not a "
+                             "slot_mask")
+        return Plan(positions, tree=tree_mask, attention=attention)  # tree [B, T, T]
     if slot_mask is None:
         keys = torch.arange(kv.capacity, device=dev)  # [C]
         mask = (keys[None, None, :] < lengths[:, None, None]).expand(B, T, kv.capacity).clone()  # [B, T, C] prefix
         mask.scatter_(2, kv.write_pos[:, None, :].expand(B, T, T), tree_mask)  # [b, i, slot_j] = tree_mask[b, i, j]
     else:
         mask = slot_mask  # [B, T, C]
-    return Plan(positions, mask=mask[:, None])  # [B, 1, T, C]
+    return Plan(positions, mask=mask[:, None], attention=attention)  # [B, 1, T, C]
 
 
 def static_forward(model, kv: StaticKVCache, tokens: torch.Tensor, positions: torch.Tensor,
                    tree_mask: torch.Tensor | None = None, slot_mask: torch.Tensor | None = None,
-                   hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False) -> ModelOutput:
+                   hidden_layers: tuple[int, ...] = (), last_logits_only: bool = False, attention=None) -> ModelOutput:
     """One forward of ``model`` over new tokens, written to ``kv``: the body a CUDA graph captures.
 
     The model's own ``forward`` on the plan ``static_plan`` builds: no host synchronisation and no
@@ -255,10 +164,11 @@ def static_forward(model, kv: StaticKVCache, tokens: torch.Tensor, positions: to
         tokens: [B, T] ids; positions, tree_mask, slot_mask: as ``static_plan`` takes them.
         hidden_layers: layer indices whose input hidden states to return (EAGLE-3).
         last_logits_only: the LM head for the last token only (a prefill).
+        attention: the plan's backend, as ``static_plan`` takes it (None: the model's).
     Returns:
         ModelOutput(logits [B, T or 1, V], hidden [B, T, D], layer_inputs {i: [B, T, D]}).
     """
-    plan = static_plan(kv, positions, tree_mask, slot_mask)
+    plan = static_plan(kv, positions, tree_mask, slot_mask, attention)
     return model(tokens, kv=kv, plan=plan, hidden_layers=hidden_layers, last_logits_only=last_logits_only)
 
 
@@ -364,14 +274,20 @@ class GraphedForward:
         pad: pad calls to their bucket (default: only when graphs are used).
         warmup: eager runs on a side stream before each capture (lazy initialisation, autotuning).
         hidden_layers: layers whose input hidden states to return too (EAGLE-3 reads them).
-        slot_masks: calls give a ``slot_mask`` over the cache's slots instead of a ``tree_mask``.
+        slot_masks: calls give a ``slot_mask`` over the cache's slots instead of a ``tree_mask`` (attended
+            by the model's masked backend: the split needs every committed slot visible).
+        table: the attention backend table each bucket looks its backend up in (``choose_backend(B_b,
+            kv.capacity, T_b, table)``: "dense", "flash" or "split"); None: ``attention.table.table_for``
+            (the table measured on this GPU if saved here, else the default: dense on a CPU).
     Calls return views of static buffers, valid until the next call: clone what must outlive it.
-    ``captures`` counts the graphs recorded (or buckets set up), ``replays`` the calls per bucket.
+    ``captures`` counts the graphs recorded (or buckets set up), ``replays`` the calls per bucket,
+    ``backends`` the backend each bucket attends with, ``workspaces`` each split bucket's ``SplitWorkspace``.
     """
 
     def __init__(self, model, kv: StaticKVCache, batch_buckets: Sequence[int] = BATCH_BUCKETS,
                  token_buckets: Sequence[int] = TOKEN_BUCKETS, enabled: bool = True, pad: bool | None = None,
-                 warmup: int = 2, hidden_layers: tuple[int, ...] = (), slot_masks: bool = False):
+                 warmup: int = 2, hidden_layers: tuple[int, ...] = (), slot_masks: bool = False,
+                 table: BackendTable | None = None):
         self.model, self.kv = model, kv
         self.batch_buckets = tuple(sorted({b for b in batch_buckets if b <= kv.batch_size} | {kv.batch_size}))
         self.token_buckets = tuple(sorted(token_buckets))
@@ -381,10 +297,19 @@ class GraphedForward:
         self.graphs: dict[tuple[int, int], tuple] = {}  # (B_b, T_b) -> (replay, static inputs)
         self.pool = None  # one memory pool for all graphs: they never run concurrently and keep their outputs
         self.captures, self.replays = 0, {}
+        self.table = table if table is not None else table_for(model.device)
+        self.backends: dict[tuple[int, int], str] = {}  # (B_b, T_b) -> "dense" | "flash" | "split"
+        self.workspaces: dict[tuple[int, int], object] = {}  # (B_b, T_b) -> its SplitWorkspace (split buckets)
         self._generation = kv.generation
 
     def bucket(self, B: int, T: int) -> tuple[int, int]:
         return pick_bucket(B, self.batch_buckets), pick_bucket(T, self.token_buckets)
+
+    def backend_for(self, B_b: int, T_b: int) -> str:
+        """The attention backend of bucket (B_b, T_b): looked up in ``table`` (host ints only); "dense" for slot masks."""
+        if self.slot_masks:
+            return "dense"
+        return choose_backend(B_b, self.kv.capacity, T_b, self.table)
 
     @torch.inference_mode()
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
@@ -427,6 +352,7 @@ class GraphedForward:
         """The bucket's graph (captured on first use) replayed on ``inputs`` copied into its static buffers."""
         if self.kv.generation != self._generation:  # the cache grew: its buffers moved
             self.graphs, self.pool, self._generation = {}, None, self.kv.generation
+            self.backends, self.workspaces = {}, {}
         replay, static = self.graphs.get((B_b, T_b)) or self._capture(B_b, T_b)
         for name, x in inputs.items():
             static[name].copy_(x)  # into the captured addresses
@@ -442,26 +368,35 @@ class GraphedForward:
             static["slot_mask"] = torch.zeros(B_b, T_b, self.kv.capacity, dtype=torch.bool, device=dev)
         else:
             static["tree_mask"] = torch.eye(T_b, dtype=torch.bool, device=dev).repeat(B_b, 1, 1)
+        name = self.backend_for(B_b, T_b)
+        if name == "split":
+            check_backend("split_triton", dev)  # a GPU, or the Triton interpreter on a CPU: else a clear error
+        # dense: None, the model's own masked backend (the exact one on a CPU)
+        attention = SplitAttention(self.kv) if name == "split" else BACKENDS["flash"] if name == "flash" else None
 
         def forward() -> ModelOutput:
-            return static_forward(self.model, self.kv, hidden_layers=self.hidden_layers, **static)
+            return static_forward(self.model, self.kv, hidden_layers=self.hidden_layers, attention=attention, **static)
         with torch.inference_mode():
             replay, self.pool = capture(forward, dev if self.use_graphs else torch.device("cpu"), self.pool,
                                         self.warmup)
         self.graphs[(B_b, T_b)] = (replay, static)
+        self.backends[(B_b, T_b)] = name
+        if name == "split":
+            self.workspaces[(B_b, T_b)] = attention.workspace
         self.captures += 1
         return self.graphs[(B_b, T_b)]
 
 
 @torch.inference_mode()
 def greedy_decode(model, prompts: torch.Tensor, max_new_tokens: int, enabled: bool = True, pad: bool | None = None,
-                  **buckets) -> torch.Tensor:
+                  **options) -> torch.Tensor:
     """Vanilla greedy decoding of a batch of equal-length prompts through ``GraphedForward``.
 
     The prefill runs eagerly (one long forward, no bucket); every decode step replays a graph.
 
     Args:
         prompts: [B, P] token ids on the model's device.
+        enabled, pad, options: ``GraphedForward``'s (buckets, ``table``).
     Returns:
         [B, max_new_tokens] new token ids.
     """
@@ -469,7 +404,7 @@ def greedy_decode(model, prompts: torch.Tensor, max_new_tokens: int, enabled: bo
     kv = StaticKVCache.for_model(model, capacity=P + max_new_tokens, batch_size=B)
     x = static_prefill(model, kv, prompts).logits[:, -1].argmax(-1)  # [B]
     kv.commit()
-    step = GraphedForward(model, kv, enabled=enabled, pad=pad, **buckets)
+    step = GraphedForward(model, kv, enabled=enabled, pad=pad, **options)
     new = [x]
     for _ in range(max_new_tokens - 1):
         x = step(x[:, None]).logits[:, -1].argmax(-1)  # [B]

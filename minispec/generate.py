@@ -19,9 +19,9 @@ from typing import Sequence
 import torch
 
 from .clock import phase_clock
-from .cuda_graphs import GraphedForward, StaticKVCache, pick_bucket, static_prefill, token_buckets
+from .cuda_graphs import GraphedForward, pick_bucket, static_prefill, token_buckets
 from .drafters.base import Drafter, Features, Vanilla
-from .kv import KVCache, PagedKVCache
+from .kv import KVCache, PagedKVCache, StaticKVCache
 from .sampling import GREEDY, SamplingParams, as_params, next_token
 from .tokenizer import encode_prompt
 from .transfer import to_device

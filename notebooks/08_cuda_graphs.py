@@ -87,8 +87,9 @@ import matplotlib.pyplot as plt
 from minispec import KVCache, generate, load
 from minispec.lab.attention_grid import timed
 from minispec.attention.plan import check_context
-from minispec.cuda_graphs import (BATCH_BUCKETS, TOKEN_BUCKETS, GraphedForward, StaticKVCache, pad_inputs, pick_bucket,
-                                  static_forward, static_plan, static_prefill)
+from minispec.cuda_graphs import (BATCH_BUCKETS, TOKEN_BUCKETS, GraphedForward, pad_inputs, pick_bucket, static_forward,
+                                  static_plan, static_prefill)
+from minispec.kv import StaticKVCache
 from minispec.drafters.eagle import EagleConfig, EagleHead
 from minispec.grading import check, load_impl
 from minispec.lab.graph_rules import dispatch_cost_s, find_hazards, padding_waste, record_ops
@@ -545,9 +546,11 @@ plt.tight_layout(); plt.show()
 # %% [markdown]
 # At small $S$ the step is dominated by the weights (section 1) and the extra keys cost little;
 # the longer the context, the larger the attention's share and the more a loose capacity costs.
-# (gpt-fast accepts this price; a split attention kernel that reads the lengths from a device
-# tensor — chapter 6's, with the prefix length in a tensor — would attend over $S$ keys inside a
-# graph.)
+# (gpt-fast accepts this price. Chapter 6's Triton split kernel reads each row's prefix length from a
+# device tensor, so it attends over $S$ keys inside a graph: `GraphedForward` picks, per bucket, the
+# masked path or the split from the attention backend table a GPU measured —
+# `minispec.attention.table`, `GraphedForward(..., table=...)` — and on this CPU the default table
+# keeps the masked, row-invariant path.)
 #
 # ### Exercise 8.2 — `static_mask`
 #

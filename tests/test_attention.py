@@ -204,9 +204,9 @@ def _backends():
 def test_backend_attribute_and_errors(tiny):
     model, _ = tiny
     assert model.attention == "exact"  # load() gives a CPU float32 model the exact backend (minispec.exact)
-    assert set(BACKENDS) == {"dense", "split_torch", "split_triton", "exact"}
-    with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
-        model.set_attention("flash")
+    assert set(BACKENDS) == {"dense", "flash", "split_torch", "split_triton", "exact"}
+    with pytest.raises(ValueError, match="unknown attention backend 'sparse'"):
+        model.set_attention("sparse")
     with pytest.raises(ValueError, match="unknown attention backend"):
         model.attention = "sdpa"
     assert model.attention == "exact"

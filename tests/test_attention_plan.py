@@ -11,10 +11,10 @@ import torch.nn.functional as F
 
 from minispec import load
 from minispec.attention.plan import ROW_CALL_SCORES, Plan, RaggedPlan, prepare, prepare_ragged
-from minispec.cuda_graphs import StaticKVCache, static_forward
+from minispec.cuda_graphs import static_forward
 from minispec.drafters.eagle import EagleConfig, EagleHead
 from minispec.drafters.eagle3 import Eagle3Config, Eagle3Head
-from minispec.kv import KVCache, KVCacheProtocol, PagedKVCache, RaggedKVCache
+from minispec.kv import KVCache, KVCacheProtocol, PagedKVCache, RaggedKVCache, StaticKVCache
 from minispec.model import Attention, MLP
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -129,18 +129,26 @@ def reference64(q, k, v, mask):
 
 
 @pytest.mark.parametrize("H, Hkv", [(6, 2), (4, 4), (8, 1)])
-def test_fused_attention_equals_dense_without_copying_k_and_v(H, Hkv):
+def test_fused_and_dense_attention_take_masked_gqa_without_copying_k_and_v(H, Hkv):
+    """Masked grouped-query attention, the issue's "without copying K / V": neither the flash backend nor dense
+    makes a K / V tensor of H heads (the G query heads of a KV head are folded into its rows instead), and with
+    a mask the two make the same SDPA call."""
+    from minispec.attention import BACKENDS
+    from minispec.attention.plan import Plan
+
     q, k, v, _, _, mask = static_case(H=H, Hkv=Hkv, seed=H + Hkv)
     want = reference64(q, k, v, mask)
-    with Ops() as fused:
-        got = fused_attention(q, k, v, mask)
-    assert (got.double() - want).abs().max() < 1e-5 and got.shape == q.shape
     B, _, C, hd = k.shape
     expanded = (B, H, C, hd)
-    assert not any(expanded in shapes for _, shapes in fused.ops)  # no K / V expanded to the query heads
-    with Ops() as dense:
-        dense_attention(q, k, v, mask)
-    assert any(expanded in shapes for _, shapes in dense.ops) == (H != Hkv)  # what dense does with GQA and a mask
+    calls = {}
+    for name, fn in (("flash", lambda: fused_attention(q, k, v, mask)), ("dense", lambda: dense_attention(q, k, v, mask)),
+                     ("flash backend", lambda: BACKENDS["flash"](q, k, v, Plan(None, mask=mask)))):
+        with Ops() as ops:
+            got = fn()
+        assert (got.double() - want).abs().max() < 1e-5 and got.shape == q.shape, name
+        assert not any(expanded in shapes for _, shapes in ops.ops), name  # no K / V expanded to the query heads
+        calls[name] = [op for op, _ in ops.ops]
+    assert calls["flash"] == calls["dense"] == calls["flash backend"]
     no_mask = fused_attention(q, k, v, None)  # every key visible: flash attention with its own GQA
     assert (no_mask.double() - reference64(q, k, v, torch.ones_like(mask))).abs().max() < 1e-5
     with pytest.raises(ValueError, match="boolean"):
@@ -201,3 +209,18 @@ def test_attention_grid_graphed_on_the_cpu_times_every_method_and_the_flash_back
     row, = r["results"]
     assert r["graphed"] and row["graphed"] and {"dense", "flash", "split_torch", "split_triton"} <= set(row["median_s"])
     assert all(e < 1e-5 for e in row["max_abs_err_vs_dense"].values()) and "flash" in row["max_abs_err_vs_dense"]
+
+
+def test_the_graph_runner_reads_a_table_saved_for_its_gpu_else_the_default(tmp_path, monkeypatch):
+    """``table_for``: a CPU always takes the default; a GPU the table ``backend_table --save`` kept for it here."""
+    from minispec.attention.table import table_for, table_path
+    from minispec.lab.backend_table import keep, main
+
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Test GPU 80GB")
+    assert table_for("cuda") == default_table("cuda") and table_for("cpu") == default_table("cpu")
+    measured = BackendTable("NVIDIA Test GPU 80GB", {(1, 1024, 1): "flash", (1, 8192, 1): "split"})
+    path = keep(dict(table=measured.to_dict()))
+    assert path == table_path("NVIDIA Test GPU 80GB") and path.is_relative_to(tmp_path)
+    assert table_for("cuda") == measured and table_for("cpu") == default_table("cpu")
+    assert main(["--dry-run", "--save", "--out", str(tmp_path / "t.json")]) == 2  # a CPU's table is never kept

@@ -10,7 +10,8 @@ on two cores), which shows what only tracing can get wrong: a graph break, a rec
 import pytest
 import torch
 
-from minispec.cuda_graphs import StaticKVCache, static_forward, static_plan, static_prefill
+from minispec.cuda_graphs import static_forward, static_plan, static_prefill
+from minispec.kv import StaticKVCache
 from minispec.exact.attention import ready
 from minispec.exact.linear import ExactLinear
 from minispec.loading import load

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from minispec import KVCache, generate, load
-from minispec.cuda_graphs import GraphedForward, StaticKVCache, greedy_decode, pad_inputs, pick_bucket, static_forward
-from minispec.kv import KVCacheOverflow
+from minispec.cuda_graphs import GraphedForward, greedy_decode, pad_inputs, pick_bucket, static_forward
+from minispec.kv import KVCacheOverflow, StaticKVCache
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TREE = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 1, 1, 0], [1, 1, 0, 0, 1]], dtype=torch.bool)
@@ -359,3 +359,70 @@ def test_generate_with_graphs_on_cuda_gives_vanilla_tokens():
         r = generate(model, tok, prompt, drafter=drafter, max_new_tokens=40, chat=False, stop_at_eos=False,
                      cuda_graphs=True)
         assert r.tokens == want, tree
+
+
+# --------------------------------------------------------------------------- the split kernel inside the graph runner
+def _split_table():
+    from minispec.attention.table import BackendTable
+
+    return BackendTable("test: split everywhere", {(1, 1, 1): "split"}, source="forced")
+
+
+def _needs_triton():
+    from minispec.attention import triton_available
+
+    if not triton_available("cpu"):
+        pytest.skip("Triton interpreter is off (TRITON_INTERPRET=1 must precede importing triton)")
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])  # 4 heads each; tiny-llama's over 2 KV heads (GQA)
+def test_split_buckets_decode_the_dense_greedy_tokens(name):
+    """A table that picks the split for every bucket: the runner's direct call attends through the Triton kernel
+    (in the interpreter) with the cache's device lengths and the bucket's tree mask; a prompt, a padded 5-token
+    tree with a compacting commit and a decode step give dense's logits (to float32 rounding: the kernel sums in
+    another order) and its greedy tokens, and vanilla greedy decoding gives dense's tokens."""
+    _needs_triton()
+    model, _ = load(name)
+    B, split = 2, _split_table()
+    want, got = [], []
+    for table, out in ((None, want), (split, got)):
+        kv = StaticKVCache.for_model(model, 32, batch_size=B)
+        gf = GraphedForward(model, kv, batch_buckets=(1, 2), token_buckets=(1, 8, 16), pad=True, table=table)
+        out += _steps(model, lambda t, p, m: gf(t, p, m), lambda keep: kv.commit(None if keep is None else [keep] * B), B)
+        assert set(gf.backends.values()) == {"split" if table else "dense"} and len(gf.backends) == 3
+    for w, g in zip(want, got):
+        assert (w - g).abs().max() < 1e-4 and torch.equal(w.argmax(-1), g.argmax(-1))
+    prompts = torch.randint(0, model.cfg.vocab_size, (B, 7), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(greedy_decode(model, prompts, 6, pad=True, table=split), greedy_decode(model, prompts, 6, pad=True))
+
+
+def test_a_split_bucket_reuses_its_workspace_and_never_syncs_with_the_host():
+    """The split bucket's SplitWorkspace and output buffer are allocated by its first call and the same tensors
+    (same addresses) at every later call, whatever the lengths; its body (what a graph captures) reads no
+    device value on the host and keeps its shapes from one step to the next."""
+    from minispec.lab.graph_rules import find_hazards
+
+    _needs_triton()
+    model, _ = load("tiny-llama")
+    kv = StaticKVCache.for_model(model, 32, batch_size=2)
+    gf = GraphedForward(model, kv, batch_buckets=(2,), token_buckets=(4,), pad=True, table=_split_table())
+
+    def buffers(ws):
+        return {key: [t.data_ptr() for t in ts] for key, ts in ws._parts.items()}, \
+            {key: t.data_ptr() for key, t in ws._outs.items()}
+
+    gf(torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    kv.commit()
+    replay, _ = gf.graphs[(2, 4)]
+    assert gf.backends == {(2, 4): "split"} and set(gf.workspaces) == {(2, 4)}
+    ws = gf.workspaces[(2, 4)]
+    first, held = buffers(ws), ws.nbytes
+    assert first[0] and first[1]  # the partials (two splits under the interpreter) and the output buffer
+    for n in (1, 4, 2):
+        gf(torch.arange(n * 2).view(2, n))
+        kv.commit([list(range(n)), list(range(n - 1))] if n > 1 else None)
+        assert buffers(ws) == first and ws.nbytes == held
+    kv.begin(2, 4)
+    with torch.inference_mode():
+        assert find_hazards(replay, ((), {}), ((), {})) == []
+    kv.discard()

@@ -14,8 +14,8 @@ from minispec.lab import carry
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_WORDS = ("nvidia", "cuda", "gpu", "h100", "h200", "a100")
-CALL1 = ("keep", "graphs", "latency", "attention", "speedup", "gpu_check_call1")
-CALL2 = ("carry", "smollm2", "gpu_tests", "gpu_check_call2")
+CALL1 = ("keep", "graphs", "latency", "attention", "split", "speedup", "gpu_check_call1")
+CALL2 = ("carry", "smollm2", "drafting", "gpu_tests", "gpu_check_call2")
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +84,29 @@ def test_the_dry_speedup_section_decodes_eager_and_graphed_without_a_prediction_
         for r in run["methods"].values():
             assert (r["predicted_speedup"] is None) == (r["prediction_refused"] is not None)
             assert r["predicted_speedup"] is None or r["predicted_speedup"] <= r["tau_step"] + 1e-9
+
+
+def test_the_dry_split_section_measures_the_table_and_times_the_graphed_step_dense_and_split(dry):
+    """Issue 58 item 3 on a GPU: the backend table, then the graphed step with its bucket forced to dense and to the
+    Triton split at every context and tree; the dry run goes through the same code (the kernel in the interpreter)."""
+    _, _, docs = dry
+    s = docs["call1"]["split"]
+    sp = s["settings"]
+    assert {(r["context"], r["method"]) for r in s["rows"]} == {(c, m) for c in sp["context"] for m in sp["methods"]}
+    for r in s["rows"]:
+        assert r["dense_s"] > 0 and r["split_s"] > 0 and r["graphs_used"] is False and r["table_choice"] == "dense"
+    measured = {tuple(p[:3]) for p in s["table"]["table"]["best"]}
+    assert measured == {(b, c, t) for b in sp["table_batch"] for c in sp["table_context"] for t in sp["table_tree"]}
+    assert all(max(r["max_abs_err_vs_dense"].values()) < 1e-5 for r in s["table"]["results"])
+    assert s["table_kept"] is None  # a CPU's table is never kept for the runner
+    assert s["acceptance"] == {"split_at_least_dense_from_8k": None, "split_3x_at_32k": None}  # no such context here
+
+
+def test_the_dry_drafting_section_times_eager_and_graphed_drafts_of_the_same_trees(dry):
+    _, _, docs = dry
+    d = docs["call2"]["drafting"]
+    assert d["method"] == "eagle2" and d["steps"] > 0 and d["eager_ms"] > 0 and d["graphed_ms"] > 0
+    assert d["same_trees"] and d["same_tokens"] and d["captures"] >= 1 and d["cuda_graphs"] is False  # CPU: same bits
 
 
 # --------------------------------------------------------------------------- the carry, piece by piece

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from minispec import KVCache, load
-from minispec.cuda_graphs import StaticKVCache, static_forward
+from minispec.cuda_graphs import static_forward
+from minispec.kv import StaticKVCache
 from minispec.lab.graph_rules import best_buckets, dispatch_cost_s, find_hazards, padding_waste, record_ops
 from minispec.model import Transformer
 from minispec.lab.scale import llama_config

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minispec import KVCache, load
-from minispec.cuda_graphs import StaticKVCache
+from minispec.kv import StaticKVCache
 from minispec.transfer import to_device
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -65,7 +65,7 @@ def test_a_compacting_commit_uploads_its_index_through_to_device(cache, monkeypa
 
     from minispec.kv import RowKVCache
 
-    module = {"static": "minispec.cuda_graphs", "contiguous": "minispec.kv.contiguous", "rows": "minispec.kv.rows"}[cache]
+    module = {"static": "minispec.kv.static", "contiguous": "minispec.kv.contiguous", "rows": "minispec.kv.rows"}[cache]
     make = {"static": StaticKVCache, "contiguous": KVCache, "rows": RowKVCache}[cache]
     seen = []
 

@@ -7,9 +7,11 @@
 #                                  tracked files no call reads move to .gpucheck/stash (with them a call cannot carry
 #                                  a part: the tree alone is ~56 MiB of the 64)
 #   tools/gpu_check.sh call1       on the GPU (carry .gpucheck/call1): part 1 checked and kept on the warm machine;
-#                                  sections graphs, latency, attention, speedup
+#                                  sections graphs, latency, attention, split (the backend table, kept for the graph
+#                                  runner, and the graphed step dense vs split), speedup
 #   tools/gpu_check.sh call2       on the GPU (carry .gpucheck/call2), at once after call1 (the machine keeps part 1 only
-#                                  while warm, ~30 s): join, convert SmolLM2, the SmolLM2 bench, the GPU tests
+#                                  while warm, ~30 s): join, convert SmolLM2, the SmolLM2 bench, eager vs graphed
+#                                  EAGLE-2 drafting on SmolLM2, the GPU tests
 #   tools/gpu_check.sh restore     here: the slimmed files back into the tree (git checkout -- . does it too)
 #   tools/gpu_check.sh --dry-run [DIR]
 #                                  here, on the CPU (CI): prepare into a temporary folder (the cached wheel split and
@@ -62,6 +64,6 @@ case "${1:-}" in
     call call2 "$out/call2" --dry-run --carry-dir "$tmp/carry" --budget-s "${BUDGET_S:-120}" || rc=1
     exit $rc ;;
   *)
-    sed -n '2,26p' "$0" >&2
+    sed -n '2,25p' "$0" >&2
     exit 2 ;;
 esac

@@ -1,6 +1,8 @@
 """Attention backends for the Transformer (chapter 6), chosen by name (``Transformer.set_attention``):
 
     dense         ``attention``: one SDPA call over prefix + new tokens with the plan's boolean mask
+    flash         SDPA's fused kernels without copying K / V (``table.fused_attention``): the name the
+                  backend table (``table``) gives it; with a mask the same call as dense
     split_torch   prefix without a mask + the new tokens with their tree mask, merged by log-sum-exp
                   (``reference.split_attention``)
     split_triton  the same split with Triton kernels (``triton_split.split_attention_triton``):
@@ -38,6 +40,15 @@ def dense(q, k, v, plan) -> torch.Tensor:
     return attention(q, k, v, plan.mask)
 
 
+def flash(q, k, v, plan) -> torch.Tensor:
+    """The "flash" backend (``table.fused_attention``; a plan without a mask is causal, as for dense)."""
+    if plan.mask is None:
+        return attention(q, k, v, None)
+    from .table import fused_attention
+
+    return fused_attention(q, k, v, plan.mask)
+
+
 def split_torch(q, k, v, plan) -> torch.Tensor:
     """The "split_torch" backend (``reference.split_attention``); ``attention`` under a general mask."""
     if plan.mask is not None and plan.tree is None:
@@ -57,7 +68,7 @@ def split_triton(q, k, v, plan) -> torch.Tensor:
 
 
 Backend = Callable  # (q [B, H, T, hd], k, v [B, Hkv, S, hd], plan) -> [B, H, T, hd]
-BACKENDS: dict[str, Backend] = {"dense": dense, "split_torch": split_torch, "split_triton": split_triton}
+BACKENDS: dict[str, Backend] = {"dense": dense, "flash": flash, "split_torch": split_torch, "split_triton": split_triton}
 SPLIT = ("split_torch", "split_triton")  # attend the prefix unmasked: their plans carry the tree, not a full mask
 
 

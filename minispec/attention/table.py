@@ -3,18 +3,19 @@
 Three backends compute the attention of T new tokens (a token, a chain, a tree's rows) over a KV
 cache [B, Hkv, C, hd] whose row b holds P_b committed tokens and the new ones at P_b .. P_b + T - 1:
 
-    dense   one SDPA call with the full boolean mask [B, 1, T, C]; with grouped-query heads K and
-            V are first expanded to the query heads (``reference.dense_attention``), a copy of
-            the whole cache per layer, so that SDPA's memory-efficient kernel takes the mask
-    flash   SDPA's fused kernels without that copy (``fused_attention``): no mask, flash attention
-            with its own GQA; with a mask, the G query heads of each KV head stacked as G * T
-            query rows of that KV head, which the memory-efficient kernel takes as plain
-            multi-head attention (the mask repeated G times: bytes per key, not K / V per head)
+    dense   the model's own masked attention: one SDPA call with the full boolean mask [B, 1, T, C], the
+            G query heads of each KV head folded into its query rows (``attention.dense``: no K / V copy,
+            SDPA's memory-efficient kernel takes it as plain multi-head attention); on a CPU the exact
+            backend's row-invariant twin (``minispec.exact``)
+    flash   SDPA's fused kernels without copying K / V (``fused_attention``): no mask, flash attention
+            with its own GQA; with a mask the same folded SDPA call as dense (so over a static cache,
+            whose unused slots always need the mask, the two time alike: the lab reports both)
     split   the Triton split kernel (``triton_split.split_attention_triton``): split-k over each
             row's own prefix length (a device tensor), the tree under its mask, one launch
 
 Which one is fastest depends on the batch, the context, the tree and the GPU (the split pays for
-its merge and launch where the prefix is short; the dense copy grows with batch x context), so
+its merge and launch where the prefix is short; the masked SDPA call reads every slot of the
+capacity, committed or not, and computes scores for all of them), so
 the choice is a table: ``minispec.lab.backend_table`` times the three on a GPU over a grid of
 (batch, context, tree rows) and saves the winners as JSON naming the GPU; ``choose_backend``
 looks a shape up in it. The lookup is plain Python on ints the caller already knows (a graph
@@ -31,7 +32,8 @@ the committed H100 and H200 grids (``benchmarks/results/gpu-h100/attention_grid.
 ``gpu-h200/``: the earlier three-launch kernel, eager) where one was at least 10% faster, except
 at batch 1 and context 8192, where the split won at two of the four tree sizes and lost at the
 other two on each GPU (tests/test_backend_table.py checks this against the files). A measured
-table replaces it.
+table replaces it: ``table_for(device)`` returns the one ``lab.backend_table --save`` left for this
+GPU on this machine (``table_path``), else the default.
 
 Shapes: B batch, H = G * Hkv query heads, T new tokens, C cache slots (the context), hd head dim.
 """
@@ -47,6 +49,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .dense import attention
 from .reference import check_shapes, dense_attention
 
 TABLE_BACKENDS = ("dense", "flash", "split")
@@ -110,6 +113,25 @@ def load_table(path: str | Path) -> BackendTable:
     return BackendTable.from_dict(doc.get("table", doc))
 
 
+def table_path(device_name: str) -> Path:
+    """Where the table measured on the GPU named ``device_name`` is kept on this machine
+    (``python -m minispec.lab.backend_table --save`` writes it) and where a graph runner looks for it."""
+    from ..config import cache_dir, file_tag
+
+    return cache_dir(create=False) / "backend_table" / f"{file_tag(device_name)}.json"
+
+
+def table_for(device: torch.device | str) -> BackendTable:
+    """The table a graph runner on ``device`` uses: the one measured on this GPU and saved here (``table_path``)
+    if there is one, else ``default_table``. A CPU always takes the default (dense: row-invariant)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        path = table_path(torch.cuda.get_device_name(device))
+        if path.exists():
+            return load_table(path)
+    return default_table(device.type)
+
+
 @functools.lru_cache(maxsize=None)
 def default_table(device_type: str) -> BackendTable:
     """The table used when none was measured: dense everywhere on a CPU; on CUDA split where batch x
@@ -140,18 +162,17 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
         q: [B, H, T, hd]; k, v: [B, Hkv, C, hd].
         mask: bool [B or 1, 1, T, C] / [T, C] (True = may attend), or None: every query sees every key.
     Returns:
-        [B, H, T, hd] in q's dtype.
+        [B, H, T, hd] in q's dtype. Without a mask flash attention takes the GQA itself; with one, the G query
+        heads of each KV head are stacked as G * T query rows of that KV head (``attention.dense.attention``,
+        the same call as the dense backend's), which the memory-efficient kernel takes as plain multi-head
+        attention (the mask repeated G times: bytes per key, not K / V per head).
     """
     B, H, Hkv, T, hd = check_shapes(q, k, v)
     if mask is None:  # flash attention takes GQA itself
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=H != Hkv)
-    C, G = k.shape[2], H // Hkv
-    if mask.dtype != torch.bool or mask.shape[-2:] != (T, C):
-        raise ValueError(f"mask must be boolean [.., {T}, {C}], got {mask.dtype} {tuple(mask.shape)}")
-    m = mask if mask.dim() == 4 else mask[None, None]  # [B or 1, 1, T, C]
-    qg = q.reshape(B, Hkv, G * T, hd)  # rows (g, t) of each KV head: query head hkv * G + g, token t
-    mg = m[:, :, None].expand(m.shape[0], 1, G, T, C).reshape(m.shape[0], 1, G * T, C)  # row (g, t) = mask row t
-    return F.scaled_dot_product_attention(qg, k, v, attn_mask=mg).reshape(B, H, T, hd)  # [B, Hkv, G*T, hd] -> heads
+    if mask.dtype != torch.bool or mask.shape[-2:] != (T, k.shape[2]):
+        raise ValueError(f"mask must be boolean [.., {T}, {k.shape[2]}], got {mask.dtype} {tuple(mask.shape)}")
+    return attention(q, k, v, mask)
 
 
 def run_backend(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,

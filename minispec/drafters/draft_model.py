@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ..cuda_graphs import GraphedForward, StaticKVCache, static_prefill, token_buckets
-from ..kv import KVCache
+from ..cuda_graphs import GraphedForward, static_prefill, token_buckets
+from ..kv import KVCache, StaticKVCache
 from .tree_drafter import GrowingTree, TreeDrafter, TreeSpec
 
 

@@ -49,8 +49,7 @@ import torch.nn as nn
 
 from .. import exact
 from ..attention.plan import Plan, head_plan
-from ..cuda_graphs import StaticKVCache
-from ..kv import KVCache
+from ..kv import KVCache, StaticKVCache
 from ..model import MLP, Attention, RMSNorm, hf_names, rope_cos_sin
 from .base import Features
 from .graphed_draft import GraphedHead, step_plan

@@ -50,7 +50,8 @@ from typing import Callable
 import torch
 
 from ..attention.plan import Plan
-from ..cuda_graphs import TOKEN_BUCKETS, StaticKVCache, capture, pick_bucket, static_plan
+from ..cuda_graphs import TOKEN_BUCKETS, capture, pick_bucket, static_plan
+from ..kv import StaticKVCache
 from ..sampling import SamplingParams
 from ..tree import DraftedTree, Tree
 from .device_tree import Ancestry, TreeTensors, chain, dynamic, verify_inputs

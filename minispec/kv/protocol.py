@@ -1,5 +1,5 @@
 """What a forward asks of a KV cache: the ``typing.Protocol`` the contiguous (``KVCache``), paged
-(``PagedKVCache``) and static (``cuda_graphs.StaticKVCache``) caches implement, so that the model
+(``PagedKVCache``) and static (``StaticKVCache``) caches implement, so that the model
 and the attention plans (``minispec.attention.plan``) name no cache class.
 
 A forward's life with a cache:

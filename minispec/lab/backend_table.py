@@ -15,6 +15,10 @@ dense, the SDPA kernel each SDPA call lands on, and the points that failed or ra
     python -m minispec.lab.backend_table --out benchmarks/results/gpu-NAME/backend_table.json
     python -m minispec.lab.backend_table --dry-run --out /tmp/backend_table.json   # CPU, tiny shapes
 
+``--save`` also keeps the table where the graph runner reads it on this machine
+(``attention.table.table_path``, named by the GPU): ``cuda_graphs.GraphedForward`` then picks each bucket's
+backend from it instead of the default (``attention.table.table_for``).
+
 ``--dry-run`` runs every code path on the CPU at tiny shapes (the Triton kernel in the
 interpreter, the "graph" a direct call): it checks the plumbing and that the three backends
 agree; its times say nothing about a GPU. Grid points are visited corners first
@@ -163,10 +167,22 @@ def save(path: Path, doc: dict, settings: dict) -> Path:
     return path
 
 
+def keep(doc: dict) -> Path:
+    """Write ``doc``'s table where the graph runner on this GPU reads it (``attention.table.table_path``)."""
+    from ..attention.table import table_path
+
+    path = table_path(doc["table"]["device"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc["table"], indent=2) + "\n")
+    return path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m minispec.lab.backend_table", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="the JSON file to write")
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU: every code path, no GPU timing")
+    ap.add_argument("--save", action="store_true", help="also keep the table where the graph runner reads it "
+                    "(attention.table.table_path; not with --dry-run: a CPU's table is never read)")
     ap.add_argument("--eager", action="store_true", help="time eager calls instead of CUDA-graph replays")
     ap.add_argument("--budget-s", type=float, default=None, help="stop starting new grid points after this long")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per backend (default GPU 10, dry run 1)")
@@ -179,6 +195,9 @@ def main(argv=None) -> int:
         # minispec already did): start again with it on
         os.execve(sys.executable, [sys.executable, "-m", "minispec.lab.backend_table",
                                    *(sys.argv[1:] if argv is None else argv)], dict(os.environ, TRITON_INTERPRET="1"))
+    if args.dry_run and args.save:
+        print("error: --save keeps a GPU's table for the graph runner; a dry run's is never read", file=sys.stderr)
+        return 2
     if not args.dry_run and not torch.cuda.is_available():
         print("error: no CUDA GPU here; --dry-run runs the same code paths on the CPU with tiny shapes",
               file=sys.stderr)
@@ -203,6 +222,8 @@ def main(argv=None) -> int:
                     + ("CUDA events, cold L2" if device.type == "cuda" else "time.perf_counter (dry run)"))
     path = save(args.out, doc, settings)
     print(f"saved {path} ({len(doc['table']['best'])} points measured, {len(doc['skipped'])} skipped)")
+    if args.save:
+        print(f"the graph runner reads it from {keep(doc)}")
     return 0
 
 

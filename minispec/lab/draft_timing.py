@@ -91,21 +91,25 @@ def draft_times(model, eager: Drafter, graphed: Drafter, ids: list[int], new_tok
 
 
 def smollm2_draft_times(method: str = "eagle2", device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
-                        new_tokens: int = 48, rounds: int = 3, prompt: int = 0) -> dict:
+                        new_tokens: int = 48, rounds: int = 3, prompt: int = 0, model_name: str = "smollm2-135m",
+                        drafter_path=None) -> dict:
     """``draft_times`` on SmolLM2-135M (its converted weights, ``models.load``) with the head a ``method`` ships
     (eagle, eagle2, eagle3 or copy), on ``own_prompts()[prompt]`` with the chat template.
 
+    Args:
+        model_name, drafter_path: another model and head (``Methods``' own; a dry run: a tiny model, a random head).
     Returns:
-        ``draft_times``' dict, with method, prompt and new_tokens added.
+        ``draft_times``' dict, with method, model, prompt and new_tokens added.
     """
     from ..generate import encode_checked
     from ..methods import Methods
     from ..loading import load
     from ..prompts import own_prompts
 
-    model, tok = load("smollm2-135m", device=device, dtype=dtype)
+    model, tok = load(model_name, device=device, dtype=dtype)
     text = own_prompts()[prompt]["prompt"]
     ids = encode_checked(model, tok, text, True, new_tokens)
-    eager, graphed = Methods(model).drafter(method), Methods(model).drafter(method)  # two builders: two drafters
+    eager, graphed = (Methods(model, model_name, drafter_path=drafter_path).drafter(method)
+                      for _ in range(2))  # two builders: two drafters
     out = draft_times(model, eager, graphed, ids, new_tokens, rounds)
-    return dict(out, method=method, prompt=text, new_tokens=new_tokens)
+    return dict(out, method=method, model=model_name, prompt=text, new_tokens=new_tokens)

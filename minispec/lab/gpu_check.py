@@ -12,11 +12,16 @@ device calls of the script (the SmolLM2 wheel travels in two parts, ``minispec.l
             latency    chapter 9: per-token latency of vanilla / chain / EAGLE-2-shaped tree, batch 1, prompt
                        128-32k, eager dense, eager split, graphed (``gpu_suite.llama_latency``)
             attention  chapter 6: the attention grid at batch 1, context 8k-32k (``gpu_suite.attention_grid``)
+            split      chapters 6 and 8: the backend table measured at batch 1 (``lab.backend_table``, kept where
+                       the graph runner reads it on this machine), then the graphed target step with its buckets
+                       forced to dense and to the Triton split, batch 1, context 8k-32k, each tree shape
             speedup    chapter 9: the decode loop with the oracle, float32, eager and graphed: phases by CUDA
                        events, the cost model's prediction (refused above tau), and one forward of 1-16 rows
     call2   carry      the parts joined (sha256), the gguf reader, SmolLM2 converted and loaded
             smollm2    the end-to-end bench: vanilla / eagle / eagle2 / copy x eager / graphed x bf16 / fp32 on
                        minispec's prompts and the carried Spec-Bench subset (``minispec.lab.gpu_bench``)
+            drafting   eager against graphed EAGLE-2 drafting on SmolLM2, side by side
+                       (``lab.draft_timing.smollm2_draft_times``)
             gpu_tests  ``pytest -m gpu`` over the test files with GPU tests (``gpu_suite.gpu_tests``)
 
 A budget (``--budget-s``) is shared by the sections of one invocation in proportion to ``WEIGHTS``; a
@@ -25,8 +30,10 @@ code on the CPU at tiny shapes (tiny Llama models, a random EAGLE head, a stand-
 one is not cached): its files say ``dry_run: true`` and name the CPU. No dry-run figure is a GPU figure.
 
 What each section runs, so that a change there shows in its file: graphs, latency and speedup (graphed) run
-``cuda_graphs.GraphedForward``; latency and attention the split attention kernels and the attention backend
-table; smollm2 ``generate(..., cuda_graphs=True)`` with each drafter, graphed as far as the drafter allows.
+``cuda_graphs.GraphedForward``; latency and attention the split attention kernels; split the attention backend
+table and ``GraphedForward`` with each bucket's backend forced (dense, split); smollm2 and drafting
+``generate(..., cuda_graphs=True)`` / ``Decoder(graphs=True)`` with each drafter, graphed as far as the drafter allows,
+on the backend table split measured (the graph runner reads it where ``backend_table --save`` keeps it).
 """
 
 from __future__ import annotations
@@ -45,10 +52,11 @@ import torch
 
 from .gpu_suite import ROOT, Suite, device_name
 
-SECTIONS = ("keep", "graphs", "latency", "attention", "speedup", "carry", "smollm2", "gpu_tests")
-CALLS = {"call1": ("keep", "graphs", "latency", "attention", "speedup"), "call2": ("carry", "smollm2", "gpu_tests")}
-WEIGHTS = dict(keep=0.01, graphs=0.2, latency=0.25, attention=0.3, speedup=0.25, carry=0.2, smollm2=0.45,
-               gpu_tests=0.35)
+SECTIONS = ("keep", "graphs", "latency", "attention", "split", "speedup", "carry", "smollm2", "drafting", "gpu_tests")
+CALLS = {"call1": ("keep", "graphs", "latency", "attention", "split", "speedup"),
+         "call2": ("carry", "smollm2", "drafting", "gpu_tests")}
+WEIGHTS = dict(keep=0.01, graphs=0.15, latency=0.2, attention=0.2, split=0.25, speedup=0.2, carry=0.2, smollm2=0.4,
+               drafting=0.1, gpu_tests=0.3)
 
 
 def settings(dry: bool) -> dict:
@@ -58,17 +66,24 @@ def settings(dry: bool) -> dict:
                     graphs=dict(batch=[1, 2], prompt=16, reps=1),
                     latency=dict(batch=[1], prompt=[16, 32], reps=1, warmup=1),
                     attention=dict(batch=[1], ctx=[32], tree=[4], heads=[4, 2, 16], reps=1),
+                    split=dict(table_batch=[1], table_context=[24], table_tree=[1, 5], table_reps=1,
+                               context=[16], methods=["vanilla", "chain"], reps=1, warmup=1),
                     speedup=dict(prompt=16, new_tokens=24, dtype="float32", graphs=[False, True], rows=[1, 2, 4],
                                  rows_reps=1),
                     smollm2=dict(model="tiny-llama", max_new_tokens=4, own_prompts=1, warmup_tokens=2),
+                    drafting=dict(model="tiny-llama", method="eagle2", new_tokens=6, rounds=1),
                     gpu_tests=dict(files=["test_clock.py"]))
     return dict(dtype="bfloat16", copy_mib=1024, p_corrupt=0.15, target="llama-3.1-8b", draft="llama-3.2-1b",
                 graphs=dict(batch=[1, 32], prompt=1024, reps=20),
                 latency=dict(batch=[1], prompt=[128, 8192, 32768], reps=10, warmup=2),
                 attention=dict(batch=[1], ctx=[8192, 16384, 32768], tree=[8, 16, 32, 64], heads=[32, 8, 128], reps=30),
+                split=dict(table_batch=[1], table_context=[1024, 8192, 16384, 32768], table_tree=[1, 8, 64],
+                           table_reps=5,
+                           context=[32768, 8192, 16384], methods=["vanilla", "chain", "eagle2"], reps=5, warmup=2),
                 speedup=dict(prompt=128, new_tokens=128, dtype="float32", graphs=[False, True],
                              rows=[1, 2, 4, 6, 8, 16], rows_reps=10),
                 smollm2=dict(model="smollm2-135m", max_new_tokens=64, own_prompts=3, warmup_tokens=8),
+                drafting=dict(model="smollm2-135m", method="eagle2", new_tokens=48, rounds=3),
                 gpu_tests=dict(files=None))
 
 
@@ -161,6 +176,59 @@ class Check:
 
     def attention(self, until: float) -> dict:
         return self.suite.attention_grid()
+
+    def split(self, until: float) -> dict:
+        """The backend table at batch 1 (kept for the graph runner), then the graphed step: dense against split.
+
+        The table is measured with the target's heads over ``table_context`` (a short context too, so that a small
+        cache, SmolLM2's in call 2, looks up a point measured near its own size, not 8k's) and, on a GPU, kept
+        where ``GraphedForward`` reads it on this machine (``backend_table.keep``). The step: the target's forward
+        of each method's tree rows after ``context`` cached tokens, batch 1, through ``GraphedForward`` with its
+        bucket forced to dense and to split (``scale.step_latency``, graph mode: a replay on a GPU), contexts in
+        the order given (32k first: the acceptance's 3x), each point's two backends back to back."""
+        from .backend_table import keep, measure_table
+        from .scale import METHODS, method_tree, step_latency
+        from ..attention.table import choose_backend, table_for
+
+        sp = self.s["split"]
+        model = self.suite._model("target")
+        c = model.cfg
+        heads = (c.n_head, c.n_kv_head, c.head_dim)
+        now = time.perf_counter()
+        table = measure_table(self.device, self.suite.dtype, sp["table_batch"], sp["table_context"], sp["table_tree"],
+                              heads, sp["table_reps"], graphed=True, deadline=now + 0.4 * (until - now))  # 40% of it
+        kept = str(keep(table)) if self.device.type == "cuda" else None  # a dry run's CPU table is never read
+        rows, skipped, errors = [], [], []
+        for P in sp["context"]:
+            for method in sp["methods"]:
+                tree = method_tree(*METHODS[method])
+                if time.perf_counter() > until:
+                    skipped.append(dict(context=P, method=method))
+                    continue
+                try:
+                    r = {name: step_latency(model, 1, P, tree, "graph", sp["reps"], name, sp["warmup"])
+                         for name in ("dense", "split")}  # the bucket's backend forced
+                except Exception as e:  # noqa: BLE001  (out of memory at one shape: the others go on)
+                    errors.append(dict(context=P, method=method, error=f"{type(e).__name__}: {e}"[:400]))
+                    continue
+                T = len(tree) + 1
+                dense_s, split_s = r["dense"]["step_s"], r["split"]["step_s"]
+                rows.append(dict(batch=1, context=P, method=method, tokens=T, dense_s=dense_s, split_s=split_s,
+                                 dense_over_split=dense_s / split_s,
+                                 graphs_used=r["split"]["graphs_used"],
+                                 table_choice=choose_backend(1, P + T, T, table_for(self.device))))
+        long = [r["dense_over_split"] for r in rows if r["context"] >= 8192]
+        at_32k = [r["dense_over_split"] for r in rows if r["context"] == 32768]
+        acceptance = dict(split_at_least_dense_from_8k=min(long) >= 1 if long else None,
+                          split_3x_at_32k=min(at_32k) >= 3 if at_32k else None)
+        return dict(settings=dict(sp, heads=list(heads), target=self.s["target"], dtype=str(self.suite.dtype)),
+                    table=table, table_kept=kept, rows=rows, acceptance=acceptance, skipped=skipped, errors=errors,
+                    notes=["dense_s / split_s: median seconds of one graphed target step (GraphedForward, one bucket, "
+                           "its backend forced); dense attends the cache's whole capacity under a mask, split reads "
+                           "the lengths on the device",
+                           "table_choice: what the graph runner picks at that shape from the table kept here",
+                           "acceptance: split >= dense at every context >= 8k, and >= 3x at 32k (issue 58); None: "
+                           "not measured"])
 
     def speedup(self, until: float) -> dict:
         """The oracle's decode loop on the float32 target (TF32 off), eager and graphed; one forward by rows."""
@@ -266,6 +334,31 @@ class Check:
         return dict(settings=dict(sm, methods=list(gpu_bench.METHODS), modes=list(gpu_bench.MODES),
                                   dtypes=list(gpu_bench.DTYPES), prompt_sets={k: len(v) for k, v in sets.items()},
                                   spec_bench_subset=str(subset) if subset else None), notes=notes, **r)
+
+    def drafting(self, until: float) -> dict:
+        """Eager against graphed EAGLE drafting on the target, the two alternated in one process
+        (``draft_timing.smollm2_draft_times``; the dry run: the tiny model with a random head)."""
+        from .draft_timing import smollm2_draft_times
+
+        d = self.s["drafting"]
+        tmp = tempfile.TemporaryDirectory(prefix="gpucheck-") if self.dry else None
+        try:
+            head = None
+            if self.dry:
+                from ..loading import load
+
+                head = _tiny_head(load(d["model"])[0], Path(tmp.name) / "head")
+            dtype = torch.float32 if self.dry else torch.bfloat16
+            r = smollm2_draft_times(d["method"], str(self.device), dtype, d["new_tokens"], d["rounds"],
+                                    model_name=d["model"], drafter_path=head)
+        finally:
+            if tmp is not None:
+                tmp.cleanup()
+        notes = ["eager_ms / graphed_ms: median draft time a step (device synchronised around it); same_trees / "
+                 "same_tokens: reported, not asserted (GPU kernels differ between the modes)"]
+        if self.dry:
+            notes.append("dry run: the tiny model with a random EAGLE head on the CPU: no figure here is a GPU's")
+        return dict(settings=d, notes=notes, errors=[], timed_on=r.pop("device"), **r)
 
     def gpu_tests(self, until: float) -> dict:
         # a fresh interpreter importing torch needs its seconds even when the dry run's share is short

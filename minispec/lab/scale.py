@@ -3,7 +3,7 @@
 A decode step's cost depends on the shapes, not on the weights' values, so a Llama-3.1-8B-shaped
 model with random bf16 weights, built directly on the GPU, times what a real checkpoint would
 (and needs no download). What random weights cannot give is acceptance: the oracle drafter
-(``drafters.oracle``) supplies it, drafting the target's own greedy stream with each token
+(``lab.oracle``) supplies it, drafting the target's own greedy stream with each token
 corrupted at a set rate, so tau is known in advance and the output must still equal vanilla.
 
 Predicted here (the roofline, Williams et al. 2009): ``step_bytes`` (every linear weight once +
@@ -48,9 +48,10 @@ import time
 import torch
 
 from .attention_grid import timed
-from ..cuda_graphs import GraphedForward, StaticKVCache
+from ..attention.table import BackendTable
+from ..cuda_graphs import GraphedForward
 from .oracle import OracleDrafter, expected_tau, tree_shape
-from ..kv import KVCache
+from ..kv import KVCache, StaticKVCache
 from ..model import ModelConfig, Transformer
 from ..tree import Tree
 
@@ -197,6 +198,9 @@ def step_latency(model, batch: int, prompt: int, tree: Tree, mode: str, reps: in
             (``GraphedForward`` over a ``StaticKVCache``: a CUDA graph replay on a GPU, its eager
             fallback elsewhere, which the result says) or "static" (the same without graphs: what
             attending over the static cache costs by itself).
+        attention: eager: a backend name (``minispec.attention.BACKENDS``); graph / static: the bucket's
+            backend, "dense", "flash" or "split" (forced), or "table" (the runner's own choice:
+            ``attention.table.table_for``).
     Returns:
         dict(step_s, graphs_used, attention).
     """
@@ -220,12 +224,15 @@ def step_latency(model, batch: int, prompt: int, tree: Tree, mode: str, reps: in
             model.set_attention(own)
             kv = StaticKVCache.for_model(model, capacity=prompt + T, batch_size=batch)
             kv.set_lengths([prompt] * batch)
-            gf = GraphedForward(model, kv, batch_buckets=(batch,), token_buckets=(T,), enabled=mode == "graph")
+            forced = None if attention == "table" else BackendTable(f"forced: {attention}", {(1, 1, 1): attention})
+            gf = GraphedForward(model, kv, batch_buckets=(batch,), token_buckets=(T,), enabled=mode == "graph",
+                                table=forced)
 
             def step():
                 gf(tokens, pos, mask)
                 kv.discard()
-            used, attn = gf.use_graphs, "dense (full capacity)"
+            name = gf.backend_for(batch, T)
+            used, attn = gf.use_graphs, name + (" (full capacity)" if name != "split" else " (device lengths)")
         else:
             raise ValueError(f"mode must be 'eager', 'graph' or 'static', got {mode!r}")
         for _ in range(warmup):
@@ -336,7 +343,7 @@ def oracle_speedup(model, prompt_len: int, max_new_tokens: int, p_corrupt: float
     ``prediction_refused`` says why). On a GPU the phases are timed by CUDA events (``minispec.clock``).
 
     The oracle re-anchors when the context leaves its stream (``reanchor``; see
-    ``drafters.oracle``); re-anchoring is the measuring device's cost, so its time is taken out of
+    ``lab.oracle``); re-anchoring is the measuring device's cost, so its time is taken out of
     the draft phase and the decode time and reported as ``reanchor_s`` with the count
     ``reanchors``. Then tau is checked against the promise (``tau_check``, ``tau_z`` standard
     errors): with ``check_tau`` a departure raises ``OracleTauError``, naming the method, its
