@@ -260,6 +260,7 @@ def test_a_result_file_on_a_gpu_host_times_no_cpu_kernel(monkeypatch, tmp_path):
     monkeypatch.setattr(ExactLinear, "prepack", True)
     monkeypatch.setattr(ExactLinear, "cpu_kernel", "auto")
     monkeypatch.setattr(calibrate, "time_kernels", lambda **kw: pytest.fail("a result file timed the CPU kernels"))
+    monkeypatch.setattr(profile, "_READ", {})  # this process's reads so far were of another cache folder
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA Test GPU")
     info = benchinfo.device_info()
@@ -267,6 +268,7 @@ def test_a_result_file_on_a_gpu_host_times_no_cpu_kernel(monkeypatch, tmp_path):
     if not profile.onednn_available():  # this torch build has one kernel: the record cannot name another
         return
     profile.write_once(profile.choice_path(), {"kernel": "onednn", "machine": profile.machine_tag()})
+    profile._READ.clear()  # read again, as a new process would
     assert benchinfo.device_info()["linear_kernel"] == "auto: onednn"  # the record, read
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert benchinfo.device_info()["linear_kernel"] == "auto: onednn"  # a CPU host reads it the same way
