@@ -1,7 +1,7 @@
 """Weights in 2 MiB pages or in 4 KiB ones (``minispec.exact.pages.huge_page_empty``), side by side in one process,
 interleaved round by round: a memory copy of 480 MB; the 121 weight products of a SmolLM2 forward on the weight
-panels at two rows (one ``torch.bmm`` each, no row plan); and the one-row decode forward after 256 cached tokens with
-every layer on the panels under its row plan. Only the panels live in huge pages (oneDNN's prepacked weights are
+panels at two rows (one ``torch.bmm`` each, no row recipe); and the one-row decode forward after 256 cached tokens with
+every layer on the panels under its row recipe. Only the panels live in huge pages (oneDNN's prepacked weights are
 oneDNN's own), so the forward runs on the panels whatever kernel ``auto`` chose on this machine; that choice is
 printed beside.
 
@@ -24,7 +24,7 @@ from minispec.config import thp_mode
 from minispec.exact import pages
 from minispec.exact.linear import ExactLinear as Linear, panels, prepack
 from minispec.exact.pages import huge_page_empty
-from minispec.exact.profile import chosen_kernel
+from minispec.exact.kernels import chosen_kernel
 from minispec.lab.benchinfo import save_json
 from minispec.lab.env import thread_count
 from minispec.lab.profile import _decode_forward

@@ -78,8 +78,8 @@ def main() -> None:
 
     old, own = load_revision(args.before), after.invariant_attention
 
-    def before(q, k, v, mask=None, plan=None):  # the old module works its mask out itself: hand it the raw mask
-        return old.invariant_attention(q, k, v, getattr(mask, "mask", mask), plan)
+    def before(q, k, v, mask=None, padding=None):  # the old module works its mask out itself: hand it the raw mask
+        return old.invariant_attention(q, k, v, getattr(mask, "mask", mask), padding)
     model = models.load("smollm2-135m")[0]
     g = torch.Generator().manual_seed(0)
     kv = KVCache.for_model(model, 2048)

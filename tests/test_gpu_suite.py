@@ -252,7 +252,7 @@ def test_a_result_file_on_a_gpu_host_times_no_cpu_kernel(monkeypatch, tmp_path):
     """``device_info`` (written into every result file) names the CPU linear kernel "auto" uses from this machine's
     saved choice, or the documented default without one, on a GPU host as on a CPU host: it never times a kernel
     (timing is ``python -m minispec calibrate``'s work, ``minispec.lab.calibrate``)."""
-    from minispec.exact import profile
+    from minispec.exact import kernels
     from minispec.exact.linear import ExactLinear
     from minispec.lab import benchinfo, calibrate
 
@@ -263,10 +263,10 @@ def test_a_result_file_on_a_gpu_host_times_no_cpu_kernel(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA Test GPU")
     info = benchinfo.device_info()
-    assert info["gpu"] == "NVIDIA Test GPU" and info["linear_kernel"] == f"auto: {profile.DEFAULT_KERNEL}"
-    if not profile.onednn_available():  # this torch build has one kernel: the record cannot name another
+    assert info["gpu"] == "NVIDIA Test GPU" and info["linear_kernel"] == f"auto: {kernels.DEFAULT_KERNEL}"
+    if not kernels.onednn_available():  # this torch build has one kernel: the record cannot name another
         return
-    profile.write_once(profile.choice_path(), {"kernel": "onednn", "machine": profile.machine_tag()})
+    kernels.write_once(kernels.choice_path(), {"kernel": "onednn", "machine": kernels.machine_tag()})
     assert benchinfo.device_info()["linear_kernel"] == "auto: onednn"  # the record, read
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert benchinfo.device_info()["linear_kernel"] == "auto: onednn"  # a CPU host reads it the same way

@@ -99,7 +99,7 @@ def test_state_dict_is_nn_linear(monkeypatch):
     layer = _layer(16, 8, True)
     assert set(layer.state_dict()) == {"weight", "bias"}
     monkeypatch.setattr(ExactLinear, "prepack", False)
-    monkeypatch.setattr(ExactLinear, "row_invariant", False)  # as it is: no row padding (which a CPU's plan may add)
+    monkeypatch.setattr(ExactLinear, "row_invariant", False)  # as it is: no row padding (which a CPU's recipe may add)
     x = torch.randn(2, 16)
     with torch.inference_mode():
         assert not layer._use_panels(x)
@@ -119,7 +119,7 @@ def test_prepack_builds_the_panels_of_every_linear_of_a_loaded_model(monkeypatch
 
 
 # --------------------------------------------------------------------------- oneDNN's prepacked kernel
-from minispec.exact.profile import onednn_available  # noqa: E402
+from minispec.exact.kernels import onednn_available  # noqa: E402
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN linear")
 
@@ -146,12 +146,12 @@ def test_onednn_equals_f_linear(onednn, shape, bias, n_out):
 @needs_onednn
 @pytest.mark.parametrize("n_in,n_out", [(576, 960), (1536, 576), (576, 49152)])
 def test_onednn_rows_do_not_depend_on_the_row_count(onednn, n_in, n_out):
-    """Under the plan its probe chose on this CPU (as it is where oneDNN is invariant, else padded or split)."""
+    """Under the recipe its probe chose on this CPU (as it is where oneDNN is invariant, else padded or split)."""
     layer = _layer(n_in, n_out, False)
     x = torch.randn(1, 65, n_in)
     with torch.inference_mode():
         full = layer(x)
-        assert layer.row_plan(x).kernel == "onednn"
+        assert layer.row_recipe(x).kernel == "onednn"
         for m in (1, 2, 3, 5, 8, 9, 16, 17, 33, 64):
             assert torch.equal(layer(x[:, :m]), full[:, :m]), f"rows 0..{m - 1} computed alone differ"
             assert torch.equal(layer(x[0, m]), full[0, m]), f"row {m} computed alone differs"

@@ -209,7 +209,7 @@ def eager_floor(target, context: int = 256, reps: int = 20) -> float:
 def shrunk_model(target):
     """``target``'s architecture (layers, heads, KV heads, head dim, context, attention backend, dtype, device) with
     model width, MLP width and vocabulary of 32, 32 and 64 (whole weight panels, ``linear.PANEL``), random
-    weights: what ``eager_floor`` times. Each of its linear layers runs under the row plan of the target's layer
+    weights: what ``eager_floor`` times. Each of its linear layers runs under the row recipe of the target's layer
     of the same name (its padding rows, its split of the input features; ``minispec.exact.rows``): a plan is
     probed per shape and CPU, so a layer left to probe its own small shape could take another and run other
     ops."""
@@ -227,7 +227,7 @@ def shrunk_model(target):
     layers = dict(target.named_modules())
     for name, m in small.named_modules():
         if isinstance(m, ExactLinear) and isinstance(layers.get(name), ExactLinear):
-            m._plan = layers[name]._plan  # (kernel, split, min_rows, multiple): the target layer's own
+            m._recipe = layers[name]._recipe  # (kernel, split, min_rows, multiple): the target layer's own
     return small
 
 
