@@ -211,7 +211,7 @@ class ExactLinear(nn.Linear):
     def run(self, x: torch.Tensor, kernel: str, split: int = 1, min_rows: int = 1, multiple: int = 1) -> torch.Tensor:
         """``kernel``'s product of ``x`` [..., in] under a row recipe (``forward`` runs this layer's own)."""
         shape = x.shape
-        x2 = x.view(-1, shape[-1]) if x.is_contiguous() else x.reshape(-1, shape[-1])  # [M, in]
+        x2 = x if x.dim() == 2 else x.view(-1, shape[-1]) if x.is_contiguous() else x.reshape(-1, shape[-1])  # [M, in]
         m = x2.shape[0]
         if split > 1:  # the input features in two halves, the products added
             y = self._split_product(kernel, x2)  # [M, out]
