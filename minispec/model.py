@@ -83,7 +83,7 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         d, eps = self.consts
         h = x if x.dtype == torch.float32 else x.float()
-        h = h * torch.rsqrt((h * h).sum(-1, keepdim=True) / d + eps)  # [.., D]
+        h = h * torch.rsqrt(torch.addcdiv(eps, (h * h).sum(-1, keepdim=True), d))  # [.., D]; addcdiv: eps + ss / d
         return (h if h.dtype == x.dtype else h.to(x.dtype)) * self.weight
 
 
@@ -100,9 +100,10 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, swap: torch.Tensor | None = None) -> torch.Tensor:
     """x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1]; ``sin`` from ``rope_cos_sin`` holds the sign.
-    ``swap``: the permutation [hd/2, .., hd-1, 0, .., hd/2-1] as an index (``RoPE``), which swaps the halves in one op."""
+    ``swap``: x's shape of indices into its last dim, [hd/2, .., hd-1, 0, .., hd/2-1] (``RoPE``), which swaps the
+    halves in one op."""
     if swap is not None:
-        swapped = x[..., swap]  # [.., hd]: [x2, x1]
+        swapped = torch.gather(x, -1, swap)  # [.., hd]: [x2, x1]
     else:
         x1, x2 = x.split([x.shape[-1] // 2] * 2, dim=-1)
         swapped = torch.cat([x2, x1], dim=-1)
@@ -114,10 +115,11 @@ class RoPE:
     """``rope_cos_sin`` for every position below ``context``, computed once (per device), as gpt-fast's
     ``freqs_cis``: a forward gathers its positions' rows (the same values, elementwise) instead of recomputing them.
 
-    Returns, for positions [B, T]: (cos, sin [B, 1, T, hd], the half-swap index [hd]) for ``apply_rope``."""
+    Returns, for positions [B, T]: (cos, sin [B, 1, T, hd], the half-swap index [B, heads, T, hd]) for ``apply_rope``
+    on the ``heads`` rotated heads (q's and k's)."""
 
-    def __init__(self, head_dim: int, theta: float, context: int):
-        self.head_dim, self.theta, self.context = head_dim, theta, context
+    def __init__(self, head_dim: int, theta: float, context: int, heads: int):
+        self.head_dim, self.theta, self.context, self.heads = head_dim, theta, context, heads
         self.tables: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
     def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -130,7 +132,8 @@ class RoPE:
                 tables = self.tables[positions.device] = cos[0, 0], sin[0, 0], swap  # [context, hd] each, [hd]
         cos, sin, swap = tables
         rows = positions[:, None]  # [B, 1, T]
-        return cos[rows], sin[rows], swap  # [B, 1, T, hd] each
+        B, T = positions.shape
+        return cos[rows], sin[rows], swap.expand(B, self.heads, T, -1)  # [B, 1, T, hd] each, [B, heads, T, hd]
 
 
 class Attention(nn.Module):
@@ -155,7 +158,9 @@ class Attention(nn.Module):
         q and k rotated by ``rope`` (None: GPT-2)."""
         B, T = shape or x.shape[:2]
         H, Hkv, hd = self.n_head, self.n_kv_head, self.head_dim
-        qkv = self.wqkv(x).view(B, T, H + 2 * Hkv, hd).transpose(1, 2)  # [B, H + 2 Hkv, T, hd]
+        qkv = self.wqkv(x)  # [B*T, (H + 2 Hkv) hd] (or [B, T, ..])
+        # [B, H + 2 Hkv, T, hd]; one new token: [B, 1, H + 2 Hkv, hd] is that already
+        qkv = qkv.view(B, H + 2 * Hkv, 1, hd) if T == 1 else qkv.view(B, T, H + 2 * Hkv, hd).transpose(1, 2)
         qk, v = qkv.split([H + Hkv, Hkv], dim=1)  # [B, H + Hkv, T, hd], [B, Hkv, T, hd]
         if rope is not None:  # q and k rotate by the same angles: one call for both
             qk = apply_rope(qk, *rope)
@@ -166,7 +171,10 @@ class Attention(nn.Module):
         """The heads' outputs [B, H, T, hd] -> [B, T, D] (``rows``: [B*T, D])."""
         B, _, T, _ = attn.shape
         # one new token: the heads already lie in order, [B, H, 1, hd] is [B, H*hd]
-        o = attn.reshape(B, -1) if T == 1 else attn.transpose(1, 2).reshape(B * T, -1)  # [B*T, H*hd]
+        if T == 1:
+            o = attn.view(B, -1) if attn.is_contiguous() else attn.reshape(B, -1)  # [B, H*hd]
+        else:
+            o = attn.transpose(1, 2).reshape(B * T, -1)  # [B*T, H*hd]
         y = self.wo(o)  # [B*T, D]
         return y if rows else y.view(B, T, -1)
 
@@ -259,7 +267,8 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
-        self.rope = RoPE(cfg.head_dim, cfg.rope_theta, cfg.max_seq_len) if cfg.arch == "llama" else None
+        self.rope = RoPE(cfg.head_dim, cfg.rope_theta, cfg.max_seq_len, cfg.n_head + cfg.n_kv_head) \
+            if cfg.arch == "llama" else None
         self.attention = attention
 
     @property

@@ -153,7 +153,8 @@ class ExactLinear(nn.Linear):
         m = x.shape[0] if rows is None else rows
         if kernel == "panels":
             wp = self.panel_weight(part)  # [P, in', PANEL]
-            y = torch.bmm(x.expand(wp.shape[0], -1, -1), wp)  # [P, M, PANEL]: every panel reads the same x
+            y = torch.bmm(x.as_strided((wp.shape[0], *x.shape), (0, *x.stride())), wp)  # [P, M, PANEL]: every panel
+            #                                             reads the same x (x expanded over P: one view op, not two)
             if m == 1:  # one row: panel by panel its PANEL outputs, as one row (a copy where rows were padded)
                 y = (y if y.shape[1] == 1 else y.narrow_copy(1, 0, 1)).view(1, -1)  # [1, P * PANEL]
             else:
@@ -167,7 +168,7 @@ class ExactLinear(nn.Linear):
             y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.onednn_weight(part), b, "none", [], "")
         else:
             y = F.linear(x, w, b)
-        return y if m == x.shape[0] else y[:m]
+        return y if m == x.shape[0] else y.as_strided((m, y.shape[1]), y.stride())  # y[:m] in one view op
 
     def _split_product(self, kernel: str, x: torch.Tensor) -> torch.Tensor:
         h = self.in_features // 2
