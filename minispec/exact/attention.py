@@ -370,7 +370,7 @@ def _rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tenso
         parts = []
         for b in range(0, S_, KEY_BLOCK):
             n = min(KEY_BLOCK, S_ - b)
-            pb = p if n == S_ else p.as_strided((BH, R2, n), p.stride(), p.storage_offset() + b)  # p[:, :, b:b + n]
+            pb = p if n == S_ else p.as_strided((BH, R2, n), p.stride(), b)  # p[:, :, b:b + n] (p is a new tensor)
             vb = _heads(v, b, min(n, Sk - b))  # [BH, n, hd']: its keys of v (the short last one padded below)
             parts.append((pb, vb if vb.shape[1] == n else F.pad(vb, (0, 0, 0, n - vb.shape[1]))))
     else:  # the keys whose rank falls in the block, gathered in key order, padded as a run would be
@@ -398,7 +398,7 @@ def _heads(x: torch.Tensor, start: int = 0, n: int | None = None, transpose: boo
     B, Hkv, S, c = x.shape
     n = S - start if n is None else n
     sb, sh, ss, sc = x.stride()
-    if B == 1 or sb == Hkv * sh:
+    if (B == 1 or sb == Hkv * sh) and not torch.compiler.is_compiling():  # (a trace cannot read a storage offset)
         size, stride = ((B * Hkv, c, n), (sh, sc, ss)) if transpose else ((B * Hkv, n, c), (sh, ss, sc))
         return x.as_strided(size, stride, x.storage_offset() + start * ss)
     x = x[:, :, start:start + n]
