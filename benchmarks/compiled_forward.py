@@ -102,7 +102,7 @@ def main():
     prompt = torch.tensor([tok.encode(PROMPT)])
     compiled = with_plan(torch.compile(model_call, dynamic=False))
     with torch.inference_mode():
-        decode(model, static_forward, prompt, 2, args.capacity)  # eager first: row plans, prepacked weights
+        decode(model, static_forward, prompt, 2, args.capacity)  # eager first: row recipes, prepacked weights
         kv = StaticKVCache.for_model(model, args.capacity)
         kv.begin(1, 1)
         plan = ready(static_plan(kv, kv.lengths[:1, None], torch.ones(1, 1, 1, dtype=torch.bool)))

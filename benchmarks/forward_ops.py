@@ -4,7 +4,8 @@
 
 torch.profiler records a few one-row forwards after a ``--context``-token prefill; the ops per forward are
 reported by name (most frequent first) with their total, and the attention backend and linear kernel they ran on
-(``MINISPEC_LINEAR_KERNEL=panels|onednn`` names one; by default this machine's saved choice). A count, not a time: it
+(``MINISPEC_LINEAR_KERNEL=panels|onednn`` names one; by default this machine's saved choice; ``--plain``: the plain
+model, ``load(..., exact=False)``: ``nn.Linear`` and the dense attention). A count, not a time: it
 does not depend on the machine's load, only on the code path the forward takes (which depends on the kernel).
 """
 
@@ -48,6 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--forwards", type=int, default=3)
     ap.add_argument("--threads", type=thread_count, default=1)
+    ap.add_argument("--plain", action="store_true", help="the plain model (exact=False), not the exact backend")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -55,9 +57,9 @@ def main(argv=None) -> int:
 
     from minispec.lab.benchinfo import linear_kernel
 
-    model, _ = load("smollm2-135m")
+    model, _ = load("smollm2-135m", exact=not a.plain)
     r = count_ops(model, a.context, a.forwards)
-    r.update(threads=a.threads, attention=model.attention, linear_kernel=linear_kernel())
+    r.update(threads=a.threads, attention=model.attention, linear_kernel="nn.Linear" if a.plain else linear_kernel())
     print(f"{r['aten_ops_per_forward']:.0f} ATen ops per one-row forward after {a.context} tokens "
           f"({a.threads} thread{'s' * (a.threads > 1)}, attention {r['attention']}, linear kernel {r['linear_kernel']})")
     for name, n in list(r["by_name"].items())[:20]:

@@ -1,7 +1,7 @@
-"""Weights in 2 MiB pages or in 4 KiB ones (``minispec.exact.pages.huge_page_empty``), side by side in one process,
+"""Weights in 2 MiB pages or in 4 KiB ones (``minispec.exact.hugepages.huge_page_empty``), side by side in one process,
 interleaved round by round: a memory copy of 480 MB; the 121 weight products of a SmolLM2 forward on the weight
-panels at two rows (one ``torch.bmm`` each, no row plan); and the one-row decode forward after 256 cached tokens with
-every layer on the panels under its row plan. Only the panels live in huge pages (oneDNN's prepacked weights are
+panels at two rows (one ``torch.bmm`` each, no row recipe); and the one-row decode forward after 256 cached tokens with
+every layer on the panels under its row recipe. Only the panels live in huge pages (oneDNN's prepacked weights are
 oneDNN's own), so the forward runs on the panels whatever kernel ``auto`` chose on this machine; that choice is
 printed beside.
 
@@ -21,10 +21,10 @@ import torch
 
 from minispec import load
 from minispec.config import thp_mode
-from minispec.exact import pages
+from minispec.exact import hugepages
 from minispec.exact.linear import ExactLinear as Linear, panels, prepack
-from minispec.exact.pages import huge_page_empty
-from minispec.exact.profile import chosen_kernel
+from minispec.exact.hugepages import huge_page_empty
+from minispec.exact.kernels import chosen_kernel
 from minispec.lab.benchinfo import save_json
 from minispec.args import thread_count
 from minispec.lab.profile import _decode_forward
@@ -40,13 +40,13 @@ def anon_huge_kb() -> int:
 
 
 def with_pages(side: str, fn):
-    """``fn()`` with ``pages.HUGE_PAGES`` on ("2m") or off ("4k")."""
-    before = pages.HUGE_PAGES
-    pages.HUGE_PAGES = side == "2m" and before
+    """``fn()`` with ``hugepages.HUGE_PAGES`` on ("2m") or off ("4k")."""
+    before = hugepages.HUGE_PAGES
+    hugepages.HUGE_PAGES = side == "2m" and before
     try:
         return fn()
     finally:
-        pages.HUGE_PAGES = before
+        hugepages.HUGE_PAGES = before
 
 
 def median_ms(fn, n: int) -> float:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 def load_revision(rev: str):
     """The row-invariant attention of git revision ``rev`` (``minispec/exact/attention.py``, or
     ``minispec/attention/invariant.py`` before the exact backend became a package), imported as a module of the
-    package it lived in (a revision from before the move finds its ``minispec.invariance`` in ``minispec.exact.rows``)."""
+    package it lived in (a revision from before the move finds its ``minispec.invariance`` in ``minispec.exact.recipes``)."""
     for file, name in (("minispec/exact/attention.py", "minispec.exact._attention_before"),
                        ("minispec/attention/invariant.py", "minispec.attention._invariant_before")):
         r = subprocess.run(["git", "show", f"{rev}:{file}"], cwd=ROOT, capture_output=True, text=True)
@@ -42,9 +42,9 @@ def load_revision(rev: str):
             break
     else:
         raise SystemExit(f"{rev} has no row-invariant attention")
-    import minispec.exact.rows
+    import minispec.exact.recipes
 
-    sys.modules.setdefault("minispec.invariance", minispec.exact.rows)
+    sys.modules.setdefault("minispec.invariance", minispec.exact.recipes)
     path = Path(tempfile.mkdtemp()) / "invariant_before.py"
     path.write_text(r.stdout)
     spec = importlib.util.spec_from_file_location(name, path)
@@ -78,8 +78,8 @@ def main() -> None:
 
     old, own = load_revision(args.before), after.invariant_attention
 
-    def before(q, k, v, mask=None, plan=None):  # the old module works its mask out itself: hand it the raw mask
-        return old.invariant_attention(q, k, v, getattr(mask, "mask", mask), plan)
+    def before(q, k, v, mask=None, padding=None):  # the old module works its mask out itself: hand it the raw mask
+        return old.invariant_attention(q, k, v, getattr(mask, "mask", mask), padding)
     model = models.load("smollm2-135m")[0]
     g = torch.Generator().manual_seed(0)
     kv = KVCache.for_model(model, 2048)

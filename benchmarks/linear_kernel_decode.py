@@ -3,11 +3,11 @@
 ``benchmarks/linear_kernels.py`` times the 121 linear products of a SmolLM2 forward alone; this script
 times what a user sees: ``generate`` on minispec's own prompts with every ``Linear`` on the weight
 panels (``Linear.cpu_kernel = "panels"``), on oneDNN's prepacked weights ("onednn") or on the default, "auto"
-(whichever ``python -m minispec calibrate`` timed faster on this machine, ``minispec.exact.profile``, with its one-row calls padded to the rows it
+(whichever ``python -m minispec calibrate`` timed faster on this machine, ``minispec.exact.kernels``, with its one-row calls padded to the rows it
 timed fastest for that kernel, printed), vanilla and one speculative method, the three interleaved prompt by
-prompt in one process (so drift of a shared machine hits them alike). Each kernel runs under the row plan its own
+prompt in one process (so drift of a shared machine hits them alike). Each kernel runs under the row recipe its own
 probe chose on this CPU (printed). Reports tokens/s, the ratios to the panels and to oneDNN, and whether every
-greedy answer equals vanilla's on the same kernel (the identity each kernel's plan must keep) and the panels'.
+greedy answer equals vanilla's on the same kernel (the identity each kernel's recipe must keep) and the panels'.
 Not part of CI: timings are machine-dependent.
 
     python benchmarks/linear_kernel_decode.py --prompts 8 --max-new-tokens 96 --threads 2 \\
@@ -24,7 +24,7 @@ import torch
 from minispec import generate, load
 from minispec.lab.benchinfo import save_json
 from minispec.exact.linear import ExactLinear as Linear, prepack
-from minispec.exact.profile import CPU_KERNELS, describe, onednn_available
+from minispec.exact.kernels import CPU_KERNELS, describe, onednn_available
 from minispec.args import thread_count
 from minispec.methods import Methods
 from minispec.prompts import own_prompts
@@ -45,16 +45,16 @@ def main() -> None:
     methods = Methods(model)
     prompts = [p["prompt"] for p in own_prompts()][:args.prompts]
     print(f"'auto' on this machine: {describe()}")
-    default, plans = Linear.cpu_kernel, {}
+    default, recipes = Linear.cpu_kernel, {}
     kernels = (*CPU_KERNELS, "auto")
-    for kernel in kernels:  # prepacked copies and row plans before any timing; one warm-up run each
+    for kernel in kernels:  # prepacked copies and row recipes before any timing; one warm-up run each
         Linear.cpu_kernel = kernel
         prepack(model)
         generate(model, tok, prompts[0], drafter=methods.drafter(args.method), max_new_tokens=8)
         with torch.inference_mode():
-            plans[kernel] = sorted({layer.row_plan(torch.zeros(1, layer.in_features)).describe()
+            recipes[kernel] = sorted({layer.row_recipe(torch.zeros(1, layer.in_features)).describe()
                                     for layer in model.modules() if isinstance(layer, Linear)})
-        print(f"{kernel}: row plans {plans[kernel]}")
+        print(f"{kernel}: row recipes {recipes[kernel]}")
     runs = [(k, m) for k in kernels for m in ("vanilla", args.method)]
     seconds, tokens, answers = {r: 0.0 for r in runs}, {r: 0 for r in runs}, {r: [] for r in runs}
     for i, prompt in enumerate(prompts):
@@ -83,7 +83,7 @@ def main() -> None:
     if args.json:
         print("saved", save_json(args.json, dict(benchmark="linear_kernel_decode", threads=args.threads,
                                                  prompts=len(prompts), max_new_tokens=args.max_new_tokens,
-                                                 method=args.method, row_plans=plans, rows=rows,
+                                                 method=args.method, row_recipes=recipes, rows=rows,
                                                  command="python benchmarks/linear_kernel_decode.py " +
                                                  f"--prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
                                                  f"--threads {args.threads} --method {args.method} --json {args.json}")))

@@ -15,7 +15,7 @@ timed at several row counts M, the candidates interleaved round by round in one 
 
 (each candidate runs a few untimed passes before its timed ones in every round, so its own weight
 copy is as warm in the caches as when decoding uses it alone), and each kind of weight is probed for the row counts at which its rows change
-(``minispec.exact.rows.varying_rows``). Not part of CI: timings are machine-dependent.
+(``minispec.exact.recipes.varying_rows``). Not part of CI: timings are machine-dependent.
 
     python benchmarks/linear_kernels.py --threads 2 --json benchmarks/results/linear_kernels_cpu.json
 """
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     from minispec.args import thread_count
 
     from minispec.lab.benchinfo import save_json
-    from minispec.exact.rows import varying_rows
+    from minispec.exact.recipes import varying_rows
     from torch.nn import Linear
     from minispec.loading import load
 

@@ -36,7 +36,7 @@ def cpu_model() -> str | None:
 
 def thp_mode() -> str | None:
     """Linux's transparent huge page mode ("always", "madvise" or "never"; None where there is none): whether
-    memory that asks for 2 MiB pages (``minispec.exact.pages.huge_page_empty``) gets them."""
+    memory that asks for 2 MiB pages (``minispec.exact.hugepages.huge_page_empty``) gets them."""
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
             return re.search(r"\[(\w+)\]", f.read()).group(1)

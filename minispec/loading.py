@@ -66,7 +66,7 @@ def load(name: str, dtype: torch.dtype = torch.float32, device: str | torch.devi
             layers and "dense" attention.
     Returns:
         (Transformer, tokenizer). Nothing is timed and nothing is written but the converted weights of a
-        first download (the exact backend's kernel is this machine's saved choice, ``minispec.exact.profile``).
+        first download (the exact backend's kernel is this machine's saved choice, ``minispec.exact.kernels``).
     """
     name = ALIASES.get(name.lower(), name) if isinstance(name, str) else name
     if name in TINY:

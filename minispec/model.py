@@ -83,7 +83,7 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         d, eps = self.consts
         h = x if x.dtype == torch.float32 else x.float()
-        h = h * torch.rsqrt((h * h).sum(-1, keepdim=True) / d + eps)  # [.., D]
+        h = h * torch.rsqrt(torch.addcdiv(eps, (h * h).sum(-1, keepdim=True), d))  # [.., D]; addcdiv: eps + ss / d
         return (h if h.dtype == x.dtype else h.to(x.dtype)) * self.weight
 
 
@@ -98,11 +98,42 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[
     return torch.cat([ang, ang], dim=-1)[:, None].cos(), torch.cat([-sin, sin], dim=-1)[:, None]  # [B, 1, T, hd]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1]; ``sin`` from ``rope_cos_sin`` holds the sign."""
-    x1, x2 = x.split([x.shape[-1] // 2] * 2, dim=-1)
-    out = x * cos + torch.cat([x2, x1], dim=-1) * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, swap: torch.Tensor | None = None) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1]; ``sin`` from ``rope_cos_sin`` holds the sign.
+    ``swap``: x's shape of indices into its last dim, [hd/2, .., hd-1, 0, .., hd/2-1] (``RoPE``), which swaps the
+    halves in one op."""
+    if swap is not None:
+        swapped = torch.gather(x, -1, swap)  # [.., hd]: [x2, x1]
+    else:
+        x1, x2 = x.split([x.shape[-1] // 2] * 2, dim=-1)
+        swapped = torch.cat([x2, x1], dim=-1)
+    out = x * cos + swapped * sin
     return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+class RoPE:
+    """``rope_cos_sin`` for every position below ``context``, computed once (per device), as gpt-fast's
+    ``freqs_cis``: a forward gathers its positions' rows (the same values, elementwise) instead of recomputing them.
+
+    Returns, for positions [B, T]: (cos, sin [B, 1, T, hd], the half-swap index [B, heads, T, hd]) for ``apply_rope``
+    on the ``heads`` rotated heads (q's and k's)."""
+
+    def __init__(self, head_dim: int, theta: float, context: int, heads: int):
+        self.head_dim, self.theta, self.context, self.heads = head_dim, theta, context, heads
+        self.tables: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        tables = self.tables.get(positions.device)
+        if tables is None:
+            with torch.inference_mode(False):  # normal tensors, usable under autograd whatever mode builds them
+                cos, sin = rope_cos_sin(torch.arange(self.context, device=positions.device)[None], self.head_dim, self.theta)
+                half = self.head_dim // 2
+                swap = torch.cat([torch.arange(half, self.head_dim), torch.arange(half)]).to(positions.device)
+                tables = self.tables[positions.device] = cos[0, 0], sin[0, 0], swap  # [context, hd] each, [hd]
+        cos, sin, swap = tables
+        rows = positions[:, None]  # [B, 1, T]
+        B, T = positions.shape
+        return cos[rows], sin[rows], swap.expand(B, self.heads, T, -1)  # [B, 1, T, hd] each, [B, heads, T, hd]
 
 
 class Attention(nn.Module):
@@ -122,25 +153,35 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(d_in or d_model, (n_head + 2 * n_kv_head) * head_dim, bias=bias)  # fused q, k, v
         self.wo = nn.Linear(n_head * head_dim, d_model, bias=bias)
 
-    def qkv(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [B, T, d_in] -> q [B, H, T, hd], k, v [B, Hkv, T, hd]; q and k rotated by ``rope`` (None: GPT-2)."""
-        B, T, _ = x.shape
+    def qkv(self, x: torch.Tensor, rope, shape: tuple[int, int] | None = None) -> tuple[torch.Tensor, ...]:
+        """x [B, T, d_in] (or its rows [B*T, d_in] with ``shape`` = (B, T)) -> q [B, H, T, hd], k, v [B, Hkv, T, hd];
+        q and k rotated by ``rope`` (None: GPT-2)."""
+        B, T = shape or x.shape[:2]
         H, Hkv, hd = self.n_head, self.n_kv_head, self.head_dim
-        qkv = self.wqkv(x).view(B, T, H + 2 * Hkv, hd).transpose(1, 2)  # [B, H + 2 Hkv, T, hd]
+        qkv = self.wqkv(x)  # [B*T, (H + 2 Hkv) hd] (or [B, T, ..])
+        # [B, H + 2 Hkv, T, hd]; one new token: [B, 1, H + 2 Hkv, hd] is that already
+        qkv = qkv.view(B, H + 2 * Hkv, 1, hd) if T == 1 else qkv.view(B, T, H + 2 * Hkv, hd).transpose(1, 2)
         qk, v = qkv.split([H + Hkv, Hkv], dim=1)  # [B, H + Hkv, T, hd], [B, Hkv, T, hd]
         if rope is not None:  # q and k rotate by the same angles: one call for both
             qk = apply_rope(qk, *rope)
         q, k = qk.split([H, Hkv], dim=1)  # [B, H, T, hd], [B, Hkv, T, hd]
         return q, k, v
 
-    def out(self, attn: torch.Tensor) -> torch.Tensor:
-        """The heads' outputs [B, H, T, hd] -> [B, T, D]."""
+    def out(self, attn: torch.Tensor, rows: bool = False) -> torch.Tensor:
+        """The heads' outputs [B, H, T, hd] -> [B, T, D] (``rows``: [B*T, D])."""
         B, _, T, _ = attn.shape
-        return self.wo(attn.transpose(1, 2).reshape(B, T, -1))
+        # one new token: the heads already lie in order, [B, H, 1, hd] is [B, H*hd]
+        if T == 1:
+            o = attn.view(B, -1) if attn.is_contiguous() else attn.reshape(B, -1)  # [B, H*hd]
+        else:
+            o = attn.transpose(1, 2).reshape(B * T, -1)  # [B*T, H*hd]
+        y = self.wo(o)  # [B*T, D]
+        return y if rows else y.view(B, T, -1)
 
     def forward(self, x, rope, plan: Plan, kv: KVCacheProtocol | None):
-        q, k, v = self.qkv(x, rope)
-        return self.out(plan.attend(self.layer, q, k, v, kv))  # [B, T, D]
+        """x [B, T, d_in] or its rows [B*T, d_in] (the Transformer's) -> the same shape with D features."""
+        q, k, v = self.qkv(x, rope, plan.positions.shape)
+        return self.out(plan.attend(self.layer, q, k, v, kv), rows=x.dim() == 2)
 
     def parts(self) -> dict[str, list[tuple[str, int]]]:
         """The fused weights' parts under their Hugging Face names, with their output rows (``hf_names``)."""
@@ -226,6 +267,8 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
+        self.rope = RoPE(cfg.head_dim, cfg.rope_theta, cfg.max_seq_len, cfg.n_head + cfg.n_kv_head) \
+            if cfg.arch == "llama" else None
         self.attention = attention
 
     @property
@@ -300,16 +343,17 @@ class Transformer(nn.Module):
         return prepare(B, T, tokens.device, kv, positions, mask, self.attention, self.cfg.max_seq_len)
 
     def run(self, tokens: torch.Tensor, plan: Plan, kv, hidden_layers: tuple[int, ...] = ()):
-        """Embedding, blocks, final norm: tokens [B, T] -> (hidden [B, T, D], layer_inputs {i: [B, T, D]})."""
-        cfg = self.cfg
-        x = self.tok_emb(tokens)  # [B, T, D]
-        if cfg.arch == "gpt2":
-            x, rope = x + self.pos_emb(plan.positions), None
+        """Embedding, blocks, final norm: tokens [B, T] -> (hidden [B, T, D], layer_inputs {i: [B, T, D]}).
+        The blocks work on the B*T rows, [B*T, D], as a linear layer takes them."""
+        B, T = tokens.shape
+        x = self.tok_emb(tokens.reshape(-1))  # [B*T, D]
+        if self.rope is None:  # GPT-2: learned positions
+            x, rope = x + self.pos_emb(plan.positions.reshape(-1)), None
         else:
-            rope = rope_cos_sin(plan.positions, cfg.head_dim, cfg.rope_theta)  # [B, 1, T, hd] each
+            rope = self.rope(plan.positions)  # cos, sin [B, 1, T, hd], the half-swap index
         layer_inputs = {}
         for i, block in enumerate(self.blocks):
             if i in hidden_layers:
-                layer_inputs[i] = x
+                layer_inputs[i] = x.view(B, T, -1)
             x = block(x, rope, plan, kv)
-        return self.norm(x), layer_inputs
+        return self.norm(x).view(B, T, -1), layer_inputs

@@ -27,7 +27,7 @@ def smollm2():
 
 def _once_per_run(tmp_path_factory, worker_id, suffix: str, save, read):
     """``get(name, compute)``: ``compute()``'s result, saved by the pytest-xdist worker that asks first (the
-    others wait for it and read the file); keyed by ``name`` and the torch thread count (a row plan is chosen
+    others wait for it and read the file); keyed by ``name`` and the torch thread count (a row recipe is chosen
     per thread count); without xdist, simply ``compute()``."""
     from filelock import FileLock
 

@@ -88,7 +88,7 @@ def test_demo_auto_calibrates_once_and_says_so(tmp_path):
     vanilla is the choice)."""
     import os
 
-    from minispec.exact.profile import onednn_available
+    from minispec.exact.kernels import onednn_available
 
     env = dict(os.environ, MINISPEC_CACHE=str(tmp_path))
     cmd = [sys.executable, "-m", "minispec", "demo", "--model", "tiny-llama", "--method", "auto", "--max-new-tokens",

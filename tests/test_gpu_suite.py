@@ -252,7 +252,7 @@ def test_a_result_file_on_a_gpu_host_times_no_cpu_kernel(monkeypatch, tmp_path):
     """``device_info`` (written into every result file) names the CPU linear kernel "auto" uses from this machine's
     saved choice, or the documented default without one, on a GPU host as on a CPU host: it never times a kernel
     (timing is ``python -m minispec calibrate``'s work, ``minispec.lab.calibrate``)."""
-    from minispec.exact import profile
+    from minispec.exact import kernels
     from minispec.exact.linear import ExactLinear
     from minispec.lab import benchinfo, calibrate
 
@@ -260,15 +260,15 @@ def test_a_result_file_on_a_gpu_host_times_no_cpu_kernel(monkeypatch, tmp_path):
     monkeypatch.setattr(ExactLinear, "prepack", True)
     monkeypatch.setattr(ExactLinear, "cpu_kernel", "auto")
     monkeypatch.setattr(calibrate, "time_kernels", lambda **kw: pytest.fail("a result file timed the CPU kernels"))
-    monkeypatch.setattr(profile, "_READ", {})  # this process's reads so far were of another cache folder
+    monkeypatch.setattr(kernels, "_READ", {})  # this process's reads so far were of another cache folder
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA Test GPU")
     info = benchinfo.device_info()
-    assert info["gpu"] == "NVIDIA Test GPU" and info["linear_kernel"] == f"auto: {profile.DEFAULT_KERNEL}"
-    if not profile.onednn_available():  # this torch build has one kernel: the record cannot name another
+    assert info["gpu"] == "NVIDIA Test GPU" and info["linear_kernel"] == f"auto: {kernels.DEFAULT_KERNEL}"
+    if not kernels.onednn_available():  # this torch build has one kernel: the record cannot name another
         return
-    profile.write_once(profile.choice_path(), {"kernel": "onednn", "machine": profile.machine_tag()})
-    profile._READ.clear()  # read again, as a new process would
+    kernels.write_once(kernels.choice_path(), {"kernel": "onednn", "machine": kernels.machine_tag()})
+    kernels._READ.clear()  # read again, as a new process would
     assert benchinfo.device_info()["linear_kernel"] == "auto: onednn"  # the record, read
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert benchinfo.device_info()["linear_kernel"] == "auto: onednn"  # a CPU host reads it the same way

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from minispec.exact import attention as invariant
-from minispec.exact import rows as invariance
+from minispec.exact import recipes as invariance
 from minispec.exact.attention import invariant_attention
 from minispec.exact.linear import ExactLinear
 from minispec.kv import KVCache, PagedKVCache
@@ -113,8 +113,8 @@ def test_a_kernel_that_varies_with_the_row_count_is_found_and_padded(monkeypatch
     torch.manual_seed(0)
     layer = ExactLinear(256, 96, bias=True)
     with threads(n_threads), torch.inference_mode():
-        plan = layer.row_plan(torch.zeros(1, 256))
-    assert plan.varies == (1,) and plan.split == 1 and plan.min_rows == 2
+        recipe = layer.row_recipe(torch.zeros(1, 256))
+    assert recipe.varies == (1,) and recipe.split == 1 and recipe.min_rows == 2
     assert rows_that_differ(layer, 256) == []  # padded: one row runs as two
 
 
@@ -124,8 +124,8 @@ def test_a_kernel_that_varies_only_over_long_inputs_is_split(monkeypatch):
     torch.manual_seed(0)
     layer = ExactLinear(256, 96, bias=True)
     with torch.inference_mode():
-        plan = layer.row_plan(torch.zeros(1, 256))
-        assert plan.varies == (1, 2, 3) and plan.split == 2 and plan.min_rows == 1
+        recipe = layer.row_recipe(torch.zeros(1, 256))
+        assert recipe.varies == (1, 2, 3) and recipe.split == 2 and recipe.min_rows == 1
         assert rows_that_differ(layer, 256) == []
         x = torch.randn(5, 256)
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
@@ -133,7 +133,7 @@ def test_a_kernel_that_varies_only_over_long_inputs_is_split(monkeypatch):
 
 def test_a_kernel_that_varies_below_a_small_row_count_is_padded_to_it_after_two_probes(monkeypatch):
     """The weight panels on an AVX2-only CPU: calls of 1 to 3 rows vary (for every input length, so the halves
-    do too). Padding such calls to 4 rows is the cheapest plan, and it needs no probe of its own: the product
+    do too). Padding such calls to 4 rows is the cheapest recipe, and it needs no probe of its own: the product
     is probed as it is and split, and no multiple of rows (2 would leave 2-row calls as they are; 4 and up pad
     at least as many rows as padding to 4 does)."""
     monkeypatch.setattr(ExactLinear, "_product", stand_in_product(long_inputs=0, max_rows=3))
@@ -143,16 +143,16 @@ def test_a_kernel_that_varies_below_a_small_row_count_is_padded_to_it_after_two_
     torch.manual_seed(0)
     layer = ExactLinear(256, 96, bias=True)
     with torch.inference_mode():
-        plan = layer.row_plan(torch.zeros(1, 256))
-        assert plan.varies == (1, 2, 3) and plan.split == 1 and plan.min_rows == 4 and plan.multiple == 1
-        assert len(probes) == 2 and [plan.rows(m) for m in (1, 3, 4, 5, 7, 9)] == [4, 4, 4, 5, 7, 9]
-        assert "calls of fewer rows padded to 4" in plan.describe()
+        recipe = layer.row_recipe(torch.zeros(1, 256))
+        assert recipe.varies == (1, 2, 3) and recipe.split == 1 and recipe.min_rows == 4 and recipe.multiple == 1
+        assert len(probes) == 2 and [recipe.rows(m) for m in (1, 3, 4, 5, 7, 9)] == [4, 4, 4, 5, 7, 9]
+        assert "calls of fewer rows padded to 4" in recipe.describe()
         assert rows_that_differ(layer, 256) == []
         monkeypatch.setattr(ExactLinear, "row_invariant", False)
-        assert 1 in rows_that_differ(layer, 256)  # the same check fails without the plan
+        assert 1 in rows_that_differ(layer, 256)  # the same check fails without the recipe
 
 
-def test_without_the_plan_the_check_fails(monkeypatch):
+def test_without_the_recipe_the_check_fails(monkeypatch):
     monkeypatch.setattr(ExactLinear, "_product", stand_in_product(long_inputs=0))
     torch.manual_seed(0)
     layer = ExactLinear(256, 96, bias=True)
@@ -179,12 +179,12 @@ def test_a_kernel_with_partial_row_blocks_gets_rows_padded_to_whole_blocks(monke
     torch.manual_seed(0)
     layer = ExactLinear(256, 96, bias=True)
     with threads(n_threads), torch.inference_mode():
-        plan = layer.row_plan(torch.zeros(1, 256))
-        assert plan.multiple == 6 and plan.split == 1 and plan.rows(1) == 6 and plan.rows(7) == 12
-        assert "multiple of 6" in plan.describe()
+        recipe = layer.row_recipe(torch.zeros(1, 256))
+        assert recipe.multiple == 6 and recipe.split == 1 and recipe.rows(1) == 6 and recipe.rows(7) == 12
+        assert "multiple of 6" in recipe.describe()
         assert rows_that_differ(layer, 256) == []
         monkeypatch.setattr(ExactLinear, "row_invariant", False)
-        assert 1 in rows_that_differ(layer, 256)  # the same check fails without the plan
+        assert 1 in rows_that_differ(layer, 256)  # the same check fails without the recipe
 
 
 def test_a_kernel_that_varies_at_many_row_counts_is_reported_not_invariant():
@@ -193,9 +193,9 @@ def test_a_kernel_that_varies_at_many_row_counts_is_reported_not_invariant():
         return (x.flip(-1)[:, None, :] * W.flip(-1)[None]).sum(-1) if x.shape[0] % 32 else y
 
     W = torch.randn(32, 64)
-    plan = invariance.choose_plan("odd", by_32, by_32, 64, torch.float32, torch.device("cpu"))
-    assert 1 in plan.varies and 127 in plan.varies and plan.min_rows is None and not plan.invariant
-    assert "no plan" in plan.describe()
+    recipe = invariance.choose_recipe("odd", by_32, by_32, 64, torch.float32, torch.device("cpu"))
+    assert 1 in recipe.varies and 127 in recipe.varies and recipe.min_rows is None and not recipe.invariant
+    assert "no recipe" in recipe.describe()
 
 
 def test_probe_leaves_the_global_random_stream_alone():
@@ -308,26 +308,26 @@ def halves_matmul(a, b):
     return sequential_matmul(a[..., :K // 2], b[..., :K // 2, :]) + sequential_matmul(a[..., K // 2:], b[..., K // 2:, :])
 
 
-def causal_rows_differ(plan, P=24, hd=8, B=1, Hkv=3, G=3, N=20):
+def causal_rows_differ(padding, P=24, hd=8, B=1, Hkv=3, G=3, N=20):
     """Query counts n at which the first n rows of a causal block after P keys differ from the same rows of N."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, h, n, hd, generator=g) for h, n in ((Hkv * G, N), (Hkv, P + N), (Hkv, P + N)))
-    full = invariant_attention(q, k, v, plan=plan)
+    full = invariant_attention(q, k, v, padding=padding)
     return [n for n in (1, 2, 3, 5, 7, 13) if not torch.equal(
-        invariant_attention(q[:, :, :n], k[:, :, :P + n], v[:, :, :P + n], plan=plan), full[:, :, :n])]
+        invariant_attention(q[:, :, :n], k[:, :, :P + n], v[:, :, :P + n], padding=padding), full[:, :, :n])]
 
 
 def test_attention_with_partial_row_blocks_gets_its_rows_padded(monkeypatch):
     """On any CPU: a stand-in BLAS whose partial row blocks sum in another order (MKL's AVX2 kernels do)
-    is found by the probe, the plan pads the query rows, and the same check fails without it."""
+    is found by the probe, the padding pads the query rows, and the same check fails without it."""
 
     monkeypatch.setattr(invariant, "_product", blocks_of_6_matmul)
-    monkeypatch.setattr(invariant, "_PLANS", {})
+    monkeypatch.setattr(invariant, "_PADDINGS", {})
     monkeypatch.setattr(invariant, "PROBE_LAYOUTS", ((1, 3, 3),))
-    plan = invariant.attention_plan(8)
-    assert plan.invariant and plan.row_multiple > 1, plan
-    assert causal_rows_differ(plan) == []
-    assert causal_rows_differ(invariant.AttentionPlan()) != []
+    padding = invariant.attention_padding(8)
+    assert padding.invariant and padding.row_multiple > 1, padding
+    assert causal_rows_differ(padding) == []
+    assert causal_rows_differ(invariant.AttentionPadding()) != []
 
 
 def test_attention_sums_long_key_ranges_in_fixed_blocks(monkeypatch):
@@ -336,9 +336,9 @@ def test_attention_sums_long_key_ranges_in_fixed_blocks(monkeypatch):
     keys does not."""
 
     monkeypatch.setattr(invariant, "_product", halves_matmul)
-    assert causal_rows_differ(invariant.AttentionPlan(), P=517) == []
+    assert causal_rows_differ(invariant.AttentionPadding(), P=517) == []
     monkeypatch.setattr(invariant, "KEY_BLOCK", 10 ** 6)
-    assert causal_rows_differ(invariant.AttentionPlan(), P=517) != []
+    assert causal_rows_differ(invariant.AttentionPadding(), P=517) != []
 
 
 def test_a_short_last_block_past_the_first_is_padded_in_its_own_product_only(monkeypatch):
@@ -347,8 +347,8 @@ def test_a_short_last_block_past_the_first_is_padded_in_its_own_product_only(mon
     equals, bit for bit, the same attention over keys padded with hidden ones (the padded layout)."""
 
     KB, MIN = invariant.KEY_BLOCK, invariant.MIN_BLOCK_KEYS
-    probed = invariant.attention_plan(64)  # probed (and cached) before the products are recorded
-    plan = invariant.AttentionPlan(probed.row_multiple, pad_keys=False)  # the path under test, on any CPU
+    probed = invariant.attention_padding(64)  # probed (and cached) before the products are recorded
+    padding = invariant.AttentionPadding(probed.row_multiple, pad_keys=False)  # the path under test, on any CPU
     products = []
     monkeypatch.setattr(invariant, "_product", lambda a, b: products.append((a.shape, b.shape)) or torch.bmm(a, b))
     g = torch.Generator().manual_seed(0)
@@ -357,13 +357,13 @@ def test_a_short_last_block_past_the_first_is_padded_in_its_own_product_only(mon
         q, k, v = (torch.randn(1, h, n, 64, generator=g) for h, n in ((6, T), (2, S), (2, S)))
         products.clear()
         with torch.inference_mode():
-            out = invariant_attention(q, k, v, plan=plan)
+            out = invariant_attention(q, k, v, padding=padding)
         assert products[0][1][-1] == S  # the scores: every key, none padded
         assert [a[-1] for a, _ in products[1:]] == [KB, KB, MIN]  # p @ v by block; the last padded to MIN keys
         pad = MIN - S % KB
         mask = torch.cat([torch.ones(T, S, dtype=torch.bool).tril(S - T), torch.zeros(T, pad, dtype=torch.bool)], 1)
         with torch.inference_mode():
-            padded = invariant_attention(q, F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad)), mask, plan=plan)
+            padded = invariant_attention(q, F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad)), mask, padding=padding)
         if not probed.pad_keys:  # bit for bit where this CPU's probe found rows invariant without padded keys
             assert torch.equal(out, padded), S
 
@@ -425,19 +425,19 @@ def test_a_lone_product_gets_company_so_no_thread_splits_it(monkeypatch):
 
     monkeypatch.setattr(invariant, "_product", split_when_alone_matmul)
     with threads(2), torch.inference_mode():
-        assert causal_rows_differ(invariant.AttentionPlan(), Hkv=1, G=2) == []
+        assert causal_rows_differ(invariant.AttentionPadding(), Hkv=1, G=2) == []
         monkeypatch.setattr(invariant, "batch_for_threads", lambda B, Hkv: B)
-        assert causal_rows_differ(invariant.AttentionPlan(), Hkv=1, G=2) != []
+        assert causal_rows_differ(invariant.AttentionPadding(), Hkv=1, G=2) != []
 
 
-def test_the_probed_attention_plan_holds_after_long_prefixes():
-    """The plan chosen on this CPU, on a chain after 517 keys (more than two key blocks), SmolLM2's layout."""
+def test_the_probed_attention_padding_holds_after_long_prefixes():
+    """The padding chosen on this CPU, on a chain after 517 keys (more than two key blocks), SmolLM2's layout."""
 
     for n_threads in THREADS:
         with threads(n_threads), torch.inference_mode():
-            plan = invariant.attention_plan(64)
-            assert plan.invariant, f"no invariant attention plan at {n_threads} threads"
-            assert causal_rows_differ(plan, P=517, hd=64) == []
+            padding = invariant.attention_padding(64)
+            assert padding.invariant, f"no invariant attention padding at {n_threads} threads"
+            assert causal_rows_differ(padding, P=517, hd=64) == []
 
 
 def test_the_exact_backend_attends_with_the_row_invariant_attention_and_dense_with_sdpa():

@@ -1,14 +1,14 @@
 """Which prepacked kernel the exact backend runs ("auto"): measured once per machine by the lab
 (``minispec.lab.calibrate``), saved, and read by every later process, so every process on the machine (and every
 worker that timed it at the same moment) computes the same bits; without a saved choice, the documented default.
-The runtime (``minispec.exact.profile``) never times anything."""
+The runtime (``minispec.exact.kernels``) never times anything."""
 
 import json
 
 import pytest
 import torch
 
-from minispec.exact import profile as kc
+from minispec.exact import kernels as kc
 from minispec.exact.linear import ExactLinear
 from minispec.lab import calibrate
 
@@ -39,7 +39,7 @@ def test_without_a_saved_choice_the_runtime_runs_the_default_and_times_nothing(f
     layer = ExactLinear(8, 4)
     with torch.inference_mode():
         assert layer.kernel(torch.zeros(1, 8)) == kc.DEFAULT_KERNEL == kc.chosen_kernel() == "panels"
-        assert layer._plan(torch.zeros(1, 8))[2] == layer.row_plan(torch.zeros(1, 8)).min_rows  # no pad beyond the plan's
+        assert layer._recipe(torch.zeros(1, 8))[2] == layer.row_recipe(torch.zeros(1, 8)).min_rows  # no pad beyond the recipe's
     assert kc.chosen_pad("panels") == kc.DEFAULT_PAD == 1 and not fresh  # nothing timed
     assert not list(tmp_path.iterdir())  # nothing written, not even a folder
     assert kc.describe().startswith("panels (the default: no calibration saved for this machine")
@@ -105,8 +105,8 @@ def test_without_onednn_auto_is_the_panels(fresh, monkeypatch):
     assert kc.chosen_kernel() == "panels"
 
 
-def test_the_timing_runs_each_kernel_under_its_own_row_plan():
-    """The real timing (the lab's), on small shapes: every kernel timed at every row count, its plan named, and
+def test_the_timing_runs_each_kernel_under_its_own_row_recipe():
+    """The real timing (the lab's), on small shapes: every kernel timed at every row count, its recipe named, and
     the faster sum chosen."""
     kernels = CPU_KERNELS if onednn_available() else ("panels",)
     with torch.inference_mode():  # where a calibration may run, as often as not
@@ -114,7 +114,7 @@ def test_the_timing_runs_each_kernel_under_its_own_row_plan():
     assert set(r["times_ms"]) == set(kernels) and all(set(t) == {"1", "3"} for t in r["times_ms"].values())
     assert all(v > 0 for t in r["times_ms"].values() for v in t.values())
     assert r["kernel"] == min(kernels, key=lambda k: sum(r["times_ms"][k].values()))
-    assert all(set(p) == {"64->96", "96->64"} for p in r["plans"].values())
+    assert all(set(p) == {"64->96", "96->64"} for p in r["recipes"].values())
     assert r["machine"] == kc.machine_tag()
 
 
@@ -168,8 +168,8 @@ def test_the_timing_pads_one_row_calls_to_the_fastest_candidate():
 @pytest.mark.parametrize("pad", [1, 6])
 def test_auto_pads_a_layers_short_calls_to_the_records_rows_and_keeps_their_bits(fresh, monkeypatch, pad):
     """Under "auto" a call of fewer rows than the saved record's ``pad_rows`` for the chosen kernel runs padded to it
-    (never below its row plan's own padding), and every row keeps the bits it has in a call of any other row count; a
-    kernel named explicitly runs under its plan alone. A record without ``pad_rows`` (timed before it existed) pads
+    (never below its row recipe's own padding), and every row keeps the bits it has in a call of any other row count; a
+    kernel named explicitly runs under its recipe alone. A record without ``pad_rows`` (timed before it existed) pads
     nothing."""
     chosen = "onednn" if onednn_available() else "panels"
     record = {"kernel": chosen, "machine": kc.machine_tag(), "times_ms": {chosen: {"1": 1.0}}, "rows": [1]}
@@ -181,11 +181,11 @@ def test_auto_pads_a_layers_short_calls_to_the_records_rows_and_keeps_their_bits
     layer = ExactLinear(64, 96)
     x = torch.randn(9, 64)
     with torch.inference_mode():
-        own = layer.row_plan(x[:1]).min_rows
-        assert layer._plan(x[:1])[0] == chosen and layer._plan(x[:1])[2] == max(own, pad)
+        own = layer.row_recipe(x[:1]).min_rows
+        assert layer._recipe(x[:1])[0] == chosen and layer._recipe(x[:1])[2] == max(own, pad)
         full = layer(x)
         for m in range(1, 9):
             assert torch.equal(layer(x[:m]), full[:m]), m
         monkeypatch.setattr(ExactLinear, "cpu_kernel", chosen)
-        assert layer._plan(x[:1])[2] == own
+        assert layer._recipe(x[:1])[2] == own
     assert kc.chosen_pad("the other kernel") == 1

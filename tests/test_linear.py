@@ -46,7 +46,7 @@ def test_a_call_is_padded_with_copies_of_its_rows_and_returns_its_own():
     """``pad_rows`` appends copies of the call's rows (one op for the one-row decode step), cut to length, zeros
     only for an empty call; ``_product`` with ``rows`` returns the first rows, for each kernel, with the bits of
     the whole padded call."""
-    from minispec.exact.rows import pad_rows
+    from minispec.exact.recipes import pad_rows
 
     x = torch.arange(6.0).reshape(3, 2)
     assert pad_rows(x, 2) is x and torch.equal(pad_rows(x[:1], 2), x[[0, 0]])
@@ -99,7 +99,7 @@ def test_state_dict_is_nn_linear(monkeypatch):
     layer = _layer(16, 8, True)
     assert set(layer.state_dict()) == {"weight", "bias"}
     monkeypatch.setattr(ExactLinear, "prepack", False)
-    monkeypatch.setattr(ExactLinear, "row_invariant", False)  # as it is: no row padding (which a CPU's plan may add)
+    monkeypatch.setattr(ExactLinear, "row_invariant", False)  # as it is: no row padding (which a CPU's recipe may add)
     x = torch.randn(2, 16)
     with torch.inference_mode():
         assert not layer._use_panels(x)
@@ -119,7 +119,7 @@ def test_prepack_builds_the_panels_of_every_linear_of_a_loaded_model(monkeypatch
 
 
 # --------------------------------------------------------------------------- oneDNN's prepacked kernel
-from minispec.exact.profile import onednn_available  # noqa: E402
+from minispec.exact.kernels import onednn_available  # noqa: E402
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN linear")
 
@@ -146,12 +146,12 @@ def test_onednn_equals_f_linear(onednn, shape, bias, n_out):
 @needs_onednn
 @pytest.mark.parametrize("n_in,n_out", [(576, 960), (1536, 576), (576, 49152)])
 def test_onednn_rows_do_not_depend_on_the_row_count(onednn, n_in, n_out):
-    """Under the plan its probe chose on this CPU (as it is where oneDNN is invariant, else padded or split)."""
+    """Under the recipe its probe chose on this CPU (as it is where oneDNN is invariant, else padded or split)."""
     layer = _layer(n_in, n_out, False)
     x = torch.randn(1, 65, n_in)
     with torch.inference_mode():
         full = layer(x)
-        assert layer.row_plan(x).kernel == "onednn"
+        assert layer.row_recipe(x).kernel == "onednn"
         for m in (1, 2, 3, 5, 8, 9, 16, 17, 33, 64):
             assert torch.equal(layer(x[:, :m]), full[:, :m]), f"rows 0..{m - 1} computed alone differ"
             assert torch.equal(layer(x[0, m]), full[0, m]), f"row {m} computed alone differs"
@@ -232,7 +232,7 @@ def test_a_model_that_has_run_copies_and_pickles_without_its_prepacked_weights(k
 import mmap  # noqa: E402
 
 from minispec.config import thp_mode  # noqa: E402
-from minispec.exact import pages  # noqa: E402
+from minispec.exact import hugepages  # noqa: E402
 
 linux_madvise = pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or thp_mode() is None,
                                    reason="no transparent huge pages on this OS")
@@ -240,7 +240,7 @@ linux_madvise = pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or thp_mod
 
 @pytest.fixture
 def huge(monkeypatch):
-    monkeypatch.setattr(pages, "HUGE_PAGES", True)  # the mmap path, also where THP is "never" (advice still taken)
+    monkeypatch.setattr(hugepages, "HUGE_PAGES", True)  # the mmap path, also where THP is "never" (advice still taken)
 
 
 def _vm_flags(addr: int) -> list[str]:
@@ -263,23 +263,23 @@ def test_huge_page_empty_is_aligned_advised_and_outlives_its_mapping(huge):
     reference to the mapping is gone, and has the shape and dtype asked for."""
     import gc
 
-    t = pages.huge_page_empty((3, pages.HUGE_PAGE // 4 // 3 + 7))  # just over one huge page of float32
-    assert t.shape == (3, pages.HUGE_PAGE // 4 // 3 + 7) and t.dtype == torch.float32 and t.is_contiguous()
-    assert t.data_ptr() % pages.HUGE_PAGE == 0
+    t = hugepages.huge_page_empty((3, hugepages.HUGE_PAGE // 4 // 3 + 7))  # just over one huge page of float32
+    assert t.shape == (3, hugepages.HUGE_PAGE // 4 // 3 + 7) and t.dtype == torch.float32 and t.is_contiguous()
+    assert t.data_ptr() % hugepages.HUGE_PAGE == 0
     assert "hg" in _vm_flags(t.data_ptr())
     t.copy_(torch.arange(t.numel(), dtype=torch.float32).view_as(t))
     gc.collect()
     assert torch.equal(t.flatten(), torch.arange(t.numel(), dtype=torch.float32))
-    b = pages.huge_page_empty((pages.HUGE_PAGE,), torch.bfloat16)  # other dtypes: bytes, not elements, count
-    assert b.dtype == torch.bfloat16 and b.data_ptr() % pages.HUGE_PAGE == 0
+    b = hugepages.huge_page_empty((hugepages.HUGE_PAGE,), torch.bfloat16)  # other dtypes: bytes, not elements, count
+    assert b.dtype == torch.bfloat16 and b.data_ptr() % hugepages.HUGE_PAGE == 0
 
 
 def test_huge_page_empty_is_a_plain_tensor_when_small_or_switched_off(monkeypatch):
-    small = pages.huge_page_empty((4, 8))
+    small = hugepages.huge_page_empty((4, 8))
     assert small.shape == (4, 8) and small.untyped_storage().nbytes() == 4 * 8 * 4  # no mapping around it
-    monkeypatch.setattr(pages, "HUGE_PAGES", False)
-    big = pages.huge_page_empty((pages.HUGE_PAGE,))
-    assert big.untyped_storage().nbytes() == pages.HUGE_PAGE * 4
+    monkeypatch.setattr(hugepages, "HUGE_PAGES", False)
+    big = hugepages.huge_page_empty((hugepages.HUGE_PAGE,))
+    assert big.untyped_storage().nbytes() == hugepages.HUGE_PAGE * 4
 
 
 @linux_madvise
@@ -290,8 +290,8 @@ def test_panels_in_huge_pages_compute_the_same_bits(monkeypatch, panels, huge):
     x = torch.randn(9, 576)
     with torch.inference_mode():
         huge = [layer(x[:m]) for m in (1, 2, 9)]
-        assert layer.panel_weight().data_ptr() % pages.HUGE_PAGE == 0
-        monkeypatch.setattr(pages, "HUGE_PAGES", False)
+        assert layer.panel_weight().data_ptr() % hugepages.HUGE_PAGE == 0
+        monkeypatch.setattr(hugepages, "HUGE_PAGES", False)
         layer.__dict__.pop("_panel_parts")
         plain = [layer(x[:m]) for m in (1, 2, 9)]
         assert layer.panel_weight().untyped_storage().nbytes() == layer.panel_weight().numel() * 4
@@ -305,5 +305,5 @@ def test_huge_page_empty_falls_back_where_the_kernel_refuses_the_advice(monkeypa
             raise OSError(22, "Invalid argument")
 
     monkeypatch.setattr(mmap, "mmap", Refusing)
-    t = pages.huge_page_empty((pages.HUGE_PAGE,))
-    assert t.shape == (pages.HUGE_PAGE,) and t.untyped_storage().nbytes() == pages.HUGE_PAGE * 4
+    t = hugepages.huge_page_empty((hugepages.HUGE_PAGE,))
+    assert t.shape == (hugepages.HUGE_PAGE,) and t.untyped_storage().nbytes() == hugepages.HUGE_PAGE * 4

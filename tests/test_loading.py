@@ -89,12 +89,12 @@ def test_load_and_a_forward_read_no_clock_and_write_nothing(tmp_path, monkeypatc
     every clock of ``time`` raises while they run, and the cache folder is never made."""
     import time
 
-    from minispec.exact import profile
+    from minispec.exact import kernels
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("MINISPEC_CACHE", str(cache))
-    monkeypatch.setattr(profile, "_READ", {})  # nothing read in this process yet
-    monkeypatch.setattr(profile, "write_once", lambda *a: pytest.fail("the runtime wrote a kernel choice"))
+    monkeypatch.setattr(kernels, "_READ", {})  # nothing read in this process yet
+    monkeypatch.setattr(kernels, "write_once", lambda *a: pytest.fail("the runtime wrote a kernel choice"))
     with pytest.MonkeyPatch.context() as clocks:
         for clock in ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns",
                       "process_time", "process_time_ns", "thread_time", "thread_time_ns"):

@@ -18,10 +18,10 @@ def _same_entries(rows: RowKVCache, paged: PagedKVCache) -> None:
     the forward's rows; between forwards its committed ones (``gather``)."""
     for layer in range(L):
         for s in range(rows.batch_size):
-            want = paged.read(layer, s) if paged._plan is not None else (x[layer][None] for x in paged.gather(s))
+            want = paged.read(layer, s) if paged._pending_slots is not None else (x[layer][None] for x in paged.gather(s))
             for a, b in zip(rows.read(layer, s), want):
                 assert torch.equal(a, b)
-        if paged._plan is not None:
+        if paged._pending_slots is not None:
             got, want = rows.read_rows(layer), paged.read_rows(layer)
             for r, s in enumerate(rows.rows):
                 n = rows.lengths[s] + rows.pendings[s]

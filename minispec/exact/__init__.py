@@ -17,19 +17,19 @@ Inference", 2025) names the two ways a row can change with its company, and this
     matrix products   a BLAS picks its kernel, and with it the order of the sums, from the shape (one row
                       alone takes a matrix-vector kernel). Every ``nn.Linear`` becomes an ``ExactLinear``
                       (``linear.py``): the same parameters on a prepacked CPU kernel (weight panels or
-                      oneDNN's layout), computed under a row plan (``rows.py``);
+                      oneDNN's layout), computed under a row recipe (``rows.py``);
     attention         a fused kernel blocks its reductions by the number of queries and keys. The model's
                       attention backend becomes "exact" (``attention.py``): each row reduces over its
                       visible keys in key order, in fixed blocks of keys, hidden keys adding exact zeros.
 
 How it is probed. Nothing about a CPU is assumed: each kind of linear layer is probed once per kernel and
 thread count (random rows at 1 to 127 rows against 128, compared bit for bit) and computed by the cheapest
-plan found invariant (as it is, its input features in two halves, or its rows padded); the attention is
+recipe found invariant (as it is, its input features in two halves, or its rows padded); the attention is
 probed once per head dim and thread count (causal blocks and a tree after prefixes of 0 to 517 keys, in
 three batch layouts) for the padding this CPU's BLAS needs. Probes compare bits and never time anything;
 which prepacked kernel runs comes from this machine's saved choice or a documented default
-(``profile.py``). ``tests/test_invariance.py`` checks the whole SmolLM2 forward;
-``python -m minispec check-env`` reports the plans found on this machine.
+(``kernels.py``). ``tests/test_invariance.py`` checks the whole SmolLM2 forward;
+``python -m minispec check-env`` reports the recipes found on this machine.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ __all__ = ["apply", "applied", "follow", "exact_attention", "invariant_attention
 def apply(module: nn.Module) -> nn.Module:
     """Swap the exact backend into ``module`` in place and return it: every ``nn.Linear`` in it becomes an
     ``ExactLinear`` (the same parameters and state_dict; on the CPU its prepacked weights are built and its row
-    plan chosen now, not on the first forward), and every part that names an attention backend (a
+    recipe chosen now, not on the first forward), and every part that names an attention backend (a
     ``Transformer``, an EAGLE head: an ``attention`` attribute) runs "exact". Works on a model built in code
     (``Transformer(cfg)``, a drafter's head) as on a loaded one."""
     for m in module.modules():

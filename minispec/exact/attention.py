@@ -58,12 +58,12 @@ exceptions, each avoided here:
                                    (``batch_for_threads``), and the sum of p, once a product with
                                    16 columns of ones, is a running sum.
 
-Partial blocks depend on the CPU, so ``attention_plan`` probes it once per head dim and thread count
-and picks the cheapest ``AttentionPlan``: query rows padded to a multiple of m, keys padded with
+Partial blocks depend on the CPU, so ``attention_padding`` probes it once per head dim and thread count
+and picks the cheapest ``AttentionPadding``: query rows padded to a multiple of m, keys padded with
 hidden ones to whole blocks (every product then has one shape), or neither (MKL's AVX-512
 kernels). ``tests/test_invariance.py`` checks the property on random shapes and trees on
 whatever CPU runs the tests, with stand-in products for the CPU-dependent cases;
-``python -m minispec check-env`` reports the plan and the property for this machine.
+``python -m minispec check-env`` reports the padding and the property for this machine.
 
 The cost over a fused kernel is the score matrix [rows, S] in memory (small while decoding;
 a long prefill is chunked by rows, which changes nothing since rows are independent), a product
@@ -83,7 +83,7 @@ import torch.nn.functional as F
 from ..attention import attention, register
 from ..attention.reference import check_shapes
 from ..tree import Tree
-from .rows import padded_rows, threads
+from .recipes import padded_rows, threads
 
 MIN_ROWS = 2  # products over fewer query rows go to a matrix-vector kernel with its own order
 BMM_NAIVE_BELOW = 400  # PyTorch's CPU bmm runs products with rows * cols * inner < 400 in a loop kernel of
@@ -100,14 +100,14 @@ ROW_CHUNK = 2048  # query rows (g, t) per product: bounds the score matrix of a 
 
 
 @dataclass(frozen=True)
-class AttentionPlan:
-    """How ``invariant_attention`` shapes its products on this machine (chosen by ``attention_plan``).
+class AttentionPadding:
+    """How ``invariant_attention`` shapes its products on this machine (chosen by ``attention_padding``).
 
     row_multiple: query rows per product padded with zero queries to a multiple of this (at least
         MIN_ROWS); pad_keys: keys padded with hidden ones to a multiple of KEY_BLOCK, so that every
         product has one shape whatever the key count (a BLAS whose last, partial block of columns or
         of the reduction is computed in another order); invariant: whether the probe found the rows
-        independent of their company under this plan.
+        independent of their company under this padding.
     """
     row_multiple: int = 1
     pad_keys: bool = False
@@ -119,29 +119,29 @@ class AttentionPlan:
         return ", ".join([f"keys summed in blocks of {KEY_BLOCK}"] + how)
 
 
-_PLANS: dict[tuple, AttentionPlan] = {}  # cache: (hd, dtype, threads) -> the plan probed on this CPU
+_PADDINGS: dict[tuple, AttentionPadding] = {}  # cache: (hd, dtype, threads) -> the padding probed on this CPU
 
 
-def attention_plan(hd: int, dtype: torch.dtype = torch.float32) -> AttentionPlan:
-    """The cheapest ``AttentionPlan`` under which rows of head dim ``hd`` are row-invariant on this CPU at
+def attention_padding(hd: int, dtype: torch.dtype = torch.float32) -> AttentionPadding:
+    """The cheapest ``AttentionPadding`` under which rows of head dim ``hd`` are row-invariant on this CPU at
     the running thread count: probed once (random queries over prefixes of 0 to 557 keys, 1 to 33
     rows against 20 and 40, and the rows of a tree each against itself alone, compared bit for bit),
-    cached. With none invariant, the plain plan
+    cached. With none invariant, no padding
     with ``invariant=False`` (``check-env`` warns)."""
     key = (hd, dtype, threads())
-    if key not in _PLANS:
-        candidates = [AttentionPlan(m, pad) for m in ROW_MULTIPLES for pad in (False, True)]
-        _PLANS[key] = next((c for c in candidates if _rows_invariant(c, hd, dtype)),
-                           AttentionPlan(invariant=False))
-    return _PLANS[key]
+    if key not in _PADDINGS:
+        candidates = [AttentionPadding(m, pad) for m in ROW_MULTIPLES for pad in (False, True)]
+        _PADDINGS[key] = next((c for c in candidates if _rows_invariant(c, hd, dtype)),
+                              AttentionPadding(invariant=False))
+    return _PADDINGS[key]
 
 
 PROBE_LAYOUTS = ((1, 1, 1), (1, 3, 3), (2, 1, 4))  # (B, Hkv, G) the probe tries: a BLAS may thread a batch of
 #                                                  products otherwise than one product
 
 
-def _rows_invariant(plan: AttentionPlan, hd: int, dtype: torch.dtype) -> bool:
-    """Under ``plan``, for each of PROBE_LAYOUTS: do the rows of a causal block of N queries after a prefix of
+def _rows_invariant(padding: AttentionPadding, hd: int, dtype: torch.dtype) -> bool:
+    """Under ``padding``, for each of PROBE_LAYOUTS: do the rows of a causal block of N queries after a prefix of
     P keys equal, bit for bit, those of its first n queries alone (for two N, so that a row also moves
     within the products); and does each row of a tree after P keys equal that row alone over its visible
     keys, packed together as vanilla decoding sees them (a tree row's ancestors sit apart)?"""
@@ -154,18 +154,18 @@ def _rows_invariant(plan: AttentionPlan, hd: int, dtype: torch.dtype) -> bool:
                 for N in (20, 40):
                     q, k, v = (torch.randn(B, h, n, hd, generator=g).to(dtype)
                                for h, n in ((Hkv * G, N), (Hkv, P + N), (Hkv, P + N)))
-                    full = invariant_attention(q, k, v, plan=plan)
+                    full = invariant_attention(q, k, v, padding=padding)
                     for n in (1, 2, 3, 4, 5, 7, 9, 13, 33):
                         if n < N and not torch.equal(
-                                invariant_attention(q[:, :, :n], k[:, :, :P + n], v[:, :, :P + n], plan=plan),
+                                invariant_attention(q[:, :, :n], k[:, :, :P + n], v[:, :, :P + n], padding=padding),
                                 full[:, :, :n]):
                             return False
                 T = len(parents)
                 mask = torch.cat([torch.ones(T, P, dtype=torch.bool), tree], dim=1)  # [T, P + T]
-                full = invariant_attention(q[:, :, :T], k[:, :, :P + T], v[:, :, :P + T], mask, plan=plan)
+                full = invariant_attention(q[:, :, :T], k[:, :, :P + T], v[:, :, :P + T], mask, padding=padding)
                 for t in range(T):
                     keys = mask[t].nonzero().flatten()
-                    if not torch.equal(invariant_attention(q[:, :, t:t + 1], k[:, :, keys], v[:, :, keys], plan=plan),
+                    if not torch.equal(invariant_attention(q[:, :, t:t + 1], k[:, :, keys], v[:, :, keys], padding=padding),
                                        full[:, :, t:t + 1]):
                         return False
     return True
@@ -192,23 +192,25 @@ def masked_keys(mask: torch.Tensor) -> MaskedKeys:
 
 
 def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        mask: torch.Tensor | MaskedKeys | None = None, plan: AttentionPlan | None = None) -> torch.Tensor:
+                        mask: torch.Tensor | MaskedKeys | None = None, padding: AttentionPadding | None = None,
+                        scratch: dict | None = None) -> torch.Tensor:
     """Softmax attention whose every row is computed as it would be alone.
 
     Args:
         q: [B, H, T, hd] queries; k, v: [B, Hkv, S, hd] keys and values.
         mask: bool (True = may attend) of shape [T, S] or [B or 1, 1, T, S], or the ``masked_keys`` of one
-            (what a plan hands every layer), or None: causal with the T queries at the last T key positions
+            (what an attention plan hands every layer), or None: causal with the T queries at the last T key positions
             (every key visible when T = 1).
-        plan: how to shape the products; None: ``attention_plan`` probed for this CPU (on another
-            device, where minispec claims no row invariance, the plain plan).
+        padding: how to shape the products; None: ``attention_padding`` probed for this CPU (on another
+            device, where minispec claims no row invariance, no padding beyond the minimum).
+        scratch: buffers that every layer of a forward reuses (an attention plan's ``memo``); None: new ones.
     Returns:
         [B, H, T, hd] in q's dtype. Every row must see at least one key.
     """
     B, H, Hkv, T, hd = check_shapes(q, k, v)
     S, G = k.shape[2], H // Hkv
-    if plan is None:
-        plan = attention_plan(hd, q.dtype) if q.device.type == "cpu" else AttentionPlan()
+    if padding is None:
+        padding = attention_padding(hd, q.dtype) if q.device.type == "cpu" else AttentionPadding()
     if mask is None and T > 1:
         mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)  # [T, S]
     hidden = blocks = None
@@ -218,32 +220,25 @@ def invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             raise ValueError(f"mask must be boolean [{T}, {S}] or [B or 1, 1, {T}, {S}], got {tuple(keys.mask.shape)}")
         hidden, blocks = keys.hidden, keys.blocks
         if blocks == "per batch":  # trees that differ between batch rows and straddle a block boundary
-            return torch.cat([invariant_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], keys.mask[b:b + 1], plan)
+            return torch.cat([invariant_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], keys.mask[b:b + 1], padding)
                               for b in range(B)])
     # scaled first, elementwise: a BLAS may apply a product's alpha in another order for some shapes (MKL at 2
     # threads, hd = 8); then the G query heads of a KV head as rows (g, t)
-    qg = _view(q * _scale(hd, q.dtype), B, Hkv, G * T, hd)  # [B, Hkv, G*T, hd]
+    qs = q * _scale(hd, q.dtype)  # [B, H, T, hd]
     B_ = batch_for_threads(B, Hkv) if q.device.type == "cpu" else B
+    if B_ == B and G * T <= ROW_CHUNK:  # the common case: one call, the rows as they lie (a view where they can)
+        rows = qs.view(B * Hkv, G * T, hd) if T == 1 or qs.is_contiguous() else qs.reshape(B * Hkv, G * T, hd)
+        return _rows(rows, k, v, hidden, G, T, padding, blocks, scratch, (B, H, T, hd))
+    qg = qs.reshape(B, Hkv, G * T, hd)  # [B, Hkv, G*T, hd]
     if B_ > B:
         qg, k, v = (F.pad(x, (0, 0, 0, 0, 0, 0, 0, B_ - B)) for x in (qg, k, v))
         if hidden is not None and hidden.shape[0] > 1:
             hidden = F.pad(hidden, (0, 0, 0, 0, 0, 0, 0, 0, 0, B_ - B))
-    if G * T <= ROW_CHUNK:
-        out = _rows(qg, k, v, hidden, G, T, plan, blocks)
-    else:  # a long prefill: rows are independent, so chunks change no bit
-        t_chunk = max(1, ROW_CHUNK // G)
-        out = torch.cat([_rows(qg.unflatten(2, (G, T))[:, :, :, t0:t0 + t_chunk].flatten(2, 3), k, v,
-                               None if hidden is None else hidden[..., t0:t0 + t_chunk, :], G,
-                               min(t_chunk, T - t0), plan, blocks).unflatten(2, (G, -1)) for t0 in range(0, T, t_chunk)], dim=3)
-    return _view(out if B_ == B else out[:B], B, H, T, hd)
-
-
-def _view(x: torch.Tensor, *shape: int) -> torch.Tensor:
-    """``x.view(shape)`` where x's strides allow it (one op; the common case, as a KV cache's views), else a copy."""
-    try:
-        return x.view(shape)
-    except RuntimeError:
-        return x.reshape(shape)
+    t_chunk = max(1, ROW_CHUNK // G)  # a long prefill: rows are independent, so chunks change no bit
+    out = torch.cat([_rows(qg.unflatten(2, (G, T))[:, :, :, t0:t0 + t_chunk].reshape(B_ * Hkv, -1, hd), k, v,
+                           None if hidden is None else hidden[..., t0:t0 + t_chunk, :], G, min(t_chunk, T - t0), padding,
+                           blocks, scratch).unflatten(2, (G, -1)) for t0 in range(0, T, t_chunk)], dim=3)
+    return out[:B].reshape(B, H, T, hd)
 
 
 _SCALES: dict[int, torch.Tensor] = {}  # head dim -> 1 / sqrt(hd) as a 0-dim float32 CPU tensor
@@ -326,68 +321,103 @@ def padded_keys(S: int, pad_keys: bool) -> int:
     return S if last == 0 or last >= MIN_BLOCK_KEYS else S + MIN_BLOCK_KEYS - last
 
 
-def _rows(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor | None, G: int,
-          T: int, plan: AttentionPlan, blocks: list[torch.Tensor] | None = None) -> torch.Tensor:
-    """Attention of the query rows qg [B, Hkv, G*T, hd] (rows (g, t)) -> [B, Hkv, G*T, hd].
+def _rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor | None, G: int, T: int,
+          padding: AttentionPadding, blocks: list[torch.Tensor] | None = None, scratch: dict | None = None,
+          shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Attention of the query rows q [B*Hkv, G*T, hd] (rows (g, t) of each KV head) -> [B, Hkv, G*T, hd], or
+    ``shape`` (the caller's [B, H, T, hd]) where no row was padded.
 
     Every product has two row-major operands, at least two rows and MIN_BLOCK_KEYS keys, at least
     BMM_NAIVE_BELOW multiply-adds, and reduces over at most KEY_BLOCK keys: the regime in which a
     BLAS computes an element the same way whatever the other rows and columns are
-    (``tests/test_invariance.py``); ``plan`` adds what this CPU's BLAS needs beyond that. ``blocks``: the
-    keys of each block where they are not runs of positions (``key_blocks``).
+    (``tests/test_invariance.py``); ``padding`` adds what this CPU's BLAS needs beyond that. ``blocks``: the
+    keys of each block where they are not runs of positions (``key_blocks``). ``scratch``: see
+    ``invariant_attention``. Kept to few ops (views included): a decode step makes this call once a layer.
     """
-    B, Hkv, R, hd = qg.shape
-    S, BH = k.shape[2], B * Hkv
-    kt = k.transpose(-1, -2)  # [B, Hkv, hd, S]: row-major when the cache stores keys last (KVCache on the CPU)
-    S_ = padded_keys(S, plan.pad_keys)
+    BH, R, hd = q.shape
+    B, Hkv, S = k.shape[0], k.shape[1], k.shape[2]
+    S_ = padded_keys(S, padding.pad_keys)
     # past the first block (pad_keys off), a short last block copies neither keys nor values: the scores run
     # over the keys as they lie, and p and that block's values are padded below. Sk: the keys k and v hold
-    Sk = S if S > KEY_BLOCK and not plan.pad_keys else S_
+    Sk = S if S > KEY_BLOCK and not padding.pad_keys else S_
     if Sk > S:  # hidden zero keys (p = 0 for them, so they add exact zeros)
-        kt, v = F.pad(kt, (0, Sk - S)), F.pad(v, (0, 0, 0, Sk - S))
+        k, v = F.pad(k, (0, 0, 0, Sk - S)), F.pad(v, (0, 0, 0, Sk - S))
         hidden = F.pad(hidden if hidden is not None else torch.zeros(1, 1, 1, T, S, dtype=torch.bool, device=k.device),
                        (0, Sk - S), value=True)
-    elif kt.stride(-1) != 1:
+    kt = _heads(k, transpose=True)  # [BH, hd, Sk]: row-major when the cache stores keys last (KVCache on the CPU)
+    if kt.stride(-1) != 1:
         kt = kt.contiguous()  # a copy of the keys, for any other layout
     last = S_ - (S_ - 1) // KEY_BLOCK * KEY_BLOCK  # keys in the last block
     hd_ = -(-hd // V_COLS) * V_COLS  # v's columns in the products
     per_row = min(hd * S_, last * hd_)  # multiply-adds per row of the smallest product
-    R2 = padded_rows(R, max(MIN_ROWS, -(-BMM_NAIVE_BELOW // per_row)), plan.row_multiple)
+    R2 = padded_rows(R, max(MIN_ROWS, -(-BMM_NAIVE_BELOW // per_row)), padding.row_multiple)
     if R2 > R:  # pad with zero queries; their results are dropped
-        qg = F.pad(qg, (0, 0, 0, R2 - R))
-    s = _product(_view(qg, BH, R2, hd), _view(kt, BH, hd, Sk))  # [BH, R', Sk]
+        q = F.pad(q, (0, 0, 0, R2 - R))
+    s = _product(q, kt)  # [BH, R', Sk]
     if hidden is not None:  # view the first G*T rows as [G, T] so the [., 1, 1, T, Sk] mask broadcasts
         s.view(B, Hkv, R2, Sk)[:, :, :R].unflatten(2, (G, T)).masked_fill_(hidden, float("-inf"))
     if torch.is_grad_enabled() and s.requires_grad:  # training (a draft model): autograd keeps s
         p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+        l = p.cumsum(-1, dtype=torch.float64)[..., -1:].to(p.dtype)  # [BH, R', 1]: a running sum in key order
     else:
         p = s.sub_(s.amax(dim=-1, keepdim=True)).exp_()  # [BH, R', Sk]; hidden keys exactly 0
-    l = p.cumsum(-1, dtype=torch.float64)[..., -1:].to(p.dtype)  # [BH, R', 1]: a running sum in key order
+        l = _sum_of_p(p, scratch)  # [BH, R', 1]
     if hd_ > hd:
         v = F.pad(v, (0, hd_ - hd))
     if S_ > Sk:  # a short last block: p padded with zeros (a small copy), so that every product reads p as
         p = F.pad(p, (0, S_ - Sk))  # it would with padded keys; that block's few values are padded below
-    v3 = _view(v, BH, Sk, hd_)  # [BH, Sk, hd']
-    if blocks is None:  # runs of KEY_BLOCK keys from key 0 (the last one shorter), cut in one op each
-        sizes = [min(KEY_BLOCK, S_ - b) for b in range(0, S_, KEY_BLOCK)]
-        held = sizes[:-1] + [sizes[-1] - (S_ - Sk)]  # the keys v holds of each block (the short last one padded)
-        pbs = p.split(sizes, dim=2) if len(sizes) > 1 else (p,)
-        vbs = v3.split(held, dim=1) if len(held) > 1 else (v3,)
-        parts = [(pb, vb if vb.shape[1] == pb.shape[2] else F.pad(vb, (0, 0, 0, pb.shape[2] - vb.shape[1])))
-                 for pb, vb in zip(pbs, vbs)]
+    if blocks is None:  # runs of KEY_BLOCK keys from key 0 (the last one shorter), one view each
+        parts = []
+        for b in range(0, S_, KEY_BLOCK):
+            n = min(KEY_BLOCK, S_ - b)
+            pb = p if n == S_ else p.as_strided((BH, R2, n), p.stride(), b)  # p[:, :, b:b + n] (p is a new tensor)
+            vb = _heads(v, b, min(n, Sk - b))  # [BH, n, hd']: its keys of v (the short last one padded below)
+            parts.append((pb, vb if vb.shape[1] == n else F.pad(vb, (0, 0, 0, n - vb.shape[1]))))
     else:  # the keys whose rank falls in the block, gathered in key order, padded as a run would be
+        v3 = _heads(v)  # [BH, Sk, hd']
         parts = []
         for block in blocks:
             n = block.numel()
-            n_ = MAX_PRODUCT_KEYS if plan.pad_keys else max(n, MIN_BLOCK_KEYS)
+            n_ = MAX_PRODUCT_KEYS if padding.pad_keys else max(n, MIN_BLOCK_KEYS)
             parts.append((F.pad(p.index_select(2, block), (0, n_ - n)), F.pad(v3.index_select(1, block), (0, 0, 0, n_ - n))))
     o = None
     for pb, vb in parts:  # in key order, block by block
         ob = _product(pb, vb)  # [BH, R', hd']
         o = ob if o is None else o + ob
     o = (o if hd_ == hd else o[..., :hd]) / l  # [BH, R', hd]
+    if R2 == R and shape is not None:
+        return o.view(shape)
     o = o.view(B, Hkv, R2, hd)
-    return o if R2 == R else o[:, :, :R]  # (no op for a no-op cut: each op costs microseconds, 30 calls a decode step)
+    o = o if R2 == R else o[:, :, :R]  # [B, Hkv, R, hd]
+    return o if shape is None else o.reshape(shape)
+
+
+def _heads(x: torch.Tensor, start: int = 0, n: int | None = None, transpose: bool = False) -> torch.Tensor:
+    """Keys start..start+n of x [B, Hkv, S, c] as one batch of matrices [B*Hkv, n, c] (``transpose``: [B*Hkv, c, n]),
+    as one view (``as_strided``) where B and Hkv merge, which a slice, a transpose and a reshape would make in five."""
+    B, Hkv, S, c = x.shape
+    n = S - start if n is None else n
+    sb, sh, ss, sc = x.stride()
+    if (B == 1 or sb == Hkv * sh) and not torch.compiler.is_compiling():  # (a trace cannot read a storage offset)
+        size, stride = ((B * Hkv, c, n), (sh, sc, ss)) if transpose else ((B * Hkv, n, c), (sh, ss, sc))
+        return x.as_strided(size, stride, x.storage_offset() + start * ss)
+    x = x[:, :, start:start + n]
+    return (x.transpose(-1, -2) if transpose else x).reshape(B * Hkv, *(x.shape[-1:-3:-1] if transpose else x.shape[-2:]))
+
+
+def _sum_of_p(p: torch.Tensor, scratch: dict | None) -> torch.Tensor:
+    """l = the sum of p [BH, R, S] over its keys, [BH, R, 1] in p's dtype: a running sum (``cumsum``) in key order in
+    float64, whose last entry is cast back; on a hidden key's 0 it changes nothing, on any CPU. With ``scratch`` its
+    float64 copy of p and the result are buffers that every layer of the forward reuses (three ops, not eleven)."""
+    if scratch is None or torch.compiler.is_compiling():  # (a traced forward allocates its own)
+        return p.cumsum(-1, dtype=torch.float64)[..., -1:].to(p.dtype)
+    key = ("sum of p", tuple(p.shape), p.dtype, p.device)
+    if key not in scratch:
+        p64 = torch.empty(p.shape, dtype=torch.float64, device=p.device)
+        scratch[key] = p64, p64[..., -1:], p.new_empty(*p.shape[:-1], 1)  # the copy, its last keys, l
+    p64, last, l = scratch[key]
+    p64.copy_(p).cumsum_(-1)  # the running sum in place: the same float64 additions in the same order
+    return l.copy_(last)
 
 
 def keys_of(plan) -> MaskedKeys | None:
@@ -415,7 +445,7 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan) -> 
     device, where minispec claims no row invariance, the plain ``minispec.attention.attention``."""
     if q.device.type != "cpu":
         return attention(q, k, v, plan.mask)
-    return invariant_attention(q, k, v, keys_of(plan))
+    return invariant_attention(q, k, v, keys_of(plan), scratch=plan.memo)
 
 
 register("exact", exact_attention)

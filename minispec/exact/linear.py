@@ -16,20 +16,20 @@ and each kernel reads the weight differently. Two prepacked kernels do better:
 
     panels  the weight W [out, in] copied once into panels of PANEL output features,
             ``Wp[p] = W[p*PANEL:(p+1)*PANEL].T`` of shape [P, in, PANEL], each contiguous (in 2 MiB pages,
-            ``minispec.exact.pages``), and a call is one batched product
+            ``minispec.exact.hugepages``), and a call is one batched product
                 y[:, p*PANEL:(p+1)*PANEL] = x @ Wp[p]          x [M, in] shared by every panel (no copy)
             Both operands are row-major and the sum over the input features runs along the rows of a panel,
             so each output element is accumulated over ``in`` in the same order whatever M is;
     onednn  oneDNN's own prepacked weight layout (``torch.ops.mkldnn._linear_pointwise``).
 
 No CPU is trusted blindly: each kind of layer is probed once per kernel and thread count and computed by the
-cheapest plan found invariant (``minispec.exact.rows.RowPlan``): as it is, its input features in two halves,
+cheapest recipe found invariant (``minispec.exact.recipes.RowRecipe``): as it is, its input features in two halves,
 or its rows padded. Which kernel runs ("auto") and how far a one-row call is padded come from this machine's
-saved choice (``minispec.exact.profile``), never from a timing here. ``ExactLinear.cpu_kernel`` (or
+saved choice (``minispec.exact.kernels``), never from a timing here. ``ExactLinear.cpu_kernel`` (or
 ``MINISPEC_LINEAR_KERNEL=auto|panels|onednn`` set before import) names one for every layer; "onednn" falls
 back to the panels where this PyTorch has no oneDNN.
 
-Training (autograd), other dtypes and other devices use ``F.linear`` (probed and planned the same way on the
+Training (autograd), other dtypes and other devices use ``F.linear`` (probed the same way on the
 CPU; not under autograd, and not on a GPU, where minispec claims no row invariance).
 
 Shapes: [..., in] -> [..., out]; M rows; P = ceil(out / PANEL) panels.
@@ -43,9 +43,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .pages import huge_page_empty
-from .profile import CPU_KERNELS, chosen_kernel, chosen_pad, onednn_available
-from .rows import RowPlan, linear_plan, pad_rows, padded_rows
+from .hugepages import huge_page_empty
+from .kernels import CPU_KERNELS, chosen_kernel, chosen_pad, onednn_available
+from .recipes import RowRecipe, linear_recipe, pad_rows, padded_rows
 
 PANEL = 32  # output features per weight panel (32 floats: two AVX-512 or four AVX2 registers per row)
 KERNEL_CHOICES = ("auto", *CPU_KERNELS)  # what ``ExactLinear.cpu_kernel`` may name ("auto": this machine's choice)
@@ -74,17 +74,17 @@ def panels(w: torch.Tensor, width: int = PANEL) -> torch.Tensor:
 
 class ExactLinear(nn.Linear):
     """``nn.Linear`` (same parameters, same state_dict) whose CPU float32 inference runs a prepacked kernel
-    under a row plan: its rows do not depend on the row count. ``minispec.exact.apply`` turns a model's
+    under a row recipe: its rows do not depend on the row count. ``minispec.exact.apply`` turns a model's
     ``nn.Linear`` layers into these in place.
 
     ``ExactLinear.prepack = False`` switches every instance back to ``F.linear`` (for before/after
     measurements); ``ExactLinear.row_invariant = False`` computes every call as it is, whatever the probe
-    found (to show what the plans prevent); ``ExactLinear.cpu_kernel`` names the prepacked kernel ("auto":
-    this machine's saved choice, ``minispec.exact.profile``; "panels" or "onednn"). Prepacked copies are
+    found (to show what the recipes prevent); ``ExactLinear.cpu_kernel`` names the prepacked kernel ("auto":
+    this machine's saved choice, ``minispec.exact.kernels``; "panels" or "onednn"). Prepacked copies are
     rebuilt when the weight changes (in place or replaced).
 
     Under ``torch.compile`` a layer that has run eagerly (or been prepacked) traces without a graph break,
-    with the row plan and prepacked copy of its last eager call (compile again after changing weights,
+    with the row recipe and prepacked copy of its last eager call (compile again after changing weights,
     dtype or threads); one that has not breaks the graph where it chooses them.
     """
 
@@ -148,12 +148,13 @@ class ExactLinear(nn.Linear):
 
     def _product(self, kernel: str, x: torch.Tensor, part: int | None = None, rows: int | None = None) -> torch.Tensor:
         """``kernel``'s product of x [M, in (or its half)] with the whole weight or the half ``part`` -> [rows, out]:
-        the first ``rows`` rows of the result (default all M; fewer drop the rows a plan padded x with). Kept to
+        the first ``rows`` rows of the result (default all M; fewer drop the rows a recipe padded x with). Kept to
         few ops (views included): a one-row decode step makes this call 121 times on SmolLM2."""
         m = x.shape[0] if rows is None else rows
         if kernel == "panels":
             wp = self.panel_weight(part)  # [P, in', PANEL]
-            y = torch.bmm(x.expand(wp.shape[0], -1, -1), wp)  # [P, M, PANEL]: every panel reads the same x
+            y = torch.bmm(x.as_strided((wp.shape[0], *x.shape), (0, *x.stride())), wp)  # [P, M, PANEL]: every panel
+            #                                             reads the same x (x expanded over P: one view op, not two)
             if m == 1:  # one row: panel by panel its PANEL outputs, as one row (a copy where rows were padded)
                 y = (y if y.shape[1] == 1 else y.narrow_copy(1, 0, 1)).view(1, -1)  # [1, P * PANEL]
             else:
@@ -167,15 +168,15 @@ class ExactLinear(nn.Linear):
             y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.onednn_weight(part), b, "none", [], "")
         else:
             y = F.linear(x, w, b)
-        return y if m == x.shape[0] else y[:m]
+        return y if m == x.shape[0] else y.as_strided((m, y.shape[1]), y.stride())  # y[:m] in one view op
 
     def _split_product(self, kernel: str, x: torch.Tensor) -> torch.Tensor:
         h = self.in_features // 2
         return self._product(kernel, x[:, :h], 0) + self._product(kernel, x[:, h:], 1)
 
-    def row_plan(self, x: torch.Tensor, kernel: str | None = None) -> RowPlan | None:
-        """The plan that keeps this layer's rows independent of the row count for inputs like ``x``, at
-        the running thread count (probed on first use, ``minispec.exact.rows``), for ``kernel`` (default:
+    def row_recipe(self, x: torch.Tensor, kernel: str | None = None) -> RowRecipe | None:
+        """The recipe that keeps this layer's rows independent of the row count for inputs like ``x``, at
+        the running thread count (probed on first use, ``minispec.exact.recipes``), for ``kernel`` (default:
         the one ``x`` takes); None where no invariance is kept (autograd, a GPU)."""
         if self.weight.device.type != "cpu" or (torch.is_grad_enabled() and (self.weight.requires_grad or
                                                                              x.requires_grad)):
@@ -184,34 +185,34 @@ class ExactLinear(nn.Linear):
         key = (kernel, self.in_features, self.out_features, self.bias is not None, x.dtype, x.device.type,
                type(self)._product)  # the function itself: a stand-in product (tests) is probed anew
         split = (lambda x2: self._split_product(kernel, x2)) if self.in_features >= 2 else None
-        return linear_plan(key, lambda x2: self._product(kernel, x2), split, self.in_features, x.dtype, x.device)
+        return linear_recipe(key, lambda x2: self._product(kernel, x2), split, self.in_features, x.dtype, x.device)
 
-    def _plan(self, x: torch.Tensor) -> tuple[str, int, int, int]:
+    def _recipe(self, x: torch.Tensor) -> tuple[str, int, int, int]:
         """(kernel, split, min_rows, multiple) for ``x``, remembered per kernel, dtype, grad mode and thread count.
         Under "auto", calls of fewer rows than this machine's saved ``pad_rows`` for the kernel are padded up to
-        it (``minispec.exact.profile.chosen_pad``): a kernel whose rows do not depend on the row count gives them
+        it (``minispec.exact.kernels.chosen_pad``): a kernel whose rows do not depend on the row count gives them
         the same bits in a call of more rows, and may give them sooner."""
         key = (self._use_panels(x), x.dtype, x.device.type, torch.is_grad_enabled(), x.requires_grad,
                torch.get_num_threads(), ExactLinear.row_invariant, ExactLinear.cpu_kernel)
-        if self.__dict__.get("_plan_key") != key:
-            plan = self.row_plan(x) if ExactLinear.row_invariant else None
-            if plan is None or not plan.invariant:
-                self._plan_value = (self.kernel(x), 1, 1, 1)
+        if self.__dict__.get("_recipe_key") != key:
+            recipe = self.row_recipe(x) if ExactLinear.row_invariant else None
+            if recipe is None or not recipe.invariant:
+                self._recipe_value = (self.kernel(x), 1, 1, 1)
             else:
-                pad = chosen_pad(plan.kernel) if ExactLinear.cpu_kernel == "auto" and plan.kernel in CPU_KERNELS else 1
-                self._plan_value = (plan.kernel, plan.split, max(plan.min_rows, pad), plan.multiple)
-            self._plan_key = key
-        return self._plan_value
+                pad = chosen_pad(recipe.kernel) if ExactLinear.cpu_kernel == "auto" and recipe.kernel in CPU_KERNELS else 1
+                self._recipe_value = (recipe.kernel, recipe.split, max(recipe.min_rows, pad), recipe.multiple)
+            self._recipe_key = key
+        return self._recipe_value
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling() and "_plan_value" in self.__dict__:  # traced by torch.compile: the plan the
-            return self.run(x, *self._plan_value)  # last eager call chose (a probe runs products, which a trace cannot)
-        return self.run(x, *self._plan(x))
+        if torch.compiler.is_compiling() and "_recipe_value" in self.__dict__:  # traced by torch.compile: the recipe the
+            return self.run(x, *self._recipe_value)  # last eager call chose (a probe runs products, which a trace cannot)
+        return self.run(x, *self._recipe(x))
 
     def run(self, x: torch.Tensor, kernel: str, split: int = 1, min_rows: int = 1, multiple: int = 1) -> torch.Tensor:
-        """``kernel``'s product of ``x`` [..., in] under a row plan (``forward`` runs this layer's own)."""
+        """``kernel``'s product of ``x`` [..., in] under a row recipe (``forward`` runs this layer's own)."""
         shape = x.shape
-        x2 = x.view(-1, shape[-1]) if x.is_contiguous() else x.reshape(-1, shape[-1])  # [M, in]
+        x2 = x if x.dim() == 2 else x.view(-1, shape[-1]) if x.is_contiguous() else x.reshape(-1, shape[-1])  # [M, in]
         m = x2.shape[0]
         if split > 1:  # the input features in two halves, the products added
             y = self._split_product(kernel, x2)  # [M, out]
@@ -225,12 +226,12 @@ class ExactLinear(nn.Linear):
 @torch.no_grad()
 def prepack(module: nn.Module) -> nn.Module:
     """Build the prepacked weights (``ExactLinear.cpu_kernel``'s) of every ``ExactLinear`` in ``module`` and
-    choose its row plan at the running thread count now rather than on its first forward, so that the first
+    choose its row recipe at the running thread count now rather than on its first forward, so that the first
     timed generation pays for neither. Returns ``module``."""
     for m in module.modules():
         if isinstance(m, ExactLinear) and m.weight.device.type == "cpu":
             x = m.weight.new_empty(1, m.in_features)  # stands for an input of the weight's dtype
-            kernel, split, _, _ = m._plan(x)
+            kernel, split, _, _ = m._recipe(x)
             if kernel in CPU_KERNELS:
                 for part in ((None,) if split == 1 else (0, 1)):
                     (m.panel_weight if kernel == "panels" else m.onednn_weight)(part)

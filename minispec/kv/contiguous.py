@@ -53,6 +53,7 @@ class KVCache:
         self._views()
         self.length = 0  # committed tokens
         self.pending = 0  # tokens written by the last forward, not yet committed
+        self.slots = None  # (length, pending, [(k, v) slots of each layer]) of the pending forward (``begin``)
 
     @classmethod
     def for_model(cls, model, capacity: int, batch_size: int = 1) -> "KVCache":
@@ -74,11 +75,17 @@ class KVCache:
                 f"KV cache overflow: {self.length} cached + {n_new} new tokens > capacity {self.capacity}; "
                 "allocate a larger cache (e.g. prompt length + max_new_tokens + draft tokens)")
         self.pending = n_new
+        if not torch.is_grad_enabled():  # every layer's slots for the new entries, viewed once for all layers (a
+            # write is then one copy, not a slice and a copy); autograd refuses writes into split's views (training)
+            s, L = self.length, self.k.shape[0]
+            self.slots = (s, n_new, list(zip(self.k[:, :, :, s:s + n_new].split([1] * L),
+                                             self.v[:, :, :, s:s + n_new].split([1] * L))))  # [1, B, Hkv, T, hd] each
 
     def _views(self) -> None:
         """Each layer's k and v [B, Hkv, C, hd], viewed once per buffer rather than in every write."""
         # select, not unbind: autograd refuses in-place writes into one of unbind's several outputs (training)
         self.layers = [(self.k[i], self.v[i]) for i in range(self.k.shape[0])]
+        self.slots = None  # views of the old buffers
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store layer's new k, v [B, Hkv, T, hd] after the prefix; return prefix + new [B, Hkv, S, hd]."""
@@ -86,8 +93,13 @@ class KVCache:
         if T != self.pending:
             raise RuntimeError(f"write of {T} tokens but {self.pending} were reserved with begin()")
         k_layer, v_layer = self.layers[layer]  # [B, Hkv, C, hd] each
-        k_layer[:, :, s:s + T] = k
-        v_layer[:, :, s:s + T] = v
+        if self.slots is not None and self.slots[:2] == (s, T) and not torch.is_grad_enabled():
+            k_slot, v_slot = self.slots[2][layer]  # [1, B, Hkv, T, hd] each
+            k_slot.copy_(k)
+            v_slot.copy_(v)
+        else:
+            k_layer[:, :, s:s + T] = k
+            v_layer[:, :, s:s + T] = v
         return k_layer[:, :, :s + T], v_layer[:, :, :s + T]
 
     def commit(self, keep: Sequence[int] | torch.Tensor | None = None) -> None:

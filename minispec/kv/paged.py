@@ -159,7 +159,7 @@ class PagedKVCache(RaggedLengths):
         self.tables: list[list[int]] = [[] for _ in range(batch_size)]  # sequence -> its blocks, in order
         self.lengths = [0] * batch_size  # committed tokens per sequence
         self.pendings = [0] * batch_size  # tokens written by the last forward, not yet committed
-        self._plan = None  # this forward's slot indices (see _write_plan), while tokens are pending
+        self._pending_slots = None  # this forward's slot indices (see _write_slots), while tokens are pending
         self.rows = list(range(batch_size))  # the sequences of the pending forward's rows
         self._reads: dict = {}  # sequence (or "rows") -> its (blocks, offsets) for read() (read_rows()), per forward
 
@@ -205,9 +205,9 @@ class PagedKVCache(RaggedLengths):
         for b, n in enumerate(need):  # tree padding: every block the whole pending write touches, up front
             self.tables[b] += [self.free_list.pop() for _ in range(n)]
         self.pendings, self.rows, self._reads = ns, rows, {}
-        self._plan = self._write_plan()
+        self._pending_slots = self._write_slots()
 
-    def _write_plan(self):
+    def _write_slots(self):
         """Index tensors for this forward's writes (and reads), built once and used by every layer."""
         dev, bs = self.k_pool.device, self.block_size
         table = self.block_table().long()  # [B, W]
@@ -224,15 +224,15 @@ class PagedKVCache(RaggedLengths):
     def ragged(self) -> bool:
         """Whether the pending forward's sequences differ in length (or leave some sequences out):
         then ``write`` cannot return one tensor and each sequence attends on its own (``read``)."""
-        return self._plan is not None and self._plan[1] is None
+        return self._pending_slots is not None and self._pending_slots[1] is None
 
     # ------------------------------------------------------------------ the model's side
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store layer's new k, v [B, Hkv, T, hd] (T = the most pending; row b keeps its first pendings[b])."""
         T = k.shape[2]
-        if self._plan is None or T != self.pending:
+        if self._pending_slots is None or T != self.pending:
             raise RuntimeError(f"write of {T} tokens but {self.pending} were reserved with begin()")
-        rows, toks, blk, off = self._plan[0]
+        rows, toks, blk, off = self._pending_slots[0]
         self.k_pool[layer, blk, :, off] = k[rows, :, toks]  # [n, Hkv, hd] into their slots
         self.v_pool[layer, blk, :, off] = v[rows, :, toks]
 
@@ -242,12 +242,12 @@ class PagedKVCache(RaggedLengths):
         This is the contiguous cache's interface, for attention that wants one [B, Hkv, S, hd]
         tensor; it copies the prefix out of the blocks in every layer. Paged attention kernels
         skip the copy: ``store``, then read the pool through ``block_table()``."""
-        if self._plan is not None and self._plan[1] is None:
+        if self._pending_slots is not None and self._pending_slots[1] is None:
             raise RuntimeError(f"write() returns one [B, Hkv, S, hd] tensor, but the sequences hold "
                                f"{[L + n for L, n in zip(self.lengths, self.pendings)]} tokens; use store() and "
                                "paged attention for a ragged batch")
         self.store(layer, k, v)
-        blk, off = self._plan[1]
+        blk, off = self._pending_slots[1]
         return (self.k_pool[layer, blk, :, off].transpose(1, 2),  # [B, S, Hkv, hd] -> [B, Hkv, S, hd]
                 self.v_pool[layer, blk, :, off].transpose(1, 2))
 
@@ -316,14 +316,14 @@ class PagedKVCache(RaggedLengths):
             self.lengths[b] += len(k)
             self.pendings[b] = 0
             self._release_beyond(b, self.lengths[b])  # the blocks only rejected nodes padded
-        self._plan = None
+        self._pending_slots = None
 
     def discard(self) -> None:
         """Drop all pending entries (their blocks return to the pool)."""
         for b in range(self.batch_size):
             self.pendings[b] = 0
             self._release_beyond(b, self.lengths[b])
-        self._plan = None
+        self._pending_slots = None
 
     def rollback(self, n: int | Sequence[int]) -> None:
         """Forget the last n committed tokens (an int, or one count per sequence): O(1), no copy."""
@@ -340,7 +340,7 @@ class PagedKVCache(RaggedLengths):
 
     def reset(self) -> None:
         """Free every sequence and drop anything pending."""
-        self.pendings, self._plan = [0] * self.batch_size, None
+        self.pendings, self._pending_slots = [0] * self.batch_size, None
         for b in range(self.batch_size):
             self.lengths[b] = 0
             self._release_beyond(b, 0)

@@ -48,7 +48,7 @@ class RowKVCache(RaggedLengths):
         self.lengths = [0] * batch_size  # committed tokens per sequence
         self.pendings = [0] * batch_size  # tokens written by the last forward, not yet committed
         self.rows = list(range(batch_size))  # the sequences of the pending forward's rows
-        self._plan = None  # the pending forward's (rows, toks, seq, pos) index tensors, shared by every layer
+        self._pending_slots = None  # the pending forward's (rows, toks, seq, pos) index tensors, shared by every layer
         self._read = None  # what its read_rows reads in every layer: (keys S, rows R, the rows' index or None: the
         #                    first R rows, in order)
 
@@ -80,16 +80,16 @@ class RowKVCache(RaggedLengths):
                                   f"{[self.lengths[b] + ns[b] for b in over]} tokens, capacity {self.capacity}; "
                                   "allocate a larger cache or reserve() more")
         dev = self.k.device
-        self.pendings, self.rows, self._plan = ns, rows, new_slots(rows, ns, self.lengths, dev)  # [n] each
+        self.pendings, self.rows, self._pending_slots = ns, rows, new_slots(rows, ns, self.lengths, dev)  # [n] each
         prefix = rows == list(range(len(rows)))  # the first R rows, in order: views will do
         self._read = (max((self.lengths[s] + ns[s] for s in rows), default=0), len(rows),
                       None if prefix else torch.tensor(rows, device=dev))
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store layer's new k, v [R, Hkv, T, hd] (T = the most pending; row r keeps its first pendings)."""
-        if self._plan is None or k.shape[2] != self.pending:
+        if self._pending_slots is None or k.shape[2] != self.pending:
             raise RuntimeError(f"write of {k.shape[2]} tokens but {self.pending} were reserved with begin()")
-        r, toks, seq, pos = self._plan
+        r, toks, seq, pos = self._pending_slots
         self.k[layer, seq, :, pos] = k[r, :, toks]  # [n, Hkv, hd] into their slots
         self.v[layer, seq, :, pos] = v[r, :, toks]
 
@@ -97,7 +97,7 @@ class RowKVCache(RaggedLengths):
         """Store layer's new k, v [B, Hkv, T, hd]; return prefix + new [B, Hkv, S, hd] (views; every sequence in
         the forward with the same length)."""
         S = {L + n for L, n in zip(self.lengths, self.pendings)}
-        if self._plan is not None and (len(S) != 1 or self._read[1] is not None):  # without begin(), store() raises
+        if self._pending_slots is not None and (len(S) != 1 or self._read[1] is not None):  # without begin(), store() raises
             raise RuntimeError(f"write() returns one [B, Hkv, S, hd] tensor, but the sequences hold "
                                f"{[L + n for L, n in zip(self.lengths, self.pendings)]} tokens; use store() and "
                                "read_rows() for a ragged batch")
@@ -134,7 +134,7 @@ class RowKVCache(RaggedLengths):
                     buf[:, b, :, dst] = buf[:, b, :, src]  # gathered before stored
             self.lengths[b] += len(k)
             self.pendings[b] = 0
-        self._plan = None
+        self._pending_slots = None
 
     def move(self, src: int, dst: int) -> None:
         """Sequence ``src``'s tokens move to the free row ``dst`` (one copy of its keys and values in every layer);
@@ -154,7 +154,7 @@ class RowKVCache(RaggedLengths):
 
     def discard(self) -> None:
         """Drop all pending entries."""
-        self.pendings, self._plan = [0] * self.batch_size, None
+        self.pendings, self._pending_slots = [0] * self.batch_size, None
 
     def rollback(self, n: int | Sequence[int]) -> None:
         """Forget the last n committed tokens (an int, or one count per sequence): no copy."""
@@ -164,7 +164,7 @@ class RowKVCache(RaggedLengths):
 
     def reset(self) -> None:
         """Forget every sequence and anything pending."""
-        self.lengths, self.pendings, self._plan = [0] * self.batch_size, [0] * self.batch_size, None
+        self.lengths, self.pendings, self._pending_slots = [0] * self.batch_size, [0] * self.batch_size, None
 
     def reserve(self, capacity: int) -> None:
         """Grow every row (at least doubling) to hold ``capacity`` tokens, keeping what it holds."""

@@ -26,9 +26,9 @@ def device_info() -> dict:
 
 def linear_kernel() -> str:
     """The prepacked CPU kernel ``minispec.exact.linear.ExactLinear`` runs at the running thread count ("auto: onednn"
-    where this machine's saved choice names it, ``minispec.exact.profile``; read, never timed)."""
+    where this machine's saved choice names it, ``minispec.exact.kernels``; read, never timed)."""
     from ..exact.linear import ExactLinear
-    from ..exact.profile import chosen_kernel, onednn_available
+    from ..exact.kernels import chosen_kernel, onednn_available
 
     if not ExactLinear.prepack:
         return "f_linear (prepacking off)"

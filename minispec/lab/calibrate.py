@@ -5,15 +5,15 @@
 
 1. The kernel (``calibrate_kernels``): ``CHOICE_LAYERS`` decoder layers of SmolLM2's shapes (random weights,
    about 113 MB per kernel's copy: more than a CPU's last-level cache, so they stream from memory as a decode
-   step's do), each kernel under the row plan its probe chooses on this CPU (``minispec.exact.rows``), at
+   step's do), each kernel under the row recipe its probe chooses on this CPU (``minispec.exact.recipes``), at
    ``CHOICE_ROWS`` rows (a decode step, verifications of a few draft tokens), the kernels interleaved round by
    round, the fastest round of each kept; the lower sum over the row counts wins. Saved with an exclusive
-   create where ``minispec.exact.profile`` reads it, so that every later process on the machine computes the
+   create where ``minispec.exact.kernels`` reads it, so that every later process on the machine computes the
    same bits. It runs before the model loads, so the model loads on the chosen kernel.
 2. ``auto`` (``quick_tune``): ``minispec.lab.tune.tune`` within about ``QUICK_BUDGET_S`` seconds on a few of
    minispec's own prompts, saved where ``minispec.auto.saved_choice`` reads it.
 
-The runtime only reads what this writes (or uses the documented defaults: ``exact.profile.DEFAULT_KERNEL``,
+The runtime only reads what this writes (or uses the documented defaults: ``exact.kernels.DEFAULT_KERNEL``,
 ``dispatch.DEFAULT_AUTO``). ``python -m minispec tune`` is the long calibration of ``auto``; delete a saved
 file to measure it again (or ``calibrate --force``).
 """
@@ -26,7 +26,7 @@ import torch
 
 from ..auto import QUICK_CANDIDATES, TuneResult, saved_choice, tune_path
 from ..exact.linear import ExactLinear
-from ..exact.profile import CPU_KERNELS, choice_path, machine_tag, onednn_available, read_choice, write_once
+from ..exact.kernels import CPU_KERNELS, choice_path, machine_tag, onednn_available, read_choice, write_once
 from ..sampling import GREEDY, SamplingParams
 from .tune import save_choice, tune
 
@@ -142,15 +142,15 @@ def time_kernels(shapes=CHOICE_SHAPES, layers: int = CHOICE_LAYERS, rows=CHOICE_
                  kernels=None) -> dict:
     """Time each prepacked kernel over ``layers`` x ``shapes`` random weights, interleaved, fastest of ``rounds``
     rounds (after one untimed round): what ``calibrate_kernels`` saves once per machine for "auto".
-    First a one-row call padded to each of PAD_CANDIDATES rows (at least its row plan's): a kernel may compute
+    First a one-row call padded to each of PAD_CANDIDATES rows (at least its row recipe's): a kernel may compute
     a few rows sooner than one (``benchmarks/linear_kernel_decode.py`` measures what that gives a decode), and
     its rows' bits do not depend on the row count, so the fastest is that kernel's ``pad_rows``. Then each row
-    count in ``rows`` under the row plan with that padding.
+    count in ``rows`` under the row recipe with that padding.
 
     Returns:
         {"kernel": the lower sum over ``rows``, "machine", "times_ms": {kernel: {rows: ms}},
          "pad_rows": {kernel: rows}, "pad_ms": {kernel: {rows padded to: ms}},
-         "plans": {kernel: {"in->out": plan}}, "rows", "layers", "measured_at"}.
+         "recipes": {kernel: {"in->out": recipe}}, "rows", "layers", "measured_at"}.
     """
     with torch.inference_mode(False):  # called from inside inference mode too: its tensors keep no version
         return _time_kernels(shapes, layers, rows, rounds, tuple(kernels or CPU_KERNELS))
@@ -164,13 +164,13 @@ def _time_kernels(shapes, layers: int, rows, rounds: int, kernels: tuple[str, ..
             layer = ExactLinear(n_in, n_out, bias=False).requires_grad_(False)
             layer.weight.copy_(torch.randn(n_out, n_in, generator=g) * n_in ** -0.5)
             stack.append(layer)
-    plans = {k: {} for k in kernels}
-    runs = {k: [] for k in kernels}  # (layer, its plan's (kernel, split, min_rows, multiple))
+    recipes = {k: {} for k in kernels}
+    runs = {k: [] for k in kernels}  # (layer, its recipe's (kernel, split, min_rows, multiple))
     for k in kernels:
         for layer in stack:
-            plan = layer.row_plan(layer.weight.new_zeros(1, layer.in_features), kernel=k)
-            how = (k, plan.split, plan.min_rows, plan.multiple) if plan.invariant else (k, 1, 1, 1)
-            plans[k][f"{layer.in_features}->{layer.out_features}"] = plan.describe()
+            recipe = layer.row_recipe(layer.weight.new_zeros(1, layer.in_features), kernel=k)
+            how = (k, recipe.split, recipe.min_rows, recipe.multiple) if recipe.invariant else (k, 1, 1, 1)
+            recipes[k][f"{layer.in_features}->{layer.out_features}"] = recipe.describe()
             for part in ((None,) if how[1] == 1 else (0, 1)):  # the prepacked copy, built before timing
                 (layer.panel_weight if k == "panels" else layer.onednn_weight)(part)
             runs[k].append((layer, how))
@@ -189,7 +189,7 @@ def _time_kernels(shapes, layers: int, rows, rounds: int, kernels: tuple[str, ..
                         best[k][c] = min(best[k][c], time.perf_counter() - t)
         return best
 
-    def padded(k, pad):  # kernel k's runs with one-row calls padded to ``pad`` rows (at least its plan's)
+    def padded(k, pad):  # kernel k's runs with one-row calls padded to ``pad`` rows (at least its recipe's)
         return [(layer, (how[0], how[1], max(how[2], pad), how[3])) for layer, how in runs[k]]
 
     def candidates(k) -> list[int]:  # PAD_CANDIDATES less those that pad no layer beyond a smaller one's padding
@@ -210,4 +210,4 @@ def _time_kernels(shapes, layers: int, rows, rounds: int, kernels: tuple[str, ..
     # rounding can no longer be recorded in one order and chosen in the other
     return {"kernel": min(kernels, key=lambda k: sum(times_ms[k].values())), "machine": machine_tag(),
             "times_ms": times_ms, "pad_rows": pad_rows, "pad_ms": pad_ms,
-            "plans": plans, "rows": list(rows), "layers": layers, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "recipes": recipes, "rows": list(rows), "layers": layers, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}

@@ -5,7 +5,7 @@ notebooks in a browser; nothing else needs it, so its absence fails nothing); CU
 interpreter are reported as information ([INFO]), since no GPU is a normal setup for the CPU chapters. Then whether the
 decode forward's rows are invariant to the row count on this CPU (``minispec.exact``): the
 property that makes greedy speculative decoding identical to vanilla by construction; and which
-prepacked linear kernel this machine runs (``minispec.exact.profile``).
+prepacked linear kernel this machine runs (``minispec.exact.kernels``).
 """
 
 from __future__ import annotations
@@ -131,12 +131,12 @@ def row_invariance_lines(shapes=SMOLLM2_LINEARS) -> list[str]:
     """[OK]/[WARN] lines: does a row of the CPU decode forward give the same bits whatever rows come with
     it, at the running thread count? Probes the Linear kernel of each of SmolLM2's weight shapes (random
     weights) and the dense attention on a tree of 9 rows over 24 + 9 and 300 + 9 keys against each row
-    alone, and names the plan each runs under."""
+    alone, and names the recipe each runs under."""
     import torch
 
-    from ..exact.attention import attention_plan, invariant_attention
+    from ..exact.attention import attention_padding, invariant_attention
     from ..exact.linear import ExactLinear
-    from ..exact.profile import describe
+    from ..exact.kernels import describe
 
     n = torch.get_num_threads()
     lines, notes, broken = [], [], []
@@ -148,19 +148,19 @@ def row_invariance_lines(shapes=SMOLLM2_LINEARS) -> list[str]:
             layer = ExactLinear(n_in, n_out, bias=False)
             layer.weight.copy_(torch.randn(n_out, n_in, generator=gen) * n_in ** -0.5)
             x = torch.zeros(1, n_in)
-            plan = layer.row_plan(x)
-            if not plan.invariant:
-                broken.append(f"{n_in}->{n_out} ({plan.describe()})")
-            elif plan.varies:
-                notes.append(f"{n_in}->{n_out} {plan.describe()}")
-        path = {"panels": "weight panels (torch.bmm)", "onednn": "oneDNN prepacked weights", "f_linear": "F.linear"}.get(plan.kernel, plan.kernel)
+            recipe = layer.row_recipe(x)
+            if not recipe.invariant:
+                broken.append(f"{n_in}->{n_out} ({recipe.describe()})")
+            elif recipe.varies:
+                notes.append(f"{n_in}->{n_out} {recipe.describe()}")
+        path = {"panels": "weight panels (torch.bmm)", "onednn": "oneDNN prepacked weights", "f_linear": "F.linear"}.get(recipe.kernel, recipe.kernel)
         if broken:
             lines.append(f"[WARN] linear layers ({path}, {n} threads): rows depend on the row count for "
                          f"{'; '.join(broken)}: greedy speculative output may differ from vanilla here")
         else:
             lines.append(f"[OK] linear layers ({path}, {n} threads): each row's bits do not depend on the row count"
                          + (f"; {'; '.join(notes)}" if notes else ", every SmolLM2 shape as it is"))
-        plan = attention_plan(64)
+        padding = attention_padding(64)
         same = True
         for P in (24, 300):  # one block of keys, and two
             q, k, v = torch.randn(1, 9, 9, 64, generator=gen), torch.randn(1, 3, P + 9, 64, generator=gen), \
@@ -173,7 +173,7 @@ def row_invariance_lines(shapes=SMOLLM2_LINEARS) -> list[str]:
             out = invariant_attention(q, k, v, mask)
             same &= all(torch.equal(out[0, :, t], invariant_attention(q[:, :, t:t + 1], k[:, :, mask[t]],
                                                                       v[:, :, mask[t]])[0, :, 0]) for t in range(9))
-    lines.append(f"[{'OK' if same else 'WARN'}] attention (exact backend, CPU, {plan.describe()}): a tree row "
+    lines.append(f"[{'OK' if same else 'WARN'}] attention (exact backend, CPU, {padding.describe()}): a tree row "
                  + ("equals the row alone over its own keys, bit for bit" if same else
                     "differs from the row alone over its own keys: greedy speculative output may differ from vanilla here"))
     return lines

@@ -46,7 +46,7 @@ def copy_bandwidth(mib: int = 256, reps: int = 5, device=None) -> float:
     device = torch.device(device or "cpu")
     n = mib * 2**20 // 4
     if device.type == "cpu":
-        from ..exact.pages import huge_page_empty
+        from ..exact.hugepages import huge_page_empty
 
         src, dst = huge_page_empty((n,)).fill_(1.0), huge_page_empty((n,))
     else:
@@ -209,8 +209,8 @@ def eager_floor(target, context: int = 256, reps: int = 20) -> float:
 def shrunk_model(target):
     """``target``'s architecture (layers, heads, KV heads, head dim, context, attention backend, dtype, device) with
     model width, MLP width and vocabulary of 32, 32 and 64 (whole weight panels, ``linear.PANEL``), random
-    weights: what ``eager_floor`` times. Each of its linear layers runs under the row plan of the target's layer
-    of the same name (its padding rows, its split of the input features; ``minispec.exact.rows``): a plan is
+    weights: what ``eager_floor`` times. Each of its linear layers runs under the row recipe of the target's layer
+    of the same name (its padding rows, its split of the input features; ``minispec.exact.recipes``): a plan is
     probed per shape and CPU, so a layer left to probe its own small shape could take another and run other
     ops."""
     from .. import exact
@@ -227,7 +227,7 @@ def shrunk_model(target):
     layers = dict(target.named_modules())
     for name, m in small.named_modules():
         if isinstance(m, ExactLinear) and isinstance(layers.get(name), ExactLinear):
-            m._plan = layers[name]._plan  # (kernel, split, min_rows, multiple): the target layer's own
+            m._recipe = layers[name]._recipe  # (kernel, split, min_rows, multiple): the target layer's own
     return small
 
 

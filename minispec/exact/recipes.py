@@ -1,4 +1,4 @@
-"""Row plans: how a linear layer computes its rows so that none depends on how many rows come with it.
+"""Row recipes: how a linear layer computes its rows so that none depends on how many rows come with it.
 
 Greedy speculative decoding is identical to vanilla decoding by construction only if the
 target's logits for a token do not depend on how many tokens the forward computes: vanilla
@@ -10,8 +10,8 @@ ways a row can change with its company, and minispec closes both on the CPU:
                       shape: on an AVX-512 CPU one row alone (M = 1) takes a matrix-vector
                       kernel and gets other bits than the same row among two or more. Each
                       ``minispec.exact.linear.ExactLinear`` weight shape is probed here, at the running
-                      thread count, and computed by the cheapest plan that the probe finds
-                      invariant (``RowPlan``): the product as it is; a single row padded to two
+                      thread count, and computed by the cheapest recipe that the probe finds
+                      invariant (``RowRecipe``): the product as it is; a single row padded to two
                       (the M = 1 case); the input features in two halves whose products
                       are added; rows padded to a multiple of m (MKL's AVX2 kernels compute
                       rows in blocks of 6 and a last, partial block in another order); or
@@ -64,13 +64,13 @@ def varying_rows(fn: Product, n_in: int, dtype: torch.dtype = torch.float32,
 
 
 @dataclass(frozen=True)
-class RowPlan:
+class RowRecipe:
     """How a linear layer computes its rows so that none depends on the row count.
 
     kernel: the product used ("panels": the weight panels, "f_linear", or a stand-in);
     split: 1 = one product over all input features, 2 = the input features in two halves, the two
         products added; min_rows: calls with fewer rows are padded (``pad_rows``) up to this, None if
-        no plan is invariant; varies: the row counts at which the plain product varied; multiple:
+        no recipe is invariant; varies: the row counts at which the plain product varied; multiple:
         every call's rows are padded up to a multiple of this.
     """
     kernel: str
@@ -80,7 +80,7 @@ class RowPlan:
     multiple: int = 1
 
     def rows(self, m: int) -> int:
-        """How many rows a call of m rows computes under this plan (m plus the rows it is padded with)."""
+        """How many rows a call of m rows computes under this recipe (m plus the rows it is padded with)."""
         return padded_rows(m, self.min_rows or 1, self.multiple)
 
     @property
@@ -89,7 +89,7 @@ class RowPlan:
 
     def describe(self) -> str:
         if not self.invariant:
-            return f"varies at {_rows(self.varies)} rows, no plan found"
+            return f"varies at {_rows(self.varies)} rows, no recipe found"
         if not self.varies:
             return "invariant as it is"
         how = ("input split in two halves" if self.split > 1 else
@@ -102,60 +102,60 @@ def _rows(ms: tuple[int, ...]) -> str:
     return ", ".join(map(str, ms[:6])) + (", ..." if len(ms) > 6 else "")
 
 
-def choose_plan(kernel: str, fn: Product, split_fn: Product | None, n_in: int, dtype: torch.dtype,
-                device: torch.device) -> RowPlan:
+def choose_recipe(kernel: str, fn: Product, split_fn: Product | None, n_in: int, dtype: torch.dtype,
+                device: torch.device) -> RowRecipe:
     """Probe ``fn`` and, where it varies, the fallbacks in order of cost: padding one row to two (a
     second row costs almost nothing while the weights stream from memory), ``split_fn`` (the same
     product over two halves of the input features: two calls and an add), rows padded to a multiple
     of m (MKL's AVX2 kernels, for one, compute rows in blocks of 6 and a last, partial block in
     another order), then padding to the smallest row count m0 above every varying one.
 
-    The m0 plan needs no probe of its own (calls of m0 rows or more are computed as they are, and the
-    first probe found those invariant), and it never computes more rows than a multiple-of-m plan
+    The m0 recipe needs no probe of its own (calls of m0 rows or more are computed as they are, and the
+    first probe found those invariant), and it never computes more rows than a multiple-of-m recipe
     with m >= m0, so only multiples below m0 are probed; nor is a multiple m of REF_ROWS probed when
     a varying row count is itself a multiple of m (such a call is computed as it is, and varied).
     On a CPU whose kernel varies at 1, 2 and 3 rows only, that is two probes (as it is, split), not four."""
     varies = varying_rows(fn, n_in, dtype, device)
     if not varies:
-        return RowPlan(kernel, 1, 1, varies)
+        return RowRecipe(kernel, 1, 1, varies)
     m0 = next((m for m in PAD_CHOICES if all(v < m for v in varies)), None)
     if m0 == PAD_CHOICES[0]:  # only one row alone varies: two rows cost about what one does
-        return RowPlan(kernel, 1, m0, varies)
+        return RowRecipe(kernel, 1, m0, varies)
     if split_fn is not None and not varying_rows(split_fn, n_in, dtype, device):
-        return RowPlan(kernel, 2, 1, varies)
+        return RowRecipe(kernel, 2, 1, varies)
     for m in ROW_MULTIPLES:
         if m0 is not None and m >= m0:
-            break  # the m0 plan pads no more rows than this one would
+            break  # the m0 recipe pads no more rows than this one would
         if REF_ROWS % m == 0 and any(v % m == 0 for v in varies):
-            continue  # a call of v rows is computed as it is under this plan, and it varied
+            continue  # a call of v rows is computed as it is under this recipe, and it varied
         if not varying_rows(lambda x: fn(pad_rows(x, padded_rows(x.shape[0], m, m)))[:x.shape[0]], n_in, dtype, device):
-            return RowPlan(kernel, 1, m, varies, multiple=m)
-    return RowPlan(kernel, 1, m0, varies)
+            return RowRecipe(kernel, 1, m, varies, multiple=m)
+    return RowRecipe(kernel, 1, m0, varies)
 
 
 @torch.compiler.assume_constant_result
 def threads() -> int:
-    """``torch.get_num_threads()``, which a forward traced by ``torch.compile`` takes as a constant: plans are
+    """``torch.get_num_threads()``, which a forward traced by ``torch.compile`` takes as a constant: recipes are
     keyed by the thread count, and a compiled forward keeps the count it was compiled at."""
     return torch.get_num_threads()
 
 
-_PLANS: dict[tuple, RowPlan] = {}  # cache: (kernel, n_in, n_out, bias, dtype, device, threads) -> RowPlan
+_RECIPES: dict[tuple, RowRecipe] = {}  # cache: (kernel, n_in, n_out, bias, dtype, device, threads) -> RowRecipe
 
 
-def linear_plan(key: tuple, fn: Product, split_fn: Product | None, n_in: int, dtype: torch.dtype,
-                device: torch.device) -> RowPlan:
-    """``choose_plan`` for one kind of linear layer, cached by ``key`` and the running thread count (a
+def linear_recipe(key: tuple, fn: Product, split_fn: Product | None, n_in: int, dtype: torch.dtype,
+                device: torch.device) -> RowRecipe:
+    """``choose_recipe`` for one kind of linear layer, cached by ``key`` and the running thread count (a
     kernel's choice can change with the threads, so a new count is probed again on first use)."""
     full = (*key, torch.get_num_threads())
-    if full not in _PLANS:
-        _PLANS[full] = choose_plan(key[0], fn, split_fn, n_in, dtype, device)
-    return _PLANS[full]
+    if full not in _RECIPES:
+        _RECIPES[full] = choose_recipe(key[0], fn, split_fn, n_in, dtype, device)
+    return _RECIPES[full]
 
 
-def plans() -> dict[tuple, RowPlan]:
-    """Every plan chosen in this process: (kernel, n_in, n_out, bias, dtype, device, threads) -> RowPlan."""
-    return dict(_PLANS)
+def recipes() -> dict[tuple, RowRecipe]:
+    """Every recipe chosen in this process: (kernel, n_in, n_out, bias, dtype, device, threads) -> RowRecipe."""
+    return dict(_RECIPES)
 
 
 def padded_rows(m: int, min_rows: int = 1, multiple: int = 1) -> int:
@@ -165,7 +165,7 @@ def padded_rows(m: int, min_rows: int = 1, multiple: int = 1) -> int:
 
 def pad_rows(x: torch.Tensor, min_rows: int) -> torch.Tensor:
     """[M, n] -> [max(M, min_rows), n]: rows appended, copies of x's own (x repeated, cut to length; zero rows
-    when M = 0). What they hold does not matter: under a row plan a row's result does not depend on the other
+    when M = 0). What they hold does not matter: under a row recipe a row's result does not depend on the other
     rows of the call, whatever they hold, and copies take one op where zero rows take two (a one-row decode
     step pads every product)."""
     m = x.shape[0]

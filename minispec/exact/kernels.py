@@ -9,7 +9,7 @@ prompt would give another greedy text on the same machine. So the choice is made
 step (``python -m minispec calibrate``, which ``make demo`` runs on its first start; the timing is
 ``minispec.lab.calibrate.time_kernels``), written under ``MINISPEC_CACHE`` and read by every later process.
 
-Without a saved choice the exact backend runs ``DEFAULT_KERNEL`` with no padding beyond its row plan's
+Without a saved choice the exact backend runs ``DEFAULT_KERNEL`` with no padding beyond its row recipe's
 (``DEFAULT_PAD``): the weight panels, minispec's own kernel, available in every PyTorch build. Nothing here
 times anything or writes a file; ``write_once`` is the lab's writer.
 
@@ -30,7 +30,7 @@ from ..config import cache_dir, cpu_tag, thp_mode
 
 CPU_KERNELS = ("panels", "onednn")  # the prepacked CPU kernels of ``minispec.exact.linear``
 DEFAULT_KERNEL = "panels"  # without a saved choice: minispec's own kernel, in every PyTorch build
-DEFAULT_PAD = 1  # without a saved choice: one-row calls padded only as far as their row plan needs
+DEFAULT_PAD = 1  # without a saved choice: one-row calls padded only as far as their row recipe needs
 
 
 @functools.cache
