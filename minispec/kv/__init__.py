@@ -4,7 +4,7 @@ graphs), behind one interface (``protocol``)."""
 from .contiguous import KVCache, KVCacheOverflow
 from .paged import KVPoolExhausted, PagedKVCache
 from .protocol import KVCacheProtocol, RaggedKVCache
-from .recipes import RowKVCache
+from .rows import RowKVCache
 from .static import StaticKVCache
 
 __all__ = ["KVCache", "KVCacheOverflow", "KVCacheProtocol", "KVPoolExhausted", "PagedKVCache", "RaggedKVCache", "RowKVCache",
