@@ -19,25 +19,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from minispec.attention import split_attention, triton_available
 from minispec.attention import tiles
+from minispec.grading.ch06 import tree_mask  # [T, T] ancestor mask from parents
 
 pytestmark = [pytest.mark.ch06, pytest.mark.skipif(
     not triton_available("cpu"), reason="Triton interpreter is off (TRITON_INTERPRET=1 must precede importing triton)")]
 
 
-def ancestors(parents: list[int]) -> torch.Tensor:
-    """[T, T] ancestor mask of a tree given by its parents (-1 for the root)."""
-    T = len(parents)
-    m = torch.zeros(T, T, dtype=torch.bool)
-    for i in range(T):
-        j = i
-        while j >= 0:
-            m[i, j] = True
-            j = parents[j]
-    return m
 
 
 def random_tree(T: int, g: torch.Generator) -> torch.Tensor:
-    return ancestors([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)])
+    return tree_mask([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)])
 
 
 def case(B, H, Hkv, T, C, lens, hd=16, tree="per_row", seed=0, dtype=torch.float32):
