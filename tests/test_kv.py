@@ -105,3 +105,56 @@ def test_reserve_grows_and_keeps_the_cached_prefix(model):
     model(torch.tensor([[5, 6, 7, 8, 9, 1, 2]]), kv=kv)  # would overflow the old capacity of 4
     kv.commit()
     assert kv.length == 10
+
+
+def test_keys_are_stored_keys_last_only_for_the_exact_attention():
+    """``for_model`` stores keys keys-last ([.., hd, C] in memory) for the CPU's row-invariant attention, which reads
+    k^T as a row-major matrix, and hd-last for the plain model, whose SDPA takes its fused kernel only then."""
+    exact, _ = load("tiny-llama")
+    plain, _ = load("tiny-llama", exact=False)
+    assert exact.attention == "exact" and plain.attention == "dense"
+    k_exact, k_plain = KVCache.for_model(exact, 8).k, KVCache.for_model(plain, 8).k
+    assert k_exact.stride(-2) == 1 and k_plain.stride(-1) == 1
+    kv = KVCache.for_model(plain, 8)
+    kv.reserve(20)  # a grown cache keeps its layout
+    assert kv.k.stride(-1) == 1 and KVCache(1, 1, 4, 8).k.stride(-2) == 1  # the constructor's default: the CPU's
+
+
+@torch.inference_mode()
+def test_the_plain_model_decodes_on_sdpa_s_fused_kernel():
+    """A one-row decode step of the plain model (grouped-query heads, keys read from the cache) runs CPU SDPA's fused
+    kernel, not its math fallback, which repeats K and V for every query head."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, _ = load("tiny-llama", exact=False)
+    assert model.cfg.n_head > model.cfg.n_kv_head
+    kv = KVCache.for_model(model, 40)
+    model(torch.arange(30)[None], kv=kv)
+    kv.commit()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(torch.tensor([[1]]), kv=kv)
+    kv.discard()
+    names = {e.name for e in prof.events()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names
+    assert "aten::repeat_interleave" not in names and "aten::_scaled_dot_product_attention_math" not in names
+
+
+@torch.inference_mode()
+def test_a_write_stores_the_new_entries_and_returns_prefix_and_new(model):
+    """``write`` without autograd (one view per slot) and with it (slice assignment) store the same entries and
+    return the same prefix + new keys and values."""
+    k, v = torch.randn(2, 1, 2, 3, 4).unbind(0)  # [B, Hkv, T, hd] each
+    a = KVCache(2, 2, 4, 10)
+    a.begin(1, 3)
+    ka, va = a.write(1, k, v)
+    with torch.inference_mode(False), torch.enable_grad():
+        b = KVCache(2, 2, 4, 10)
+        b.begin(1, 3)
+        kb, vb = b.write(1, k.clone().requires_grad_(), v.clone())
+    assert ka.shape == kb.shape == (1, 2, 3, 4)
+    assert torch.equal(ka, kb.detach()) and torch.equal(va, vb) and torch.equal(ka, k) and torch.equal(va, v)
+    a.commit()
+    a.begin(1, 1)
+    ka2, _ = a.write(1, k[:, :, :1] + 1, v[:, :, :1])
+    assert ka2.shape == (1, 2, 4, 4) and torch.equal(ka2[:, :, :3], k) and torch.equal(ka2[:, :, 3:], k[:, :, :1] + 1)
+    assert torch.equal(a.k[0], torch.zeros_like(a.k[0]))  # layer 0 untouched

@@ -26,15 +26,25 @@ import torch
 from ..transfer import to_device
 
 
-def zeros_keys_last(shape, dtype: torch.dtype, device) -> torch.Tensor:
-    """A zero key buffer of logical shape [..., C, hd] that on the CPU is stored keys-last ([..., hd, C]
-    in memory, returned transposed): then ``k.transpose(-1, -2)`` is a row-major [hd, S] matrix and
-    the row-invariant attention (``minispec.exact.attention``) computes q @ k^T as a product of
-    two row-major operands without copying the keys. Elsewhere (a GPU) the usual hd-last layout that
-    fused kernels expect."""
-    if torch.device(device).type != "cpu":
+def zeros_keys_last(shape, dtype: torch.dtype, device, keys_last: bool | None = None) -> torch.Tensor:
+    """A zero key buffer of logical shape [..., C, hd] that is stored keys-last ([..., hd, C] in memory, returned
+    transposed) where ``keys_last`` (None: on the CPU): then ``k.transpose(-1, -2)`` is a row-major [hd, S] matrix
+    and the row-invariant attention (``minispec.exact.attention``) computes q @ k^T as a product of two row-major
+    operands without copying the keys. Otherwise the usual hd-last layout that fused kernels (SDPA's) expect."""
+    if keys_last is None:
+        keys_last = torch.device(device).type == "cpu"
+    if not keys_last:
         return torch.zeros(shape, dtype=dtype, device=device)
     return torch.zeros(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device).transpose(-1, -2)
+
+
+def span(x: torch.Tensor, start: int, n: int) -> torch.Tensor:
+    """Tokens start..start+n of a layer's keys or values x [B, Hkv, C, hd]: ``x[:, :, start:start + n]`` as one view
+    op (a slice is two; a decode step takes four of these a layer)."""
+    if torch.compiler.is_compiling():  # a trace cannot read a storage offset
+        return x[:, :, start:start + n]
+    B, Hkv, _, hd = x.shape
+    return x.as_strided((B, Hkv, n, hd), x.stride(), x.storage_offset() + start * x.stride(2))
 
 
 class KVCacheOverflow(RuntimeError):
@@ -43,23 +53,25 @@ class KVCacheOverflow(RuntimeError):
 
 class KVCache:
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, capacity: int, batch_size: int = 1,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", keys_last: bool | None = None):
         if capacity <= 0 or batch_size <= 0:
             raise ValueError(f"capacity and batch_size must be positive, got {capacity}, {batch_size}")
         shape = (n_layer, batch_size, n_kv_head, capacity, head_dim)  # [L, B, Hkv, C, hd]
-        self.k = zeros_keys_last(shape, dtype, device)
+        self.keys_last = torch.device(device).type == "cpu" if keys_last is None else keys_last  # ``zeros_keys_last``
+        self.k = zeros_keys_last(shape, dtype, device, self.keys_last)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity, self.batch_size = capacity, batch_size
         self._views()
         self.length = 0  # committed tokens
         self.pending = 0  # tokens written by the last forward, not yet committed
-        self.slots = None  # (length, pending, [(k, v) slots of each layer]) of the pending forward (``begin``)
 
     @classmethod
     def for_model(cls, model, capacity: int, batch_size: int = 1) -> "KVCache":
-        """A cache shaped for ``model`` (a minispec Transformer), on its device and dtype."""
+        """A cache shaped for ``model`` (a minispec Transformer), on its device and dtype; its keys stored keys-last
+        for the CPU's row-invariant attention ("exact"), else as SDPA reads them."""
         c = model.cfg
-        return cls(c.n_layer, c.n_kv_head, c.head_dim, capacity, batch_size, model.dtype, model.device)
+        keys_last = model.device.type == "cpu" and getattr(model, "attention", "exact") == "exact"
+        return cls(c.n_layer, c.n_kv_head, c.head_dim, capacity, batch_size, model.dtype, model.device, keys_last)
 
     def __repr__(self):
         return f"KVCache(length={self.length}, pending={self.pending}, capacity={self.capacity}, batch={self.batch_size})"
@@ -75,17 +87,11 @@ class KVCache:
                 f"KV cache overflow: {self.length} cached + {n_new} new tokens > capacity {self.capacity}; "
                 "allocate a larger cache (e.g. prompt length + max_new_tokens + draft tokens)")
         self.pending = n_new
-        if not torch.is_grad_enabled():  # every layer's slots for the new entries, viewed once for all layers (a
-            # write is then one copy, not a slice and a copy); autograd refuses writes into split's views (training)
-            s, L = self.length, self.k.shape[0]
-            self.slots = (s, n_new, list(zip(self.k[:, :, :, s:s + n_new].split([1] * L),
-                                             self.v[:, :, :, s:s + n_new].split([1] * L))))  # [1, B, Hkv, T, hd] each
 
     def _views(self) -> None:
         """Each layer's k and v [B, Hkv, C, hd], viewed once per buffer rather than in every write."""
         # select, not unbind: autograd refuses in-place writes into one of unbind's several outputs (training)
         self.layers = [(self.k[i], self.v[i]) for i in range(self.k.shape[0])]
-        self.slots = None  # views of the old buffers
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store layer's new k, v [B, Hkv, T, hd] after the prefix; return prefix + new [B, Hkv, S, hd]."""
@@ -93,14 +99,13 @@ class KVCache:
         if T != self.pending:
             raise RuntimeError(f"write of {T} tokens but {self.pending} were reserved with begin()")
         k_layer, v_layer = self.layers[layer]  # [B, Hkv, C, hd] each
-        if self.slots is not None and self.slots[:2] == (s, T) and not torch.is_grad_enabled():
-            k_slot, v_slot = self.slots[2][layer]  # [1, B, Hkv, T, hd] each
-            k_slot.copy_(k)
-            v_slot.copy_(v)
-        else:
+        if torch.is_grad_enabled():  # (training) autograd records the writes
             k_layer[:, :, s:s + T] = k
             v_layer[:, :, s:s + T] = v
-        return k_layer[:, :, :s + T], v_layer[:, :, :s + T]
+            return k_layer[:, :, :s + T], v_layer[:, :, :s + T]
+        span(k_layer, s, T).copy_(k)
+        span(v_layer, s, T).copy_(v)
+        return span(k_layer, 0, s + T), span(v_layer, 0, s + T)
 
     def commit(self, keep: Sequence[int] | torch.Tensor | None = None) -> None:
         """Keep pending entries: all of them (None), or those at the given indices (0 = first new
@@ -130,7 +135,7 @@ class KVCache:
         for name in ("k", "v"):
             old = getattr(self, name)
             shape = (*old.shape[:3], new, old.shape[4])  # [L, B, Hkv, C', hd]
-            buf = zeros_keys_last(shape, old.dtype, old.device) if name == "k" else old.new_zeros(shape)
+            buf = zeros_keys_last(shape, old.dtype, old.device, self.keys_last) if name == "k" else old.new_zeros(shape)
             buf[:, :, :, :self.length] = old[:, :, :, :self.length]
             setattr(self, name, buf)
         self.capacity = new
