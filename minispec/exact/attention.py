@@ -12,7 +12,7 @@ changes, and an argmax near-tie can flip. Batch-invariant inference (He and Thin
 fixes the order of every reduction; this is that idea for one attention step, in plain PyTorch:
 
     s   = (q / sqrt(hd)) @ k^T                      a dot product over hd per (row, key); k^T is
-                                                    row-major (the CPU cache stores keys last)
+                                                    row-major (an exact model's CPU cache stores keys last)
     s   = -inf where the mask hides a key
     m   = max over keys of s                        max is exact in any order
     p   = exp(s - m)                                elementwise; a hidden key gives exactly 0
@@ -41,7 +41,7 @@ exceptions, each avoided here:
                                    padded with zeros to a multiple of V_COLS;
     a column-major operand         other kernels, whose result for a row depends on its place
                                    among few rows: the keys are read as a row-major k^T, which
-                                   the CPU KV cache stores as such (``kv.contiguous.zeros_keys_last``);
+                                   an exact model's CPU KV cache stores as such (``KVCache.for_model``);
     products under 400 multiply-adds   PyTorch's CPU ``bmm`` runs them in a loop kernel of its
                                    own: rows are padded up;
     a long reduction               MKL splits it into blocks whose size depends on its length
@@ -344,7 +344,7 @@ def _rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tenso
         k, v = F.pad(k, (0, 0, 0, Sk - S)), F.pad(v, (0, 0, 0, Sk - S))
         hidden = F.pad(hidden if hidden is not None else torch.zeros(1, 1, 1, T, S, dtype=torch.bool, device=k.device),
                        (0, Sk - S), value=True)
-    kt = _heads(k, transpose=True)  # [BH, hd, Sk]: row-major when the cache stores keys last (KVCache on the CPU)
+    kt = _heads(k, transpose=True)  # [BH, hd, Sk]: row-major when the cache stores keys last (an exact model's)
     if kt.stride(-1) != 1:
         kt = kt.contiguous()  # a copy of the keys, for any other layout
     last = S_ - (S_ - 1) // KEY_BLOCK * KEY_BLOCK  # keys in the last block
