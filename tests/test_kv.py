@@ -118,6 +118,9 @@ def test_keys_are_stored_keys_last_only_for_the_exact_attention():
     kv = KVCache.for_model(plain, 8)
     kv.reserve(20)  # a grown cache keeps its layout
     assert kv.k.stride(-1) == 1 and KVCache(1, 1, 4, 8).k.stride(-2) == 1  # the constructor's default: the CPU's
+    from minispec.kv import RowKVCache
+
+    assert RowKVCache.for_model(exact, 8).k.stride(-2) == 1 and RowKVCache.for_model(plain, 8).k.stride(-1) == 1
 
 
 @torch.inference_mode()

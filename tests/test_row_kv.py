@@ -29,12 +29,15 @@ def _same_entries(rows: RowKVCache, paged: PagedKVCache) -> None:
                     assert torch.equal(a[r, :, :n], b[r, :, :n])
 
 
-def test_the_row_cache_holds_what_the_paged_cache_holds_through_a_ragged_decode():
+@pytest.mark.parametrize("keys_last", [True, False])
+def test_the_row_cache_holds_what_the_paged_cache_holds_through_a_ragged_decode(keys_last):
     """Random ragged forwards over some or all of 3 sequences, each kept whole, as a tree path (compaction), or
-    dropped; rollbacks and a freed sequence: after every move both caches hold the same entries."""
+    dropped; rollbacks and a freed sequence: after every move both caches hold the same entries. In either key
+    layout (keys-last for the exact attention, hd-last for SDPA), which the rows read keep."""
     g = torch.Generator().manual_seed(0)
     B = 3
-    rows, paged = RowKVCache(L, Hkv, hd, 64, B), PagedKVCache(L, Hkv, hd, 48, block_size=4, batch_size=B)
+    rows = RowKVCache(L, Hkv, hd, 64, B, keys_last=keys_last)
+    paged = PagedKVCache(L, Hkv, hd, 48, block_size=4, batch_size=B)
     assert isinstance(rows, RaggedKVCache)
     done = {"free": 0, "compaction": 0, "rollback": 0, "subset": 0}
     for step in range(40):
@@ -55,6 +58,7 @@ def test_the_row_cache_holds_what_the_paged_cache_holds_through_a_ragged_decode(
             for c in (rows, paged):
                 c.store(layer, k, v)
         _same_entries(rows, paged)
+        assert rows.read_rows(0)[0].stride(-2 if keys_last else -1) == 1
         move, keep = step % 4, None
         if move == 1:  # a path through each tree: the root and some later nodes
             keep = [sorted({0} | {i for i in range(1, n) if torch.rand(1, generator=g) < 0.5}) if s in ns else None

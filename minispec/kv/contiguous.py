@@ -38,6 +38,11 @@ def zeros_keys_last(shape, dtype: torch.dtype, device, keys_last: bool | None = 
     return torch.zeros(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device).transpose(-1, -2)
 
 
+def keys_last_for(model) -> bool:
+    """Whether a cache for ``model`` stores its keys keys-last: for the CPU's row-invariant attention ("exact")."""
+    return model.device.type == "cpu" and getattr(model, "attention", "exact") == "exact"
+
+
 def span(x: torch.Tensor, start: int, n: int) -> torch.Tensor:
     """Tokens start..start+n of a layer's keys or values x [B, Hkv, C, hd]: ``x[:, :, start:start + n]`` as one view
     op (a slice is two; a decode step takes four of these a layer)."""
@@ -70,8 +75,8 @@ class KVCache:
         """A cache shaped for ``model`` (a minispec Transformer), on its device and dtype; its keys stored keys-last
         for the CPU's row-invariant attention ("exact"), else as SDPA reads them."""
         c = model.cfg
-        keys_last = model.device.type == "cpu" and getattr(model, "attention", "exact") == "exact"
-        return cls(c.n_layer, c.n_kv_head, c.head_dim, capacity, batch_size, model.dtype, model.device, keys_last)
+        return cls(c.n_layer, c.n_kv_head, c.head_dim, capacity, batch_size, model.dtype, model.device,
+                   keys_last_for(model))
 
     def __repr__(self):
         return f"KVCache(length={self.length}, pending={self.pending}, capacity={self.capacity}, batch={self.batch_size})"

@@ -3,7 +3,7 @@
 The paged cache (``paged.py``) shares one pool of blocks among sequences of any length. Reading a whole ragged
 batch from it at once (``read_rows``) gathers every row's blocks and, for the CPU's row-invariant attention, which
 reads K^T row-major, transposes them: in a batched decode step on the CPU those copies are most of the step. Here
-sequence b owns row b of two buffers [L, B, Hkv, cap, hd], K stored keys last (the layout the CPU attention
+sequence b owns row b of two buffers [L, B, Hkv, cap, hd], K stored keys last for the exact attention (the layout it
 reads, as ``KVCache`` stores it), so a step's rows are read as views of the buffers when they are the first R
 rows in order, else with one ``index_select`` of rows per layer (a copy of every row's keys and values). So when
 sequences finish, the batch decoder moves the highest rows into the freed ones (``move``: one copy of one
@@ -25,24 +25,26 @@ from typing import Sequence
 import torch
 
 from ..transfer import to_device
-from .contiguous import KVCacheOverflow, zeros_keys_last
+from .contiguous import KVCacheOverflow, keys_last_for, zeros_keys_last
 from .paged import RaggedLengths, new_slots, ragged_counts, ragged_keeps, ragged_rollback
 
 
 class RowKVCache(RaggedLengths):
     """K/V of B sequences, sequence b in row b.
 
-    State: ``k``, ``v`` [L, B, Hkv, cap, hd] (``k`` stored keys last); ``lengths[b]`` committed tokens of
-    sequence b, ``pendings[b]`` its uncommitted ones (written after them); ``rows`` the sequences of the pending
-    forward, in row order. Slots past a sequence's tokens hold stale (finite) entries that attention masks hide.
+    State: ``k``, ``v`` [L, B, Hkv, cap, hd] (``k`` stored keys last for the exact attention: ``keys_last``);
+    ``lengths[b]`` committed tokens of sequence b, ``pendings[b]`` its uncommitted ones (written after them);
+    ``rows`` the sequences of the pending forward, in row order. Slots past a sequence's tokens hold stale (finite)
+    entries that attention masks hide.
     """
 
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, capacity: int, batch_size: int = 1,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", keys_last: bool | None = None):
         if capacity <= 0 or batch_size <= 0:
             raise ValueError(f"capacity and batch_size must be positive, got {capacity} and {batch_size}")
         shape = (n_layer, batch_size, n_kv_head, capacity, head_dim)
-        self.k = zeros_keys_last(shape, dtype, device)  # the transpose of a row-major [L, B, Hkv, hd, cap]
+        self.keys_last = torch.device(device).type == "cpu" if keys_last is None else keys_last  # ``zeros_keys_last``
+        self.k = zeros_keys_last(shape, dtype, device, self.keys_last)  # keys-last: a row-major [L, B, Hkv, hd, cap]
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.batch_size = batch_size
         self.lengths = [0] * batch_size  # committed tokens per sequence
@@ -54,9 +56,11 @@ class RowKVCache(RaggedLengths):
 
     @classmethod
     def for_model(cls, model, capacity: int, batch_size: int = 1) -> "RowKVCache":
-        """A cache for ``model`` (a minispec Transformer) of ``capacity`` tokens per sequence."""
+        """A cache for ``model`` (a minispec Transformer) of ``capacity`` tokens per sequence; keys stored keys-last for
+        the exact attention only (``KVCache.for_model``)."""
         c = model.cfg
-        return cls(c.n_layer, c.n_kv_head, c.head_dim, capacity, batch_size, model.dtype, model.device)
+        return cls(c.n_layer, c.n_kv_head, c.head_dim, capacity, batch_size, model.dtype, model.device,
+                   keys_last_for(model))
 
     @property
     def capacity(self) -> int:
@@ -113,13 +117,15 @@ class RowKVCache(RaggedLengths):
     def read_rows(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's K and V [R, Hkv, S, hd] of the pending forward's R rows, S = the longest row's tokens: row r
         holds its sequence's tokens, then stale entries its attention mask must hide (``RaggedPlan`` does). Views
-        when the forward's rows are the cache's first R, in order; else one ``index_select`` of rows. K is the
-        transpose of a row-major [R, Hkv, hd, S], the layout the CPU's row-invariant attention reads."""
+        when the forward's rows are the cache's first R, in order; else one ``index_select`` of rows. K keeps the
+        cache's layout: keys-last (the transpose of a row-major [R, Hkv, hd, S]) for the row-invariant attention."""
         S, R, idx = self._read
-        if idx is None:  # the first R rows: views, K keys last
+        if idx is None:  # the first R rows: views
             return self.k[layer, :R, :, :S], self.v[layer, :R, :, :S]
         k, v = self.k[layer, :, :, :S], self.v[layer, :, :, :S]  # rows elsewhere or out of order: copy those that run
-        return k.transpose(-1, -2).index_select(0, idx).transpose(-1, -2), v.index_select(0, idx)  # K still keys last
+        if self.keys_last:  # K still keys last
+            return k.transpose(-1, -2).index_select(0, idx).transpose(-1, -2), v.index_select(0, idx)
+        return k.index_select(0, idx), v.index_select(0, idx)
 
     # ------------------------------------------------------------------ the decode loop's side
     def commit(self, keep=None) -> None:
@@ -172,6 +178,6 @@ class RowKVCache(RaggedLengths):
             raise RuntimeError("commit() or discard() the pending entries before growing the cache")
         if capacity > self.capacity:
             old, shape = self.capacity, (*self.v.shape[:3], max(capacity, 2 * self.capacity), self.v.shape[4])
-            k, v = zeros_keys_last(shape, self.k.dtype, self.k.device), self.v.new_zeros(shape)
+            k, v = zeros_keys_last(shape, self.k.dtype, self.k.device, self.keys_last), self.v.new_zeros(shape)
             k[:, :, :, :old], v[:, :, :, :old] = self.k, self.v
             self.k, self.v = k, v
