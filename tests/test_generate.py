@@ -128,7 +128,7 @@ def test_profile_command_on_a_tiny_model(tmp_path):
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
     assert res["copy_bandwidth_gb_s"] > 0 and res["weight_bytes"] > 0 and set(res["verify_ms"]) == {"0", "2"}
-    # (no auto: without a saved choice it is DEFAULT_AUTO, an EAGLE head, which no tiny model ships; tests/test_dispatch.py
+    # (no auto: without a saved choice it is DEFAULT_AUTO, an EAGLE head, which no tiny model ships; tests/test_auto.py
     # covers how auto resolves)
     assert set(res["methods"]) == {"vanilla", "pld"} and res["methods"]["vanilla"]["tau"] == 1.0
     assert res["device"]["cpu"] and "vanilla" in r.stdout and "floor" in r.stdout

@@ -17,7 +17,7 @@ Inference", 2025) names the two ways a row can change with its company, and this
     matrix products   a BLAS picks its kernel, and with it the order of the sums, from the shape (one row
                       alone takes a matrix-vector kernel). Every ``nn.Linear`` becomes an ``ExactLinear``
                       (``linear.py``): the same parameters on a prepacked CPU kernel (weight panels or
-                      oneDNN's layout), computed under a row recipe (``rows.py``);
+                      oneDNN's layout), computed under a row recipe (``recipes.py``);
     attention         a fused kernel blocks its reductions by the number of queries and keys. The model's
                       attention backend becomes "exact" (``attention.py``): each row reduces over its
                       visible keys in key order, in fixed blocks of keys, hidden keys adding exact zeros.

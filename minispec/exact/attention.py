@@ -340,11 +340,11 @@ def _rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tenso
     # past the first block (pad_keys off), a short last block copies neither keys nor values: the scores run
     # over the keys as they lie, and p and that block's values are padded below. Sk: the keys k and v hold
     Sk = S if S > KEY_BLOCK and not padding.pad_keys else S_
-    if Sk > S:  # hidden zero keys (p = 0 for them, so they add exact zeros)
-        k, v = F.pad(k, (0, 0, 0, Sk - S)), F.pad(v, (0, 0, 0, Sk - S))
+    kt = _heads(k, transpose=True)  # [BH, hd, S]: row-major when the cache stores keys last (an exact model's)
+    if Sk > S:  # hidden zero keys (p = 0 for them, so they add exact zeros); padding k^T copies it row-major
+        kt, v = F.pad(kt, (0, Sk - S)), F.pad(v, (0, 0, 0, Sk - S))
         hidden = F.pad(hidden if hidden is not None else torch.zeros(1, 1, 1, T, S, dtype=torch.bool, device=k.device),
                        (0, Sk - S), value=True)
-    kt = _heads(k, transpose=True)  # [BH, hd, Sk]: row-major when the cache stores keys last (an exact model's)
     if kt.stride(-1) != 1:
         kt = kt.contiguous()  # a copy of the keys, for any other layout
     last = S_ - (S_ - 1) // KEY_BLOCK * KEY_BLOCK  # keys in the last block

@@ -31,11 +31,14 @@ def zeros_keys_last(shape, dtype: torch.dtype, device, keys_last: bool | None = 
     transposed) where ``keys_last`` (None: on the CPU): then ``k.transpose(-1, -2)`` is a row-major [hd, S] matrix
     and the row-invariant attention (``minispec.exact.attention``) computes q @ k^T as a product of two row-major
     operands without copying the keys. Otherwise the usual hd-last layout that fused kernels (SDPA's) expect."""
-    if keys_last is None:
-        keys_last = torch.device(device).type == "cpu"
-    if not keys_last:
+    if not stores_keys_last(device, keys_last):
         return torch.zeros(shape, dtype=dtype, device=device)
     return torch.zeros(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device).transpose(-1, -2)
+
+
+def stores_keys_last(device, keys_last: bool | None = None) -> bool:
+    """``keys_last`` as a cache was given it, or where it was not (None) the default: keys-last on the CPU."""
+    return torch.device(device).type == "cpu" if keys_last is None else keys_last
 
 
 def keys_last_for(model) -> bool:
@@ -62,7 +65,7 @@ class KVCache:
         if capacity <= 0 or batch_size <= 0:
             raise ValueError(f"capacity and batch_size must be positive, got {capacity}, {batch_size}")
         shape = (n_layer, batch_size, n_kv_head, capacity, head_dim)  # [L, B, Hkv, C, hd]
-        self.keys_last = torch.device(device).type == "cpu" if keys_last is None else keys_last  # ``zeros_keys_last``
+        self.keys_last = stores_keys_last(device, keys_last)
         self.k = zeros_keys_last(shape, dtype, device, self.keys_last)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity, self.batch_size = capacity, batch_size

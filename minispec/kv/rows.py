@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from ..transfer import to_device
-from .contiguous import KVCacheOverflow, keys_last_for, zeros_keys_last
+from .contiguous import KVCacheOverflow, keys_last_for, stores_keys_last, zeros_keys_last
 from .paged import RaggedLengths, new_slots, ragged_counts, ragged_keeps, ragged_rollback
 
 
@@ -43,7 +43,7 @@ class RowKVCache(RaggedLengths):
         if capacity <= 0 or batch_size <= 0:
             raise ValueError(f"capacity and batch_size must be positive, got {capacity} and {batch_size}")
         shape = (n_layer, batch_size, n_kv_head, capacity, head_dim)
-        self.keys_last = torch.device(device).type == "cpu" if keys_last is None else keys_last  # ``zeros_keys_last``
+        self.keys_last = stores_keys_last(device, keys_last)
         self.k = zeros_keys_last(shape, dtype, device, self.keys_last)  # keys-last: a row-major [L, B, Hkv, hd, cap]
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.batch_size = batch_size
