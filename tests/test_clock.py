@@ -121,16 +121,23 @@ def test_events_are_read_only_once_the_device_has_passed_them():
 
 def test_the_decoder_routes_every_lap_through_its_clock(monkeypatch):
     """``Decoder`` (and ``generate``) start, lap and flush the clock ``phase_clock`` gives: with an event clock
-    whose device is the host itself, every phase is counted and the phases add up to the decode time."""
-    import time
-
+    whose device is the host itself, every phase is counted and the phases add up to the decode time. The clock
+    and the events read one counter that ticks a microsecond a reading, not the wall clock: an event is recorded
+    one tick after its lap, whatever else runs on the machine."""
     import importlib
+    import itertools
+
     from minispec import generate, load
     from minispec.drafters import PromptLookup
 
+    ticks = itertools.count()
+
+    def now():
+        return next(ticks) * 1e-6
+
     class HostEvent:  # work is done when the call returns (the CPU), but the clock learns it only at the flush
         def record(self):
-            self.at = time.perf_counter()
+            self.at = now()
 
         def query(self):
             return False
@@ -144,7 +151,7 @@ def test_the_decoder_routes_every_lap_through_its_clock(monkeypatch):
     made = []
 
     def clock(owner, device):
-        made.append(EventClock(owner, new_event=HostEvent))
+        made.append(EventClock(owner, now=now, new_event=HostEvent))
         return made[-1]
 
     monkeypatch.setattr(importlib.import_module("minispec.generate"), "phase_clock", clock)
