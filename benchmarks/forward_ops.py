@@ -12,7 +12,6 @@ does not depend on the machine's load, only on the code path the forward takes (
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 
@@ -55,7 +54,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     from minispec import load
 
-    from minispec.lab.benchinfo import linear_kernel
+    from minispec.lab.benchinfo import linear_kernel, save_json
 
     model, _ = load("smollm2-135m", exact=not a.plain)
     r = count_ops(model, a.context, a.forwards)
@@ -65,7 +64,7 @@ def main(argv=None) -> int:
     for name, n in list(r["by_name"].items())[:20]:
         print(f"  {n:7.0f}  {name}")
     if a.json:
-        json.dump(r, open(a.json, "w"), indent=1)
+        save_json(a.json, r)  # with the date, the device and the versions
     return 0
 
 
